@@ -1,0 +1,1 @@
+"""Generated protobuf/gRPC modules; regenerate with ``python scripts/gen_proto.py``."""

@@ -1,0 +1,110 @@
+"""Minimal protobuf wire-format scanning (no I/O, no protobuf runtime).
+
+The gateway routes a gRPC ModelInfer request by ``model_name`` (field 1) and
+``model_version`` (field 2) of ``inference.ModelInferRequest`` without parsing
+the rest (DESIGN.md "The hot path"). Protobuf encodes fields in any order, so
+the scan walks the top-level fields and skips the others by their wire type;
+a 64 MB message is walked in microseconds because tensors are length-delimited
+and skipped in one step.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ..errors import InvalidRequest
+
+__all__ = ["read_varint", "iter_fields", "scan_name_version", "encode_varint", "encode_len_field"]
+
+_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+
+
+def read_varint(buf: memoryview | bytes, pos: int) -> tuple[int, int]:
+    """Decode a base-128 varint at ``pos``; return (value, next position)."""
+    result = 0
+    shift = 0
+    end = len(buf)
+    while True:
+        if pos >= end:
+            raise InvalidRequest("malformed protobuf message: truncated varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+        if shift >= 70:
+            raise InvalidRequest("malformed protobuf message: varint too long")
+
+
+def iter_fields(buf: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
+    """Yield (field number, wire type, value) for each top-level field.
+
+    Length-delimited values are memoryview slices of ``buf`` (no copy);
+    varints are ints; fixed-width values are memoryview slices.
+    """
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        key, pos = read_varint(buf, pos)
+        fnum, wtype = key >> 3, key & 7
+        if fnum == 0:
+            raise InvalidRequest("malformed protobuf message: field number 0")
+        if wtype == _VARINT:
+            value, pos = read_varint(buf, pos)
+            yield fnum, wtype, value
+        elif wtype == _LEN:
+            length, pos = read_varint(buf, pos)
+            if pos + length > end:
+                raise InvalidRequest("malformed protobuf message: field overruns the message")
+            yield fnum, wtype, buf[pos : pos + length]
+            pos += length
+        elif wtype == _I64:
+            if pos + 8 > end:
+                raise InvalidRequest("malformed protobuf message: truncated fixed64")
+            yield fnum, wtype, buf[pos : pos + 8]
+            pos += 8
+        elif wtype == _I32:
+            if pos + 4 > end:
+                raise InvalidRequest("malformed protobuf message: truncated fixed32")
+            yield fnum, wtype, buf[pos : pos + 4]
+            pos += 4
+        else:
+            raise InvalidRequest(f"malformed protobuf message: wire type {wtype}")
+
+
+def scan_name_version(buf: bytes | memoryview) -> tuple[str, str]:
+    """Return fields 1 and 2 (both ``string``) of a message; "" when absent.
+
+    Used on ModelInferRequest (model_name, model_version) and on
+    ModelReadyRequest / ModelMetadataRequest (name, version). Per protobuf
+    semantics the last occurrence of a field wins, so the whole message is walked.
+    """
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    name = version = b""
+    for fnum, wtype, value in iter_fields(view):
+        if wtype == _LEN and fnum in (1, 2):
+            if fnum == 1:
+                name = bytes(value)  # type: ignore[arg-type]
+            else:
+                version = bytes(value)  # type: ignore[arg-type]
+    try:
+        return name.decode("utf-8"), version.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest("model name or version is not valid UTF-8") from exc
+
+
+def encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def encode_len_field(fnum: int, length: int) -> bytes:
+    """The key and length prefix of a length-delimited field; the payload follows it."""
+    return encode_varint((fnum << 3) | _LEN) + encode_varint(length)

@@ -1,0 +1,149 @@
+"""The one error hierarchy of the gateway.
+
+Every failure the gateway reports is a :class:`GatewayError`. Each class carries
+the HTTP status and the gRPC status code name it maps to; the HTTP front end
+and the gRPC front end each map it exactly once (``frontend/http.py``,
+``frontend/grpc.py``). The code name is a string so that modules below the
+transports (codec, routing, config) import no grpc.
+
+    GatewayError
+    ├── InvalidRequest        400  INVALID_ARGUMENT   malformed body, bad tensor, bad header
+    ├── ModelNotFound         404  NOT_FOUND          no route for the model / version
+    ├── PayloadTooLarge       413  RESOURCE_EXHAUSTED body over the configured limit
+    ├── Unsupported           400  UNIMPLEMENTED      a valid request the gateway cannot carry
+    ├── NoEndpointAvailable   503  UNAVAILABLE        no endpoint of the pool answered
+    ├── UpstreamTimeout       504  DEADLINE_EXCEEDED  the backend did not answer in time
+    └── UpstreamError         any  any                the backend's own error, relayed as-is
+"""
+from __future__ import annotations
+
+__all__ = [
+    "GatewayError",
+    "InvalidRequest",
+    "ModelNotFound",
+    "PayloadTooLarge",
+    "Unsupported",
+    "NoEndpointAvailable",
+    "UpstreamTimeout",
+    "UpstreamError",
+    "ConfigError",
+    "HTTP_TO_GRPC",
+    "GRPC_TO_HTTP",
+]
+
+
+class GatewayError(Exception):
+    """Base of every error a client can see. ``str(err)`` is the client-facing message."""
+
+    http_status: int = 500
+    grpc_code: str = "INTERNAL"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequest(GatewayError):
+    http_status = 400
+    grpc_code = "INVALID_ARGUMENT"
+
+
+class ModelNotFound(GatewayError):
+    http_status = 404
+    grpc_code = "NOT_FOUND"
+
+
+class PayloadTooLarge(GatewayError):
+    http_status = 413
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+
+class Unsupported(GatewayError):
+    http_status = 400
+    grpc_code = "UNIMPLEMENTED"
+
+
+class NoEndpointAvailable(GatewayError):
+    http_status = 503
+    grpc_code = "UNAVAILABLE"
+
+
+class UpstreamTimeout(GatewayError):
+    http_status = 504
+    grpc_code = "DEADLINE_EXCEEDED"
+
+
+# Status mapping used when an error crosses protocols (HTTP backend → gRPC client
+# and the reverse), following Triton's own mapping of its error codes.
+HTTP_TO_GRPC: dict[int, str] = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    408: "DEADLINE_EXCEEDED",
+    409: "ALREADY_EXISTS",
+    413: "RESOURCE_EXHAUSTED",
+    429: "RESOURCE_EXHAUSTED",
+    499: "CANCELLED",
+    500: "INTERNAL",
+    501: "UNIMPLEMENTED",
+    502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+GRPC_TO_HTTP: dict[str, int] = {
+    "INVALID_ARGUMENT": 400,
+    "FAILED_PRECONDITION": 400,
+    "OUT_OF_RANGE": 400,
+    "UNAUTHENTICATED": 401,
+    "PERMISSION_DENIED": 403,
+    "NOT_FOUND": 404,
+    "ALREADY_EXISTS": 409,
+    "ABORTED": 409,
+    "RESOURCE_EXHAUSTED": 429,
+    "CANCELLED": 499,
+    "UNKNOWN": 500,
+    "INTERNAL": 500,
+    "DATA_LOSS": 500,
+    "UNIMPLEMENTED": 501,
+    "UNAVAILABLE": 503,
+    "DEADLINE_EXCEEDED": 504,
+}
+
+
+class UpstreamError(GatewayError):
+    """The backend answered with an error; relay its status and message unchanged.
+
+    ``body`` is the backend's HTTP error body when it came over HTTP, so that an
+    HTTP client sees exactly what the backend said.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        http_status: int | None = None,
+        grpc_code: str | None = None,
+        body: bytes | None = None,
+        content_type: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        if http_status is None:
+            http_status = GRPC_TO_HTTP.get(grpc_code or "UNKNOWN", 500)
+        if grpc_code is None:
+            grpc_code = HTTP_TO_GRPC.get(http_status, "UNKNOWN" if http_status >= 500 else "INVALID_ARGUMENT")
+        self.http_status = http_status
+        self.grpc_code = grpc_code
+        self.body = body
+        self.content_type = content_type
+
+
+class ConfigError(Exception):
+    """A configuration file is invalid. Not a GatewayError: it never reaches a client.
+
+    ``problems`` lists one message per error, each naming the key.
+    """
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
