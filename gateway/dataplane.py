@@ -1,0 +1,56 @@
+"""The contract between the front ends and whatever answers requests.
+
+The HTTP and gRPC front ends (``gateway/frontend``) know only this protocol.
+The gateway's implementation is :class:`gateway.proxy.Proxy` (route, pick an
+endpoint, forward); the demo's reference V2 server implements it with local
+numpy models (``gateway/demo``). Same front ends, two data planes — the
+MLServer shape (DESIGN.md), so both speak the protocol identically.
+
+Inference methods take and return the *wire form* of the front end that
+called them, so a same-protocol proxy never parses a tensor. Failures are
+raised as :class:`gateway.errors.GatewayError`.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = ["HttpReply", "DataPlane"]
+
+
+@dataclass(frozen=True, slots=True)
+class HttpReply:
+    """An HTTP answer: status, body (bytes or chunks joined once on send), headers."""
+
+    status: int
+    body: bytes | Sequence[bytes | memoryview]
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+class DataPlane(Protocol):
+    def server_live(self) -> bool: ...
+
+    def server_ready(self) -> bool: ...
+
+    def server_metadata(self) -> dict[str, Any]:
+        """{"name": str, "version": str, "extensions": [str, ...]}"""
+        ...
+
+    async def model_ready(self, model: str, version: str) -> bool: ...
+
+    async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
+        """The V2 model metadata object (spec "Model Metadata Response JSON Object")."""
+        ...
+
+    async def infer_http(
+        self, model: str, version: str, body: bytes, headers: Mapping[str, str]
+    ) -> HttpReply:
+        """``body`` is the HTTP request body as received; ``headers`` lower-cased names."""
+        ...
+
+    async def infer_grpc(
+        self, message: bytes, model: str, version: str, timeout: float | None
+    ) -> bytes:
+        """``message`` is a serialized ModelInferRequest; return a serialized ModelInferResponse."""
+        ...

@@ -1,0 +1,113 @@
+"""Helpers to run real server processes in tests.
+
+Servers bind port 0 themselves; we read back the ports they actually listen on
+from /proc (their socket inodes matched against /proc/net/tcp{,6}), so no test
+ever probes for a free port and races another process for it.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+__all__ = ["listening_ports", "wait_for", "wait_for_ports", "terminate"]
+
+T = TypeVar("T")
+_LISTEN = "0A"
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes: set[str] = set()
+    fd_dir = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fd_dir)
+    except (FileNotFoundError, PermissionError):
+        return inodes
+    for name in names:
+        try:
+            target = os.readlink(os.path.join(fd_dir, name))
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                out.extend(int(c) for c in fh.read().split())
+    except OSError:
+        pass
+    return out
+
+
+def listening_ports(pid: int, *, include_children: bool = True) -> set[int]:
+    """TCP ports in LISTEN state owned by ``pid`` (and, by default, its descendants)."""
+    pids = [pid]
+    if include_children:
+        i = 0
+        while i < len(pids):
+            pids.extend(_children(pids[i]))
+            i += 1
+    inodes: set[str] = set()
+    for p in pids:
+        inodes |= _socket_inodes(p)
+    ports: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as fh:
+                next(fh)
+                for line in fh:
+                    parts = line.split()
+                    if parts[3] == _LISTEN and parts[9] in inodes:
+                        ports.add(int(parts[1].rsplit(":", 1)[1], 16))
+        except FileNotFoundError:
+            continue
+    return ports
+
+
+def wait_for(predicate: Callable[[], T], *, timeout: float, interval: float = 0.05, what: str = "condition") -> T:
+    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as exc:  # noqa: BLE001 - the predicate may fail until the server is up
+            last_exc = exc
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}; last error: {last_exc!r}")
+        time.sleep(interval)
+
+
+def wait_for_ports(proc: subprocess.Popen, count: int, *, timeout: float = 60.0) -> set[int]:
+    """Wait until ``proc`` listens on at least ``count`` TCP ports; fail early if it exits."""
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process {proc.args!r} exited with {proc.returncode}")
+        ports = listening_ports(proc.pid)
+        if len(ports) >= count:
+            return ports
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{proc.args!r} listened on {sorted(ports)} after {timeout}s; wanted {count} ports")
+        time.sleep(0.05)
+
+
+def terminate(proc: subprocess.Popen, *, timeout: float = 15.0) -> None:
+    """SIGTERM, then SIGKILL after ``timeout``; always reap."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)
