@@ -1,0 +1,165 @@
+"""Command line: ``oip-gateway serve | check | demo``.
+
+    oip-gateway serve --config FILE [--workers N] [--port-file PATH]
+    oip-gateway check FILE
+    oip-gateway demo [--http HOST:PORT] [--grpc HOST:PORT] [--metrics HOST:PORT]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from . import __version__
+from .config import HostPort, load_config
+from .errors import ConfigError
+
+__all__ = ["main"]
+
+log = logging.getLogger("oip_gateway")
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _install_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - declared dependency
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+async def _wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def _serve_one(config, *, port_file: str | None, http_port: int | None, grpc_port: int | None,
+                     worker: bool) -> int:
+    from .server import Gateway
+    from .supervisor import announce
+
+    gw = Gateway(config)
+    listen = config.listen
+    http = HostPort(listen.http.host, http_port) if (listen.http and http_port is not None) else None
+    grpc = HostPort(listen.grpc.host, grpc_port) if (listen.grpc and grpc_port is not None) else None
+    ports = await gw.start(http=http, grpc=grpc, serve_metrics=not worker)
+    if worker:
+        # The supervisor waits for this line before it counts the worker as up.
+        sys.stdout.write("READY\n")
+        sys.stdout.flush()
+    else:
+        announce(ports, port_file)
+    try:
+        await _wait_for_signal()
+    finally:
+        await gw.stop()
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        for p in exc.problems:
+            print(f"error: {p}", file=sys.stderr)
+        return 2
+    workers = args.workers or config.workers
+    _install_uvloop()
+    if workers > 1:
+        from .supervisor import supervise
+
+        return asyncio.run(
+            supervise(args.config, config, workers, port_file=args.port_file, log_level=args.log_level)
+        )
+    return asyncio.run(_serve_one(config, port_file=args.port_file, http_port=None, grpc_port=None, worker=False))
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    _install_uvloop()
+    return asyncio.run(
+        _serve_one(config, port_file=None, http_port=args.http_port, grpc_port=args.grpc_port, worker=True)
+    )
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.file)
+    except ConfigError as exc:
+        for p in exc.problems:
+            print(f"error: {p}", file=sys.stderr)
+        print(f"{args.file}: {len(exc.problems)} problem(s)", file=sys.stderr)
+        return 1
+    print(f"{args.file}: OK ({len(config.backends)} backends, {len(config.routes)} routes)")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo.serve import run_demo
+
+    _install_uvloop()
+    return asyncio.run(
+        run_demo(
+            http=HostPort.parse(args.http),
+            grpc=HostPort.parse(args.grpc),
+            metrics=HostPort.parse(args.metrics),
+            port_file=args.port_file,
+        )
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="oip-gateway", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"oip-gateway {__version__}")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the gateway from a config file")
+    serve.add_argument("--config", required=True, help="YAML config file (see docs/config.md)")
+    serve.add_argument("--workers", type=int, default=None, help="processes sharing the ports (default: config)")
+    serve.add_argument("--port-file", help="write the bound ports as JSON here once serving")
+    serve.set_defaults(func=cmd_serve)
+
+    check = sub.add_parser("check", help="validate a config file and exit")
+    check.add_argument("file")
+    check.set_defaults(func=cmd_check)
+
+    demo = sub.add_parser("demo", help="run the gateway in front of the built-in reference V2 server")
+    demo.add_argument("--http", default="0.0.0.0:8000")
+    demo.add_argument("--grpc", default="0.0.0.0:8001")
+    demo.add_argument("--metrics", default="0.0.0.0:8002")
+    demo.add_argument("--port-file", help="write the gateway's bound ports as JSON here once serving")
+    demo.set_defaults(func=cmd_demo)
+
+    worker = sub.add_parser("_worker", help=argparse.SUPPRESS)
+    worker.add_argument("--config", required=True)
+    worker.add_argument("--http-port", type=int)
+    worker.add_argument("--grpc-port", type=int)
+    worker.set_defaults(func=cmd_worker)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.log_level)
+    if args.command == "serve" and args.workers is not None and args.workers < 1:
+        print("error: --workers must be >= 1", file=sys.stderr)
+        return 2
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

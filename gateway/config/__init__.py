@@ -1,0 +1,15 @@
+"""Configuration: frozen dataclasses (schema) and the YAML loader."""
+from .loader import load_config, parse_config
+from .schema import DEFAULT_MAX_MESSAGE_BYTES, Backend, GatewayConfig, Health, HostPort, Listen, Route
+
+__all__ = [
+    "load_config",
+    "parse_config",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "Backend",
+    "GatewayConfig",
+    "Health",
+    "HostPort",
+    "Listen",
+    "Route",
+]

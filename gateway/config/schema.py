@@ -1,0 +1,139 @@
+"""Configuration objects: frozen, slotted dataclasses validated once at load.
+
+The YAML keys map one to one onto these fields; docs/config.md is the reference
+for every key, its default and an example. Cross-field checks live in
+``__post_init__`` (the aiohttp ``ClientTimeout`` shape, DESIGN.md) so an object
+that exists is valid.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "HostPort",
+    "Listen",
+    "Health",
+    "Backend",
+    "Route",
+    "GatewayConfig",
+]
+
+# gRPC's 4 MiB default is the limit users of other gateways hit most; 256 MiB
+# carries a 64 MB tensor through JSON with room to spare.
+DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+Protocol = Literal["http", "grpc"]
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    host: str
+    port: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port {self.port} is out of range 0..65535")
+        if not self.host:
+            raise ValueError("host is empty")
+
+    @classmethod
+    def parse(cls, text: str) -> "HostPort":
+        """``host:port`` or ``[v6addr]:port``."""
+        if not isinstance(text, str) or ":" not in text:
+            raise ValueError(f"expected host:port, got {text!r}")
+        host, _, port = text.rpartition(":")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        try:
+            port_num = int(port)
+        except ValueError:
+            raise ValueError(f"port in {text!r} is not a number") from None
+        return cls(host, port_num)
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class Listen:
+    http: HostPort | None = HostPort("0.0.0.0", 8000)
+    grpc: HostPort | None = HostPort("0.0.0.0", 8001)
+    metrics: HostPort | None = HostPort("0.0.0.0", 8002)
+
+    def __post_init__(self) -> None:
+        if self.http is None and self.grpc is None:
+            raise ValueError("at least one of listen.http and listen.grpc is required")
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """Background readiness checks (not per request)."""
+
+    interval_s: float = 2.0
+    timeout_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.interval_s <= 0:
+            raise ValueError("interval_s must be > 0")
+        if not 0 < self.timeout_s <= self.interval_s * 10:
+            raise ValueError("timeout_s must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    name: str
+    protocol: Protocol
+    endpoints: tuple[HostPort, ...]
+    timeout_s: float = 60.0
+    connect_timeout_s: float = 5.0
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+
+    def __post_init__(self) -> None:
+        if self.protocol not in ("http", "grpc"):
+            raise ValueError(f"protocol must be 'http' or 'grpc', got {self.protocol!r}")
+        if not self.endpoints:
+            raise ValueError("endpoints must list at least one host:port")
+        if len(set(self.endpoints)) != len(self.endpoints):
+            raise ValueError("endpoints has duplicates")
+        if self.timeout_s <= 0 or self.connect_timeout_s <= 0:
+            raise ValueError("timeouts must be > 0")
+        if self.max_message_bytes <= 0:
+            raise ValueError("max_message_bytes must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """``model`` is an exact name or a glob (``*``, ``?``, ``[...]``)."""
+
+    model: str
+    backend: str
+    version: str | None = None
+
+    @property
+    def is_glob(self) -> bool:
+        return any(c in self.model for c in "*?[")
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model is empty")
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    backends: dict[str, Backend]
+    routes: tuple[Route, ...]
+    listen: Listen = field(default_factory=Listen)
+    health: Health = field(default_factory=Health)
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    workers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError("workers must be >= 1")
+        if self.max_message_bytes <= 0:
+            raise ValueError("max_message_bytes must be > 0")
+        for i, route in enumerate(self.routes):
+            if route.backend not in self.backends:
+                raise ValueError(f"routes[{i}].backend: no backend named {route.backend!r}")

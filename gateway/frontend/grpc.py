@@ -1,0 +1,134 @@
+"""The gRPC front end (spec "GRPC"): the only grpc server code.
+
+``inference.GRPCInferenceService`` is served by a generic handler. ModelInfer
+has no deserializer: the handler receives the serialized request, reads only
+fields 1–2 (model_name, model_version) from the wire, and hands the bytes to
+the data plane, whose answer is returned as bytes. Errors are mapped here,
+once, to the status code each GatewayError carries.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from .._pb import grpc_predict_v2_pb2 as pb
+from ..codec.wire import scan_name_version
+from ..dataplane import DataPlane
+from ..errors import GatewayError, InvalidRequest
+from ..observability.metrics import UNROUTED, Metrics
+
+__all__ = ["SERVICE", "build_grpc_handler", "server_options"]
+
+log = logging.getLogger("oip_gateway.grpc")
+
+SERVICE = "inference.GRPCInferenceService"
+
+
+def server_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 1),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ]
+
+
+def _metadata_message(d: dict[str, Any]) -> pb.ModelMetadataResponse:
+    def tensors(items: Any) -> list[pb.ModelMetadataResponse.TensorMetadata]:
+        return [
+            pb.ModelMetadataResponse.TensorMetadata(
+                name=t.get("name", ""), datatype=t.get("datatype", ""), shape=[int(x) for x in t.get("shape", [])]
+            )
+            for t in items or []
+        ]
+
+    return pb.ModelMetadataResponse(
+        name=d.get("name", ""),
+        versions=[str(v) for v in d.get("versions", []) or []],
+        platform=d.get("platform", "") or "",
+        inputs=tensors(d.get("inputs")),
+        outputs=tensors(d.get("outputs")),
+    )
+
+
+def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.GenericRpcHandler:
+    route_label: Callable[[str, str], str] = getattr(plane, "route_label", lambda m, v: UNROUTED)
+
+    def wrap(api: str, fn: Callable[[Any, aio.ServicerContext], Awaitable[Any]]):
+        async def run(request: Any, context: aio.ServicerContext) -> Any:
+            start = time.perf_counter()
+            code = "OK"
+            label = ""
+            try:
+                result, label = await fn(request, context)
+                return result
+            except GatewayError as err:
+                code = err.grpc_code
+                await context.abort(grpc.StatusCode[err.grpc_code], err.message)
+            except aio.AbortError:
+                raise
+            except Exception:  # noqa: BLE001 - never a traceback to a client
+                code = "INTERNAL"
+                log.exception("unhandled error in %s", api)
+                await context.abort(grpc.StatusCode.INTERNAL, "internal gateway error")
+            finally:
+                if metrics is not None:
+                    metrics.observe("grpc", api, label, code, time.perf_counter() - start)
+
+        return run
+
+    async def server_live(req: pb.ServerLiveRequest, ctx: aio.ServicerContext):
+        return pb.ServerLiveResponse(live=plane.server_live()), ""
+
+    async def server_ready(req: pb.ServerReadyRequest, ctx: aio.ServicerContext):
+        return pb.ServerReadyResponse(ready=plane.server_ready()), ""
+
+    async def server_metadata(req: pb.ServerMetadataRequest, ctx: aio.ServicerContext):
+        return pb.ServerMetadataResponse(**plane.server_metadata()), ""
+
+    async def model_ready(req: pb.ModelReadyRequest, ctx: aio.ServicerContext):
+        if not req.name:
+            raise InvalidRequest("ModelReadyRequest.name is required")
+        ready = await plane.model_ready(req.name, req.version)
+        return pb.ModelReadyResponse(ready=ready), route_label(req.name, req.version)
+
+    async def model_metadata(req: pb.ModelMetadataRequest, ctx: aio.ServicerContext):
+        if not req.name:
+            raise InvalidRequest("ModelMetadataRequest.name is required")
+        meta = await plane.model_metadata(req.name, req.version)
+        return _metadata_message(meta), route_label(req.name, req.version)
+
+    async def model_infer(message: bytes, ctx: aio.ServicerContext):
+        model, version = scan_name_version(message)
+        if not model:
+            raise InvalidRequest("ModelInferRequest.model_name is required")
+        if metrics is not None:
+            metrics.request_bytes.labels("grpc").observe(len(message))
+        label = route_label(model, version)
+        return await plane.infer_grpc(message, model, version, ctx.time_remaining()), label
+
+    def typed(fn, req_type, resp_type):
+        return grpc.unary_unary_rpc_method_handler(
+            fn, request_deserializer=req_type.FromString, response_serializer=resp_type.SerializeToString
+        )
+
+    handlers = {
+        "ServerLive": typed(wrap("server_live", server_live), pb.ServerLiveRequest, pb.ServerLiveResponse),
+        "ServerReady": typed(wrap("server_ready", server_ready), pb.ServerReadyRequest, pb.ServerReadyResponse),
+        "ServerMetadata": typed(
+            wrap("server_metadata", server_metadata), pb.ServerMetadataRequest, pb.ServerMetadataResponse
+        ),
+        "ModelReady": typed(wrap("model_ready", model_ready), pb.ModelReadyRequest, pb.ModelReadyResponse),
+        "ModelMetadata": typed(
+            wrap("model_metadata", model_metadata), pb.ModelMetadataRequest, pb.ModelMetadataResponse
+        ),
+        # No (de)serializers: raw bytes in, raw bytes out.
+        "ModelInfer": grpc.unary_unary_rpc_method_handler(wrap("infer", model_infer)),
+    }
+    return grpc.method_handlers_generic_handler(SERVICE, handlers)

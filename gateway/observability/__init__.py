@@ -1,0 +1,4 @@
+"""Metrics and access logging."""
+from .metrics import UNROUTED, Metrics
+
+__all__ = ["Metrics", "UNROUTED"]

@@ -1,0 +1,55 @@
+"""Prometheus metrics as an object built with a registry (no module globals).
+
+Label values are bounded: ``route`` is the configured route pattern (or
+``_unrouted``), never the model name a client typed, so random names cannot
+grow the label set. docs/metrics.md documents every series.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["Metrics", "UNROUTED"]
+
+UNROUTED = "_unrouted"
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_SIZE_BUCKETS = tuple(float(4**i) for i in range(4, 15))  # 256 B .. 256 MiB
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "oip_gateway_requests", "Requests answered by the gateway.",
+            ["protocol", "api", "route", "code"], registry=r,
+        )
+        self.request_seconds = Histogram(
+            "oip_gateway_request_duration_seconds", "Time from request received to response sent.",
+            ["protocol", "api"], buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.request_bytes = Histogram(
+            "oip_gateway_request_body_bytes", "Inference request body sizes.",
+            ["protocol"], buckets=_SIZE_BUCKETS, registry=r,
+        )
+        self.upstream_seconds = Histogram(
+            "oip_gateway_upstream_duration_seconds", "Time spent waiting for a backend.",
+            ["backend"], buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.upstream_errors = Counter(
+            "oip_gateway_upstream_errors", "Backend calls that failed, by kind.",
+            ["backend", "kind"], registry=r,
+        )
+        self.endpoint_healthy = Gauge(
+            "oip_gateway_endpoint_healthy", "1 when the last health check reached the endpoint.",
+            ["backend", "endpoint"], registry=r, multiprocess_mode="max",
+        )
+        self.ready = Gauge(
+            "oip_gateway_ready", "1 when every exact-name route has a ready endpoint.",
+            registry=r, multiprocess_mode="max",
+        )
+
+    def observe(self, protocol: str, api: str, route: str, code: str | int, seconds: float) -> None:
+        """The one place a finished request is recorded."""
+        self.requests.labels(protocol, api, route, str(code)).inc()
+        self.request_seconds.labels(protocol, api).observe(seconds)

@@ -1,0 +1,168 @@
+"""The gateway's data plane: route → pick → call → answer. No transport-server code.
+
+Same protocol in and out is pass-through: the HTTP body or the serialized gRPC
+message is forwarded untouched and the backend's answer returned untouched
+(DESIGN.md "The hot path"). Crossing protocols goes through the codec
+(``gateway/convert.py``), which keeps tensor bytes as memoryviews.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+import orjson
+
+from . import __version__
+from ._pb import grpc_predict_v2_pb2 as pb
+from .config.schema import GatewayConfig
+from .dataplane import HttpReply
+from .errors import UpstreamError
+from .observability.metrics import UNROUTED, Metrics
+from .routing.table import RouteTable
+from .upstream.grpc import GrpcPool
+from .upstream.health import HealthChecker
+from .upstream.http import HttpPool, UpstreamReply
+from . import convert
+
+__all__ = ["Proxy", "build_pools", "EXTENSIONS"]
+
+Pool = HttpPool | GrpcPool
+
+# What the gateway itself supports end to end (spec "Server Metadata": the
+# extensions field). The binary tensor extension is carried on every path.
+EXTENSIONS = ["binary_tensor_data"]
+
+# Request headers that matter to a V2 backend; everything else (host,
+# content-length, connection) belongs to the hop and is not forwarded.
+_FORWARDED = ("content-type", "inference-header-content-length", "content-encoding", "accept-encoding")
+
+
+def build_pools(config: GatewayConfig) -> dict[str, Pool]:
+    return {
+        name: (HttpPool(b) if b.protocol == "http" else GrpcPool(b)) for name, b in config.backends.items()
+    }
+
+
+def _model_path(model: str, version: str) -> str:
+    path = "/v2/models/" + quote(model, safe="")
+    if version:
+        path += "/versions/" + quote(version, safe="")
+    return path
+
+
+def _upstream_error(reply: UpstreamReply) -> UpstreamError:
+    """A backend's HTTP error, relayed: status and body unchanged."""
+    message = reply.body.decode("utf-8", "replace")
+    try:
+        parsed = orjson.loads(reply.body)
+        if isinstance(parsed, dict) and isinstance(parsed.get("error"), str):
+            message = parsed["error"]
+    except orjson.JSONDecodeError:
+        pass
+    return UpstreamError(
+        message or f"backend answered HTTP {reply.status}",
+        http_status=reply.status,
+        body=reply.body,
+        content_type=reply.headers.get("content-type"),
+    )
+
+
+def _metadata_to_dict(msg: Any) -> dict[str, Any]:
+    def tensors(ts: Any) -> list[dict[str, Any]]:
+        return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in ts]
+
+    out: dict[str, Any] = {"name": msg.name}
+    if msg.versions:
+        out["versions"] = list(msg.versions)
+    out["platform"] = msg.platform
+    out["inputs"] = tensors(msg.inputs)
+    out["outputs"] = tensors(msg.outputs)
+    return out
+
+
+class Proxy:
+    """Implements :class:`gateway.dataplane.DataPlane` by forwarding to backend pools."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        pools: dict[str, Pool],
+        table: RouteTable,
+        health: HealthChecker,
+        metrics: Metrics,
+    ) -> None:
+        self.config = config
+        self.pools = pools
+        self.table = table
+        self.health = health
+        self.metrics = metrics
+
+    # -- server-level answers are the gateway's own ------------------------------
+    def server_live(self) -> bool:
+        return True
+
+    def server_ready(self) -> bool:
+        return self.health.ready
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": "oip-gateway", "version": __version__, "extensions": list(EXTENSIONS)}
+
+    def route_label(self, model: str, version: str) -> str:
+        try:
+            return self.table.resolve(model, version).label
+        except Exception:  # noqa: BLE001 - a label lookup must never fail a request
+            return UNROUTED
+
+    def _pool(self, model: str, version: str) -> Pool:
+        return self.pools[self.table.resolve(model, version).backend]
+
+    async def _timed(self, pool: Pool, coro):
+        start = time.perf_counter()
+        try:
+            return await coro
+        except Exception as exc:
+            self.metrics.upstream_errors.labels(pool.name, type(exc).__name__).inc()
+            raise
+        finally:
+            self.metrics.upstream_seconds.labels(pool.name).observe(time.perf_counter() - start)
+
+    # -- model-level answers come from a backend of the routed pool -------------
+    async def model_ready(self, model: str, version: str) -> bool:
+        pool = self._pool(model, version)
+        if isinstance(pool, HttpPool):
+            reply = await self._timed(pool, pool.request("GET", _model_path(model, version) + "/ready"))
+            return reply.status == 200
+        resp = await self._timed(pool, pool.call("ModelReady", pb.ModelReadyRequest(name=model, version=version)))
+        return bool(resp.ready)
+
+    async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
+        pool = self._pool(model, version)
+        if isinstance(pool, HttpPool):
+            reply = await self._timed(pool, pool.request("GET", _model_path(model, version)))
+            if reply.status != 200:
+                raise _upstream_error(reply)
+            return orjson.loads(reply.body)
+        resp = await self._timed(
+            pool, pool.call("ModelMetadata", pb.ModelMetadataRequest(name=model, version=version))
+        )
+        return _metadata_to_dict(resp)
+
+    # -- inference --------------------------------------------------------------
+    async def infer_http(self, model: str, version: str, body: bytes, headers: Mapping[str, str]) -> HttpReply:
+        pool = self._pool(model, version)
+        if isinstance(pool, HttpPool):
+            fwd = {k: v for k in _FORWARDED if (v := headers.get(k)) is not None}
+            reply = await self._timed(
+                pool, pool.request("POST", _model_path(model, version) + "/infer", body=body, headers=fwd)
+            )
+            # Pass-through, errors included: the backend's status and body reach the client unchanged.
+            return HttpReply(reply.status, reply.body, reply.headers)
+        return await convert.http_to_grpc(self, pool, model, version, body, headers)
+
+    async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None) -> bytes:
+        pool = self._pool(model, version)
+        if isinstance(pool, GrpcPool):
+            return await self._timed(pool, pool.infer(message, timeout))
+        return await convert.grpc_to_http(self, pool, model, version, message, timeout)

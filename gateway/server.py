@@ -1,0 +1,193 @@
+"""Composition root: builds the gateway from its config and serves it.
+
+:class:`Listeners` serves any DataPlane on HTTP, gRPC and (optionally) a
+metrics port — the gateway's Proxy, or the demo's local models. Sockets are
+created here with SO_REUSEPORT so several worker processes can share a port
+(``gateway/supervisor.py``); a port of 0 is bound by the kernel and read back.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import uvicorn
+from grpc import aio
+from prometheus_client import CollectorRegistry, make_asgi_app
+
+from .config.schema import GatewayConfig, HostPort
+from .dataplane import DataPlane
+from .frontend.grpc import build_grpc_handler, server_options
+from .frontend.http import build_http_app
+from .observability.metrics import Metrics
+from .proxy import Proxy, build_pools
+from .routing.table import RouteTable
+from .upstream.health import HealthChecker
+
+__all__ = ["Listeners", "Gateway", "bind_socket", "Ports"]
+
+log = logging.getLogger("oip_gateway")
+
+
+def bind_socket(addr: HostPort, *, listen: bool = True) -> socket.socket:
+    """A TCP socket bound to ``addr`` with SO_REUSEPORT (so workers can share the port)."""
+    family = socket.AF_INET6 if ":" in addr.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((addr.host, addr.port))
+    if listen:
+        sock.listen(2048)
+        sock.setblocking(False)
+    return sock
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: the process owner decides when to stop."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _uvicorn(app, *, access_log: bool = False) -> _Uvicorn:
+    cfg = uvicorn.Config(
+        app,
+        loop="none",
+        http="httptools",
+        lifespan="off",
+        access_log=access_log,
+        log_level="warning",
+        server_header=False,
+        timeout_graceful_shutdown=10,
+        # Keep-alive longer than typical client pools so we are not the side that races a reuse.
+        timeout_keep_alive=75,
+        h11_max_incomplete_event_size=256 * 1024,
+    )
+    return _Uvicorn(cfg)
+
+
+@dataclass
+class Ports:
+    http: int | None = None
+    grpc: int | None = None
+    metrics: int | None = None
+
+    def as_dict(self) -> dict[str, int | None]:
+        return {"http": self.http, "grpc": self.grpc, "metrics": self.metrics}
+
+
+@dataclass
+class Listeners:
+    """HTTP + gRPC (+ metrics) front ends over one DataPlane, in the running loop."""
+
+    plane: DataPlane
+    max_message_bytes: int
+    metrics: Metrics | None = None
+    ports: Ports = field(default_factory=Ports)
+    _servers: list[tuple[_Uvicorn, asyncio.Task[None]]] = field(default_factory=list)
+    _grpc: aio.Server | None = None
+
+    async def _serve_http(self, app, sock: socket.socket) -> int:
+        server = _uvicorn(app)
+        task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+        # uvicorn sets .started once its listeners accept; wait on that, bounded.
+        for _ in range(500):
+            if server.started or task.done():
+                break
+            await asyncio.sleep(0.01)
+        if task.done():
+            task.result()
+        if not server.started:
+            raise RuntimeError("HTTP listener did not start within 5 s")
+        self._servers.append((server, task))
+        return sock.getsockname()[1]
+
+    async def start(
+        self,
+        *,
+        http: HostPort | None,
+        grpc: HostPort | None,
+        metrics_addr: HostPort | None = None,
+        metrics_registry: CollectorRegistry | None = None,
+    ) -> Ports:
+        if http is not None:
+            app = build_http_app(self.plane, self.metrics, max_message_bytes=self.max_message_bytes)
+            self.ports.http = await self._serve_http(app, bind_socket(http))
+        if grpc is not None:
+            self._grpc = aio.server(options=server_options(self.max_message_bytes))
+            self._grpc.add_generic_rpc_handlers((build_grpc_handler(self.plane, self.metrics),))
+            target = f"[{grpc.host}]:{grpc.port}" if ":" in grpc.host else f"{grpc.host}:{grpc.port}"
+            port = self._grpc.add_insecure_port(target)
+            if port == 0:
+                raise RuntimeError(f"could not bind the gRPC listener to {target}")
+            await self._grpc.start()
+            self.ports.grpc = port
+        if metrics_addr is not None and metrics_registry is not None:
+            self.ports.metrics = await self._serve_http(make_asgi_app(metrics_registry), bind_socket(metrics_addr))
+        return self.ports
+
+    async def stop(self, grace: float = 5.0) -> None:
+        if self._grpc is not None:
+            await self._grpc.stop(grace)
+            self._grpc = None
+        for server, _ in self._servers:
+            server.should_exit = True
+        for _, task in self._servers:
+            with contextlib.suppress(Exception):
+                await task
+        self._servers.clear()
+
+
+class Gateway:
+    """One gateway process: pools, health checks, proxy and listeners."""
+
+    def __init__(self, config: GatewayConfig, *, registry: CollectorRegistry | None = None) -> None:
+        self.config = config
+        self.metrics = Metrics(registry)
+        self.table = RouteTable(config.routes)
+        self.pools = build_pools(config)
+        exact = [(r.model, r.version, r.backend) for r in config.routes if not r.is_glob]
+        self.health = HealthChecker(
+            self.pools,
+            exact,
+            interval_s=config.health.interval_s,
+            timeout_s=config.health.timeout_s,
+            on_round=self._record_health,
+        )
+        self.proxy = Proxy(config, self.pools, self.table, self.health, self.metrics)
+        self.listeners = Listeners(self.proxy, config.max_message_bytes, self.metrics)
+
+    def _record_health(self, checker: HealthChecker) -> None:
+        for pool in self.pools.values():
+            for ep in pool.endpoints:
+                self.metrics.endpoint_healthy.labels(pool.name, str(ep.address)).set(1 if ep.healthy else 0)
+        self.metrics.ready.set(1 if checker.ready else 0)
+
+    async def start(
+        self,
+        *,
+        http: HostPort | None = None,
+        grpc: HostPort | None = None,
+        serve_metrics: bool = True,
+    ) -> Ports:
+        """Start everything; ``http``/``grpc`` override the configured listeners (workers)."""
+        for pool in self.pools.values():
+            await pool.start()
+        self.health.start()
+        listen = self.config.listen
+        return await self.listeners.start(
+            http=http or listen.http,
+            grpc=grpc or listen.grpc,
+            metrics_addr=listen.metrics if serve_metrics else None,
+            metrics_registry=self.metrics.registry,
+        )
+
+    async def stop(self) -> None:
+        await self.listeners.stop()
+        await self.health.stop()
+        for pool in self.pools.values():
+            await pool.close()

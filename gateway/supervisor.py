@@ -1,0 +1,144 @@
+"""``--workers N``: N gateway processes sharing the HTTP and gRPC ports.
+
+The supervisor binds each port once with SO_REUSEPORT *without listening* —
+that resolves a port of 0 and holds the port — then starts N fresh
+interpreters (``python -m gateway _worker``) that each bind the same port with
+SO_REUSEPORT and listen, so the kernel spreads connections across them. gRPC
+servers are created inside each worker (grpc does not survive fork). Metrics
+of all workers are aggregated by prometheus_client's multiprocess mode and
+served by the supervisor. A worker that dies is restarted.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, multiprocess
+
+from .config.schema import GatewayConfig
+from .server import Listeners, Ports, bind_socket
+
+__all__ = ["supervise"]
+
+log = logging.getLogger("oip_gateway.supervisor")
+
+
+class _MetricsOnly:
+    """A DataPlane stand-in: the supervisor serves only the metrics port."""
+
+
+async def _wait_ready(proc: asyncio.subprocess.Process, timeout: float) -> None:
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), timeout)
+    if line.strip() != b"READY":
+        raise RuntimeError(f"worker {proc.pid} failed to start (exit code {proc.returncode})")
+
+
+async def supervise(
+    config_path: str, config: GatewayConfig, workers: int, *, port_file: str | None, log_level: str
+) -> int:
+    listen = config.listen
+    held = []
+    ports = Ports()
+    if listen.http is not None:
+        s = bind_socket(listen.http, listen=False)
+        held.append(s)
+        ports.http = s.getsockname()[1]
+    if listen.grpc is not None:
+        s = bind_socket(listen.grpc, listen=False)
+        held.append(s)
+        ports.grpc = s.getsockname()[1]
+
+    mpdir = tempfile.mkdtemp(prefix="oip-gateway-metrics-")
+    env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=mpdir)
+    argv = [sys.executable, "-m", "gateway", "_worker", "--config", config_path, "--log-level", log_level]
+    if ports.http is not None:
+        argv += ["--http-port", str(ports.http)]
+    if ports.grpc is not None:
+        argv += ["--grpc-port", str(ports.grpc)]
+
+    async def spawn() -> asyncio.subprocess.Process:
+        proc = await asyncio.create_subprocess_exec(*argv, env=env, stdout=subprocess.PIPE)
+        await _wait_ready(proc, 60)
+        return proc
+
+    procs = list(await asyncio.gather(*(spawn() for _ in range(workers))))
+
+    metrics_listeners: Listeners | None = None
+    if listen.metrics is not None:
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=mpdir)
+        metrics_listeners = Listeners(_MetricsOnly(), config.max_message_bytes)  # type: ignore[arg-type]
+        mports = await metrics_listeners.start(
+            http=None, grpc=None, metrics_addr=listen.metrics, metrics_registry=registry
+        )
+        ports.metrics = mports.metrics
+    announce(ports, port_file, workers)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    restarts: list[float] = []
+    while not stop.is_set():
+        waits = {asyncio.ensure_future(p.wait()): i for i, p in enumerate(procs)}
+        stopper = asyncio.ensure_future(stop.wait())
+        done, pending = await asyncio.wait([stopper, *waits], return_when=asyncio.FIRST_COMPLETED)
+        for t in pending:
+            t.cancel()
+        if stop.is_set():
+            break
+        for t in done:
+            if t in waits:
+                i = waits[t]
+                dead = procs[i]
+                log.error("worker %d exited with %s; restarting", dead.pid, dead.returncode)
+                multiprocess.mark_process_dead(dead.pid, mpdir)
+                now = time.monotonic()
+                restarts = [r for r in restarts if now - r < 60] + [now]
+                if len(restarts) > 10 * workers:
+                    log.critical("workers keep dying; giving up")
+                    stop.set()
+                    break
+                procs[i] = await spawn()
+
+    for p in procs:
+        if p.returncode is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            await asyncio.wait_for(p.wait(), 15)
+        except asyncio.TimeoutError:
+            p.kill()
+            await p.wait()
+    if metrics_listeners is not None:
+        await metrics_listeners.stop()
+    for s in held:
+        s.close()
+    shutil.rmtree(mpdir, ignore_errors=True)
+    return 0
+
+
+def announce(ports: Ports, port_file: str | None, workers: int = 1) -> None:
+    """Log the bound ports and, if asked, write them to ``port_file`` atomically (tests read it)."""
+    import orjson
+
+    log.warning(
+        "oip-gateway serving http=%s grpc=%s metrics=%s workers=%d",
+        ports.http, ports.grpc, ports.metrics, workers,
+    )
+    if port_file:
+        tmp = Path(port_file + ".tmp")
+        tmp.write_bytes(orjson.dumps(ports.as_dict()))
+        os.replace(tmp, port_file)
+
+

@@ -1,0 +1,117 @@
+"""gRPC backend pools: the only grpc client code of the gateway.
+
+One ``grpc.aio`` channel per endpoint, max message sizes set on each (gRPC's
+4 MiB default is the most reported failure of other gateways). ModelInfer goes
+through a generic multi-callable with no serializers: the request bytes are
+sent as received and the response bytes returned as received.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from ..config.schema import Backend, HostPort
+from ..errors import NoEndpointAvailable, UpstreamError, UpstreamTimeout
+from ..routing.balancer import RoundRobin
+from .._pb import grpc_predict_v2_pb2 as pb
+
+__all__ = ["GrpcEndpoint", "GrpcPool", "METHOD_PREFIX"]
+
+METHOD_PREFIX = "/inference.GRPCInferenceService/"
+
+# Unary RPCs other than ModelInfer: (request type, response type).
+_TYPED: dict[str, tuple[Any, Any]] = {
+    "ServerLive": (pb.ServerLiveRequest, pb.ServerLiveResponse),
+    "ServerReady": (pb.ServerReadyRequest, pb.ServerReadyResponse),
+    "ModelReady": (pb.ModelReadyRequest, pb.ModelReadyResponse),
+    "ServerMetadata": (pb.ServerMetadataRequest, pb.ServerMetadataResponse),
+    "ModelMetadata": (pb.ModelMetadataRequest, pb.ModelMetadataResponse),
+}
+
+
+def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
+@dataclass(slots=True)
+class GrpcEndpoint:
+    address: HostPort
+    channel: aio.Channel
+    infer: aio.UnaryUnaryMultiCallable
+    typed: dict[str, aio.UnaryUnaryMultiCallable] = field(default_factory=dict)
+    healthy: bool = True
+
+
+class GrpcPool:
+    protocol = "grpc"
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.name = backend.name
+        self.endpoints: list[GrpcEndpoint] = []
+        self.balancer: RoundRobin[GrpcEndpoint] | None = None
+
+    async def start(self) -> None:
+        # Channels are created inside the running loop (grpc.aio binds them to it).
+        opts = channel_options(self.backend.max_message_bytes)
+        for addr in self.backend.endpoints:
+            ch = aio.insecure_channel(str(addr), options=opts)
+            infer = ch.unary_unary(METHOD_PREFIX + "ModelInfer")
+            typed = {
+                name: ch.unary_unary(
+                    METHOD_PREFIX + name,
+                    request_serializer=req.SerializeToString,
+                    response_deserializer=resp.FromString,
+                )
+                for name, (req, resp) in _TYPED.items()
+            }
+            self.endpoints.append(GrpcEndpoint(addr, ch, infer, typed))
+        self.balancer = RoundRobin(self.endpoints)
+
+    async def close(self) -> None:
+        for ep in self.endpoints:
+            await ep.channel.close()
+        self.endpoints.clear()
+
+    async def infer(self, message: bytes, timeout: float | None) -> bytes:
+        """Forward a serialized ModelInferRequest; return the serialized response."""
+        return await self._call(lambda ep: ep.infer, message, timeout)
+
+    async def call(self, rpc: str, request: Any, timeout: float | None = None,
+                   endpoint: GrpcEndpoint | None = None) -> Any:
+        return await self._call(lambda ep: ep.typed[rpc], request, timeout, endpoint)
+
+    async def _call(self, pick, request: Any, timeout: float | None,
+                    endpoint: GrpcEndpoint | None = None) -> Any:
+        assert self.balancer is not None, "pool not started"
+        order = [endpoint] if endpoint is not None else self.balancer.order()
+        tmo = self.backend.timeout_s if timeout is None else min(timeout, self.backend.timeout_s)
+        failures: list[str] = []
+        for ep in order:
+            try:
+                return await pick(ep)(request, timeout=tmo)
+            except aio.AioRpcError as exc:
+                code = exc.code()
+                if code == grpc.StatusCode.UNAVAILABLE:
+                    # The endpoint could not be reached (or is shutting down): try the next.
+                    ep.healthy = False
+                    failures.append(f"{ep.address}: {exc.details()}")
+                    continue
+                if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise UpstreamTimeout(
+                        f"backend '{self.name}' endpoint {ep.address} did not answer within {tmo}s"
+                    ) from exc
+                # The backend's own error: relay its code and message unchanged.
+                raise UpstreamError(exc.details() or code.name, grpc_code=code.name) from exc
+        raise NoEndpointAvailable(
+            f"no endpoint of backend '{self.name}' is reachable ({'; '.join(failures)})"
+        )
