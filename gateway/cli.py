@@ -3,6 +3,7 @@
     oip-gateway serve --config FILE [--workers N] [--port-file PATH]
     oip-gateway check FILE
     oip-gateway demo [--http HOST:PORT] [--grpc HOST:PORT] [--metrics HOST:PORT]
+    oip-gateway reference [--http HOST:PORT] [--grpc HOST:PORT]
 """
 from __future__ import annotations
 
@@ -121,6 +122,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_reference(args: argparse.Namespace) -> int:
+    from .demo.serve import run_reference
+
+    _install_uvloop()
+    return asyncio.run(
+        run_reference(http=HostPort.parse(args.http), grpc=HostPort.parse(args.grpc), port_file=args.port_file)
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oip-gateway", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"oip-gateway {__version__}")
@@ -143,6 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--metrics", default="0.0.0.0:8002")
     demo.add_argument("--port-file", help="write the gateway's bound ports as JSON here once serving")
     demo.set_defaults(func=cmd_demo)
+
+    ref = sub.add_parser("reference", help="run only the built-in reference V2 server (the demo's backend)")
+    ref.add_argument("--http", default="127.0.0.1:0")
+    ref.add_argument("--grpc", default="127.0.0.1:0")
+    ref.add_argument("--port-file", help="write the bound ports as JSON here once serving")
+    ref.set_defaults(func=cmd_reference)
 
     worker = sub.add_parser("_worker", help=argparse.SUPPRESS)
     worker.add_argument("--config", required=True)

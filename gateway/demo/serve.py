@@ -1,0 +1,85 @@
+"""Running the reference server alone, and the demo (gateway in front of it).
+
+``oip-gateway demo`` starts the reference V2 server on loopback ports the
+kernel picks, then the gateway on Triton's default ports (8000/8001/8002)
+with a route per demo model. ``oip-gateway reference`` runs the reference
+server alone (tests use it as a second real backend).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from ..config.schema import Backend, GatewayConfig, Health, HostPort, Listen, Route
+from ..server import Gateway, Listeners, Ports
+from ..supervisor import announce
+from .models import default_repository
+from .plane import DemoPlane
+
+__all__ = ["run_reference", "run_demo", "demo_config"]
+
+log = logging.getLogger("oip_gateway.demo")
+
+# The demo routes its models across both transports so one `oip-gateway demo`
+# shows pass-through and conversion: HTTP clients of add_sub go to the HTTP
+# pool, everything else to the gRPC pool (see README "Demo").
+_LOOPBACK = HostPort("127.0.0.1", 0)
+
+
+async def _until_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def start_reference(http: HostPort | None, grpc: HostPort | None, max_message_bytes: int) -> Listeners:
+    listeners = Listeners(DemoPlane(default_repository()), max_message_bytes)
+    await listeners.start(http=http, grpc=grpc)
+    return listeners
+
+
+def demo_config(ref: Ports, *, http: HostPort, grpc: HostPort, metrics: HostPort,
+                backend: str = "demo-grpc") -> GatewayConfig:
+    backends = {
+        "demo-http": Backend("demo-http", "http", (HostPort("127.0.0.1", ref.http or 0),)),
+        "demo-grpc": Backend("demo-grpc", "grpc", (HostPort("127.0.0.1", ref.grpc or 0),)),
+    }
+    routes = tuple(Route(model=name, backend=backend) for name in default_repository())
+    return GatewayConfig(
+        backends=backends,
+        routes=routes,
+        listen=Listen(http=http, grpc=grpc, metrics=metrics),
+        health=Health(interval_s=1.0, timeout_s=1.0),
+    )
+
+
+async def run_reference(*, http: HostPort, grpc: HostPort, port_file: str | None,
+                        max_message_bytes: int = 256 * 1024 * 1024) -> int:
+    ref = await start_reference(http, grpc, max_message_bytes)
+    announce(ref.ports, port_file)
+    try:
+        await _until_signal()
+    finally:
+        await ref.stop()
+    return 0
+
+
+async def run_demo(*, http: HostPort, grpc: HostPort, metrics: HostPort, port_file: str | None,
+                   backend: str = "demo-grpc") -> int:
+    config = demo_config(Ports(), http=http, grpc=grpc, metrics=metrics)
+    ref = await start_reference(_LOOPBACK, _LOOPBACK, config.max_message_bytes)
+    config = demo_config(ref.ports, http=http, grpc=grpc, metrics=metrics, backend=backend)
+    gw = Gateway(config)
+    ports = await gw.start()
+    await gw.health.check_once()
+    log.warning("demo models: %s", ", ".join(default_repository()))
+    announce(ports, port_file)
+    try:
+        await _until_signal()
+    finally:
+        await gw.stop()
+        await ref.stop()
+    return 0
