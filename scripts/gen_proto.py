@@ -32,6 +32,17 @@ def main() -> int:
     text = grpc_mod.read_text()
     text = re.sub(r"^import grpc_predict_v2_pb2 as", "from . import grpc_predict_v2_pb2 as", text, flags=re.M)
     grpc_mod.write_text(text)
+    # Register our messages in a private descriptor pool, not protobuf's global
+    # one: tritonclient.grpc registers the same 'inference.*' names from Triton's
+    # grpc_service.proto, and two files defining one symbol in one pool is an
+    # error. The gateway never needs to share descriptors with anyone.
+    pb_mod = OUT / "grpc_predict_v2_pb2.py"
+    text = pb_mod.read_text()
+    text = text.replace(
+        "DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(",
+        "POOL = _descriptor_pool.DescriptorPool()\nDESCRIPTOR = POOL.AddSerializedFile(",
+    )
+    pb_mod.write_text(text)
     return 0
 
 

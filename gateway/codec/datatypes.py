@@ -37,6 +37,7 @@ __all__ = [
     "serialize_bytes_elements",
     "bytes_elements",
     "tensor_view",
+    "byte_view",
 ]
 
 INT64_MAX = 2**63 - 1  # shape dims are int64 in the gRPC API; Triton caps counts and sizes at INT64_MAX
@@ -190,6 +191,14 @@ def serialize_bytes_elements(elements: Iterable[bytes | bytearray | memoryview],
     except struct.error as exc:  # an element of 4 GiB or more cannot be length-prefixed
         raise InvalidRequest(f"tensor '{name}': a BYTES element is too large") from exc
     return b"".join(parts)
+
+
+def byte_view(buf: bytes | bytearray | memoryview) -> memoryview:
+    """A flat unsigned-byte view of a received buffer; slices of it keep ``.obj`` = the buffer."""
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
 
 
 def tensor_view(array: np.ndarray) -> memoryview:

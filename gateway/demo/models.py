@@ -32,11 +32,11 @@ from ..errors import InvalidRequest, ModelNotFound
 from ..model import InferRequest, InferResponse, Tensor
 
 __all__ = [
-    "TensorSpec",
     "Model",
     "ModelRepository",
-    "demo_models",
+    "TensorSpec",
     "default_repository",
+    "demo_models",
 ]
 
 # A model's computation: validated inputs by name → every output, in the

@@ -17,7 +17,7 @@ from ..supervisor import announce
 from .models import default_repository
 from .plane import DemoPlane
 
-__all__ = ["run_reference", "run_demo", "demo_config"]
+__all__ = ["demo_config", "run_demo", "run_reference"]
 
 log = logging.getLogger("oip_gateway.demo")
 

@@ -30,16 +30,17 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from .procs import terminate, wait_for, wait_for_ports
 
 __all__ = [
+    "MODELS_DIR",
+    "VENV_DIR",
     "MLServerProcess",
     "MLServerUnavailable",
     "ensure_mlserver_venv",
     "mlserver_available",
-    "MODELS_DIR",
-    "VENV_DIR",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -89,7 +90,7 @@ def _run_logged(cmd: list[str], log: Path, deadline: float) -> None:
         fh.flush()
         try:
             rc = subprocess.run(
-                cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=remaining,
+                cmd, check=False, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=remaining,
                 env=_clean_env(),
             ).returncode
         except subprocess.TimeoutExpired:
@@ -247,7 +248,7 @@ class MLServerProcess:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
-    def __enter__(self) -> MLServerProcess:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -271,7 +272,9 @@ class MLServerProcess:
         shutil.copytree(self.models_dir, repo, ignore=shutil.ignore_patterns("__pycache__", "settings.json"))
         self.models = _model_names(repo)
         settings = {
-            "debug": True,  # access log in log_path; DEBUG-level MLServer logs
+            # As in production: with debug on, a 500 carries a text/plain traceback instead of
+            # "Internal Server Error" (and uvicorn logs every request).
+            "debug": False,
             "host": "127.0.0.1",
             "http_port": 0,
             "grpc_port": 0,
@@ -302,10 +305,11 @@ class MLServerProcess:
         except BaseException as exc:
             self._failed = True
             self.stop(keep_workdir=True)
-            if isinstance(exc, Exception):
-                raise RuntimeError(f"MLServer failed to start: {exc}\n--- {self.log_path} ---\n"
-                                   f"{_log_tail(self.log_path)}") from exc
-            raise
+            if not isinstance(exc, Exception):  # KeyboardInterrupt and the like
+                raise
+            raise RuntimeError(
+                f"MLServer failed to start: {exc}\n--- {self.log_path} ---\n{_log_tail(self.log_path)}"
+            ) from exc
         self.startup_seconds = time.monotonic() - started
 
     def _remaining(self, started: float) -> float:

@@ -1,0 +1,258 @@
+"""``inference.ModelInferRequest`` / ``ModelInferResponse`` wire bytes ↔ the neutral model.
+
+Tensor bytes never go through protobuf-python, which copies a ``bytes`` field
+on every read (DESIGN.md "The hot path"). Decoding scans the top-level fields
+(:mod:`.wire`): ``raw_input_contents`` (request field 7) and
+``raw_output_contents`` (response field 6) become memoryview slices of the
+message, and only the other fields — names, shapes, parameters — are handed
+to the generated protobuf. Encoding serialises that header with protobuf and
+appends the raw fields written around the tensor memoryviews; protobuf field
+order is free (a repeated field may appear anywhere, in order), so the one
+``b"".join`` is the only copy of tensor bytes.
+
+Spec "Tensor Data" (GRPC): raw contents, when present, hold one entry per
+tensor in tensor order and exclude typed ``contents``. Typed
+``InferTensorContents`` are still accepted on decode and turned into raw bytes
+with numpy; encoding always writes raw contents, the only form tritonclient's
+gRPC ``InferResult.as_numpy`` reads for non-BYTES outputs.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from .._pb import grpc_predict_v2_pb2 as pb
+from ..errors import InvalidRequest
+from ..model import InferRequest, InferResponse, Params, RequestedOutput, Tensor
+from .datatypes import (
+    DatatypeInfo,
+    INT64_MAX,
+    byte_view,
+    datatype_info,
+    element_count,
+    serialize_bytes_elements,
+    tensor_view,
+    validate_tensor,
+)
+from .wire import encode_len_field, encode_varint, iter_fields
+
+__all__ = ["decode_request", "encode_request", "decode_response", "encode_response", "HTTP_ONLY_PARAMS"]
+
+_REQUEST_RAW = 7  # ModelInferRequest.raw_input_contents
+_RESPONSE_RAW = 6  # ModelInferResponse.raw_output_contents
+_LEN = 2
+
+# Parameters of Triton's HTTP binary-data extension; they describe one HTTP body
+# and mean nothing to a gRPC server, so they are dropped when building gRPC messages.
+HTTP_ONLY_PARAMS = frozenset({"binary_data", "binary_data_output", "binary_data_size"})
+
+# datatype -> (InferTensorContents field, numpy dtype of that repeated field)
+_TYPED: dict[str, tuple[str, str]] = {
+    "BOOL": ("bool_contents", "|b1"),
+    "INT8": ("int_contents", "<i4"),
+    "INT16": ("int_contents", "<i4"),
+    "INT32": ("int_contents", "<i4"),
+    "INT64": ("int64_contents", "<i8"),
+    "UINT8": ("uint_contents", "<u4"),
+    "UINT16": ("uint_contents", "<u4"),
+    "UINT32": ("uint_contents", "<u4"),
+    "UINT64": ("uint64_contents", "<u8"),
+    "FP32": ("fp32_contents", "<f4"),
+    "FP64": ("fp64_contents", "<f8"),
+    "BYTES": ("bytes_contents", "O"),
+}
+
+
+# ------------------------------------------------------------------- scanning
+def _split(message: bytes | memoryview, raw_field: int, cls: Any) -> tuple[Any, list[memoryview]]:
+    """Parse every field but ``raw_field`` with protobuf; return the raw entries as slices."""
+    view = byte_view(message)
+    raws: list[memoryview] = []
+    header: list[bytes | memoryview] = []
+    try:
+        for fnum, wtype, value in iter_fields(view):
+            if fnum == raw_field:
+                if wtype != _LEN:
+                    raise InvalidRequest(f"malformed {cls.__name__}: raw contents with wire type {wtype}")
+                raws.append(value)  # type: ignore[arg-type]
+            elif wtype == _LEN:
+                header += (encode_len_field(fnum, len(value)), value)  # type: ignore[arg-type]
+            else:  # re-encode the key; the value is a varint int or a fixed-width slice
+                header.append(encode_varint((fnum << 3) | wtype))
+                header.append(encode_varint(value) if isinstance(value, int) else value)
+    except InvalidRequest as exc:
+        raise InvalidRequest(exc.message + _where_it_broke(cls, header, raw_field, len(raws))) from exc
+    try:
+        # Without raw contents the message is all header: parse it as received.
+        msg = cls.FromString(b"".join(header) if raws else view)
+    except DecodeError as exc:
+        raise InvalidRequest(f"malformed {cls.__name__}: {exc}") from exc
+    return msg, raws
+
+
+def _where_it_broke(cls: Any, header: list[bytes | memoryview], raw_field: int, seen: int) -> str:
+    """Name the tensor whose raw contents a truncated message breaks off in, when known.
+
+    Serialisers write fields in number order, so the tensor list (fields 5/6)
+    normally precedes the raw contents and is already in ``header``.
+    """
+    try:
+        msg = cls.FromString(b"".join(header))
+    except DecodeError:
+        return ""
+    tensors = msg.inputs if raw_field == _REQUEST_RAW else msg.outputs
+    if seen < len(tensors):
+        return f" (at the raw contents of tensor '{tensors[seen].name}', {seen} of {len(tensors)} complete)"
+    return ""
+
+
+def _join(header: bytes, raw_field: int, datas: Iterable[memoryview]) -> bytes:
+    parts: list[bytes | memoryview] = [header]
+    for data in datas:
+        parts.append(encode_len_field(raw_field, data.nbytes))
+        parts.append(data)
+    return b"".join(parts)  # the single copy of tensor bytes
+
+
+# ----------------------------------------------------------------- parameters
+def _params_from_pb(params: Mapping[str, Any], where: str) -> Params:
+    out: Params = {}
+    for key, p in params.items():
+        which = p.WhichOneof("parameter_choice")
+        if which is None:
+            raise InvalidRequest(f"{where}: parameter '{key}' has no value")
+        out[key] = getattr(p, which)
+    return out
+
+
+def _params_to_pb(target: Any, params: Params, where: str) -> None:
+    """Python scalar → InferParameter: bool, int64 (uint64 above 2**63-1), double, string."""
+    for key, value in params.items():
+        if key in HTTP_ONLY_PARAMS:
+            continue
+        p = target[key]
+        if isinstance(value, bool):
+            p.bool_param = value
+        elif isinstance(value, int):
+            if -INT64_MAX - 1 <= value <= INT64_MAX:
+                p.int64_param = value
+            elif INT64_MAX < value < 2**64:
+                p.uint64_param = value
+            else:
+                raise InvalidRequest(f"{where}: parameter '{key}' = {value} does not fit 64 bits")
+        elif isinstance(value, float):
+            p.double_param = value
+        elif isinstance(value, str):
+            p.string_param = value
+        else:
+            raise InvalidRequest(f"{where}: parameter '{key}' must be a bool, int, float or str")
+
+
+# -------------------------------------------------------------------- tensors
+def _typed_to_raw(name: str, info: DatatypeInfo, count: int, contents: Any) -> memoryview:
+    """Typed ``InferTensorContents`` → raw little-endian bytes (numpy; per element only for BYTES)."""
+    typed = _TYPED.get(info.name)
+    if typed is None:  # FP16 / BF16 have no typed field (spec: "must be represented as raw content")
+        if count == 0:
+            return memoryview(b"")
+        raise InvalidRequest(f"tensor '{name}': {info.name} data must be sent as raw contents")
+    field, wire_dtype = typed
+    values = getattr(contents, field)
+    if len(values) != count:
+        raise InvalidRequest(
+            f"tensor '{name}': contents.{field} has {len(values)} values but the shape needs {count}"
+        )
+    if info.itemsize is None:
+        return memoryview(serialize_bytes_elements(values, name))
+    arr = np.fromiter(values, dtype=wire_dtype, count=count)
+    if arr.dtype.itemsize > info.dtype.itemsize and arr.size:  # int_contents carries INT8/16, uint_contents UINT8/16
+        bounds = np.iinfo(info.dtype)
+        if int(arr.min()) < bounds.min or int(arr.max()) > bounds.max:
+            raise InvalidRequest(f"tensor '{name}': contents.{field} has values out of range for {info.name}")
+    return tensor_view(arr.astype(info.dtype, copy=False))
+
+
+def _tensors(pb_tensors: Sequence[Any], raws: list[memoryview], what: str) -> list[Tensor]:
+    if raws and len(raws) != len(pb_tensors):
+        raise InvalidRequest(
+            f"{what}: {len(raws)} raw contents for {len(pb_tensors)} tensors; "
+            "raw contents must hold one entry per tensor"
+        )
+    tensors = []
+    for i, pt in enumerate(pb_tensors):
+        name = pt.name
+        info = datatype_info(pt.datatype, name)
+        shape = tuple(pt.shape)
+        count = element_count(shape, name)
+        params = _params_from_pb(pt.parameters, f"tensor '{name}'")
+        if raws:
+            if pt.HasField("contents") and pt.contents.ByteSize():
+                raise InvalidRequest(f"tensor '{name}': typed contents are not allowed with raw contents")
+            t = Tensor(name, info.name, shape, raws[i], params)
+            validate_tensor(t)
+        else:
+            t = Tensor(name, info.name, shape, _typed_to_raw(name, info, count, pt.contents), params)
+        tensors.append(t)
+    return tensors
+
+
+def _fill_tensor(target: Any, t: Tensor) -> None:
+    target.name = t.name
+    target.datatype = t.datatype
+    target.shape.extend(t.shape)
+    _params_to_pb(target.parameters, t.parameters, f"tensor '{t.name}'")
+
+
+# ------------------------------------------------------------------ public API
+def decode_request(message: bytes | memoryview) -> InferRequest:
+    """Decode a serialized ModelInferRequest; input data are slices of ``message``."""
+    msg, raws = _split(message, _REQUEST_RAW, pb.ModelInferRequest)
+    inputs = _tensors(msg.inputs, raws, "ModelInferRequest")
+    return InferRequest(
+        model_name=msg.model_name,
+        model_version=msg.model_version,
+        id=msg.id,
+        parameters=_params_from_pb(msg.parameters, "request"),
+        inputs=tuple(inputs),
+        outputs=tuple(
+            RequestedOutput(o.name, _params_from_pb(o.parameters, f"output '{o.name}'")) for o in msg.outputs
+        ),
+    )
+
+
+def encode_request(req: InferRequest) -> bytes:
+    """Serialize a ModelInferRequest with raw_input_contents; HTTP-only parameters dropped."""
+    msg = pb.ModelInferRequest(model_name=req.model_name, model_version=req.model_version, id=req.id)
+    _params_to_pb(msg.parameters, req.parameters, "request")
+    for t in req.inputs:
+        _fill_tensor(msg.inputs.add(), t)
+    for o in req.outputs:
+        out = msg.outputs.add()
+        out.name = o.name
+        _params_to_pb(out.parameters, o.parameters, f"output '{o.name}'")
+    return _join(msg.SerializeToString(), _REQUEST_RAW, (t.data for t in req.inputs))
+
+
+def decode_response(message: bytes | memoryview) -> InferResponse:
+    """Decode a serialized ModelInferResponse; output data are slices of ``message``."""
+    msg, raws = _split(message, _RESPONSE_RAW, pb.ModelInferResponse)
+    outputs = _tensors(msg.outputs, raws, "ModelInferResponse")
+    return InferResponse(
+        model_name=msg.model_name,
+        model_version=msg.model_version,
+        id=msg.id,
+        parameters=_params_from_pb(msg.parameters, "response"),
+        outputs=tuple(outputs),
+    )
+
+
+def encode_response(resp: InferResponse) -> bytes:
+    """Serialize a ModelInferResponse; every output goes in raw_output_contents."""
+    msg = pb.ModelInferResponse(model_name=resp.model_name, model_version=resp.model_version, id=resp.id)
+    _params_to_pb(msg.parameters, resp.parameters, "response")
+    for t in resp.outputs:
+        _fill_tensor(msg.outputs.add(), t)
+    return _join(msg.SerializeToString(), _RESPONSE_RAW, (t.data for t in resp.outputs))

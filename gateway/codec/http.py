@@ -1,0 +1,424 @@
+"""JSON inference bodies and the HTTP binary-data extension ↔ the neutral model.
+
+Request and response bodies are the spec's "Inference Request/Response JSON
+Object" (open-inference-protocol.txt, HTTP/REST "Inference"), optionally
+followed by a binary section: the body starts with ``Inference-Header-Content-Length``
+bytes of JSON, then the raw bytes of every tensor that carries
+``parameters.binary_data_size``, in tensor order (ovms-kserve-rest-api-binary-extension.txt;
+Triton's http_server.cc, which tritonclient matches). Binary slices stay
+memoryviews of the body; JSON ``data`` is converted by numpy in one call.
+
+The caller owns the HTTP headers. ``header_length`` in and out is the
+``Inference-Header-Content-Length`` value: ``None`` means "the whole body is
+JSON" (send ``Content-Type: application/json``); an int means "send
+``application/octet-stream`` and this header", as Triton does. The body is
+read by that length, never by content type: OVMS answers ``application/json``
+with a binary section.
+
+``binary_data`` (requested outputs) and ``binary_data_output`` (request) stay in
+the decoded parameters: the front end passes the decoded request to
+:func:`binary_policy` to choose the response form, and the upstream client
+replaces them when it re-encodes. Only ``binary_data_size`` is stripped, since
+it describes this one body.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import orjson
+
+from ..errors import InvalidRequest, Unsupported
+from ..model import InferRequest, InferResponse, Params, RequestedOutput, Tensor
+from .datatypes import (
+    DatatypeInfo,
+    byte_view,
+    bytes_elements,
+    datatype_info,
+    element_count,
+    serialize_bytes_elements,
+    tensor_view,
+    to_numpy,
+    validate_tensor,
+)
+
+__all__ = ["decode_request", "encode_request", "decode_response", "encode_response", "binary_policy"]
+
+_OPT = orjson.OPT_SERIALIZE_NUMPY
+_NO_OVERRIDES: Mapping[str, bool] = {}
+
+
+# --------------------------------------------------------------------- helpers
+def _load_header(view: memoryview, header_length: int | None, what: str) -> tuple[dict[str, Any], int]:
+    total = len(view)
+    if header_length is None:
+        hl = total
+    else:
+        # Triton: "inference header size should be in range (0, content length)".
+        if isinstance(header_length, bool) or not isinstance(header_length, int) or not 0 <= header_length <= total:
+            raise InvalidRequest(
+                f"Inference-Header-Content-Length {header_length!r} is outside the body of {total} bytes"
+            )
+        hl = header_length
+    try:
+        doc = orjson.loads(view[:hl])
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"malformed JSON {what}: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise InvalidRequest(f"the JSON {what} must be an object")
+    return doc, hl
+
+
+def _params(value: Any, where: str) -> Params:
+    # Spec "Parameters": $parameter = $string : $string | $number | $boolean.
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{where}: 'parameters' must be a JSON object")
+    for key, v in value.items():
+        if not isinstance(v, (str, int, float)):
+            raise InvalidRequest(f"{where}: parameter '{key}' must be a string, number or boolean")
+    return value
+
+
+def _string(doc: dict[str, Any], key: str, where: str) -> str:
+    value = doc.get(key, "")
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{where}: '{key}' must be a string")
+    return value
+
+
+def _tensor_head(obj: Any, index: int, kind: str) -> tuple[str, DatatypeInfo, tuple[int, ...], int, Params]:
+    """name, datatype, shape, element count and parameters of one input/output object."""
+    if not isinstance(obj, dict):
+        raise InvalidRequest(f"{kind} {index} must be a JSON object")
+    name = obj.get("name")
+    if not isinstance(name, str):
+        raise InvalidRequest(f"{kind} {index}: 'name' must be a string")
+    info = datatype_info(obj.get("datatype"), name)
+    shape = obj.get("shape")
+    if not isinstance(shape, list):
+        raise InvalidRequest(f"tensor '{name}': 'shape' must be an array of integers")
+    count = element_count(shape, name)
+    params = _params(obj.get("parameters"), f"tensor '{name}'")
+    if "shared_memory_region" in params:
+        raise Unsupported(f"tensor '{name}': shared-memory tensors cannot cross the gateway")
+    return name, info, tuple(shape), count, params
+
+
+def _binary_size(params: Params, name: str) -> int | None:
+    size = params.get("binary_data_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+        raise InvalidRequest(f"tensor '{name}': binary_data_size must be a non-negative integer")
+    return size
+
+
+def _without(params: Params, key: str) -> Params:
+    return {k: v for k, v in params.items() if k != key} if key in params else params
+
+
+def _check_nesting(name: str, arr: np.ndarray, shape: tuple[int, ...], count: int) -> None:
+    # Spec "Tensor Data": data is either nested exactly as the shape or flat.
+    if arr.shape != shape and not (arr.ndim == 1 and arr.shape[0] == count):
+        raise InvalidRequest(
+            f"tensor '{name}': 'data' is nested as {list(arr.shape)} ({arr.size} elements) "
+            f"but the shape is {list(shape)} ({count} elements)"
+        )
+
+
+def _json_to_raw(name: str, info: DatatypeInfo, shape: tuple[int, ...], count: int, data: Any) -> memoryview:
+    """JSON ``data`` → raw little-endian bytes, one numpy conversion (no per-element loop but BYTES)."""
+    if not info.json_ok:
+        raise InvalidRequest(f"tensor '{name}': {info.name} cannot be represented in JSON; send it binary")
+    if not isinstance(data, list):
+        raise InvalidRequest(f"tensor '{name}': 'data' must be a JSON array")
+    try:
+        arr = np.asarray(data, dtype=object if info.itemsize is None else None)
+    except (ValueError, TypeError) as exc:  # ragged nesting
+        raise InvalidRequest(f"tensor '{name}': 'data' nesting is ragged; it must match shape {list(shape)}") from exc
+    _check_nesting(name, arr, shape, count)
+    if info.itemsize is None:
+        try:
+            return memoryview(serialize_bytes_elements([s.encode("utf-8") for s in arr.reshape(-1).tolist()], name))
+        except AttributeError as exc:
+            raise InvalidRequest(f"tensor '{name}': BYTES 'data' elements must be strings") from exc
+    target = info.dtype
+    kind = arr.dtype.kind
+    if arr.size:
+        if target.kind == "b":
+            ok = kind == "b"
+        elif target.kind in "iu":
+            ok = kind in "iu"
+            if ok and not np.can_cast(arr.dtype, target):
+                bounds = np.iinfo(target)
+                if int(arr.min()) < bounds.min or int(arr.max()) > bounds.max:
+                    raise InvalidRequest(f"tensor '{name}': 'data' has values out of range for {info.name}")
+        else:
+            ok = kind in "iuf"
+            if kind == "O":  # null elements (our encoder writes NaN/Inf as null, as orjson does)
+                try:
+                    arr, ok = np.asarray(data, dtype=target), True
+                except (ValueError, TypeError):
+                    ok = False
+        if not ok:
+            raise InvalidRequest(f"tensor '{name}': 'data' values are not valid {info.name} values")
+    with np.errstate(all="ignore"):  # FP64 → FP32 overflow becomes inf, as Triton's C++ cast does
+        return tensor_view(arr.astype(target, copy=False))
+
+
+def _json_data(t: Tensor) -> Any:
+    """A tensor's flat JSON ``data`` (Triton writes it flat): an ndarray orjson serialises, or strings."""
+    info = datatype_info(t.datatype, t.name)
+    if not info.json_ok:
+        raise InvalidRequest(f"tensor '{t.name}': {t.datatype} cannot be represented in JSON; request it binary")
+    if info.itemsize is None:
+        elems = bytes_elements(t.data, t.name)
+        if len(elems) != element_count(t.shape, t.name):
+            raise InvalidRequest(f"tensor '{t.name}': {len(elems)} BYTES elements do not fit shape {list(t.shape)}")
+        try:
+            return [str(e, "utf-8") for e in elems]
+        except UnicodeDecodeError as exc:
+            raise InvalidRequest(
+                f"tensor '{t.name}': BYTES data is not valid UTF-8 and cannot be sent as JSON; request it binary"
+            ) from exc
+    arr = to_numpy(t).reshape(-1)
+    if info.name == "BOOL":
+        return arr.view(np.uint8) != 0  # any non-zero byte is true (Triton: bool_base[e] != 0)
+    if info.name == "FP32":
+        # Triton writes FP32 widened to double (AppendDouble); readers parse a double
+        # and narrow it, so the exact double round-trips every float bit for bit,
+        # where a shortest-float32 string could be double-rounded. NaN/Inf have no
+        # JSON form: orjson writes null (Triton fails the response instead).
+        return arr.astype(np.float64)
+    if not arr.dtype.isnative:  # orjson serialises native byte order only
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    return arr
+
+
+def _decode_tensors(
+    view: memoryview, hl: int, items: list[Any], kind: str, infer_open: bool
+) -> list[Tensor]:
+    """Decode inputs or outputs: JSON ``data`` or a slice of the binary section, in order.
+
+    ``infer_open`` (requests with a binary section) follows OVMS for a tensor with
+    neither ``data`` nor ``binary_data_size``: a fixed-size one takes
+    shape × itemsize bytes, and a single such BYTES tensor takes what is left.
+    """
+    heads = []
+    claimed = 0
+    open_index: int | None = None
+    for i, obj in enumerate(items):
+        name, info, shape, count, params = _tensor_head(obj, i, kind)
+        size = _binary_size(params, name)
+        has_data = "data" in obj
+        if size is not None:
+            if has_data:
+                raise InvalidRequest(f"tensor '{name}': set either 'data' or binary_data_size, not both")
+            params = _without(params, "binary_data_size")
+        elif not has_data:
+            if not infer_open:
+                raise InvalidRequest(f"tensor '{name}': neither 'data' nor parameters.binary_data_size is set")
+            if info.itemsize is not None:
+                size = count * info.itemsize
+            elif open_index is not None:
+                raise InvalidRequest(
+                    f"tensor '{name}': BYTES inputs '{heads[open_index][0]}' and '{name}' both lack "
+                    "binary_data_size; their split of the binary data is ambiguous"
+                )
+            else:
+                open_index, size = i, -1
+        if size is not None and size >= 0:
+            claimed += size
+        heads.append((name, info, shape, count, params, size, obj.get("data")))
+    end = len(view)
+    if open_index is not None:
+        size = max(end - hl - claimed, 0)
+        heads[open_index] = heads[open_index][:5] + (size, None)
+    pos = hl
+    tensors = []
+    last = None
+    for name, info, shape, count, params, size, data in heads:
+        if size is None:
+            tensors.append(Tensor(name, info.name, shape, _json_to_raw(name, info, shape, count, data), params))
+            continue
+        if pos + size > end:
+            raise InvalidRequest(
+                f"tensor '{name}': binary_data_size {size} runs past the end of the body ({end - pos} bytes left)"
+            )
+        t = Tensor(name, info.name, shape, view[pos : pos + size], params)
+        validate_tensor(t)
+        tensors.append(t)
+        pos += size
+        last = name
+    if pos != end:
+        where = f"after the last binary tensor '{last}'" if last else "but no tensor has binary_data_size"
+        raise InvalidRequest(f"the body has {end - pos} unclaimed bytes after the JSON header {where}")
+    return tensors
+
+
+def _array(doc: dict[str, Any], key: str, where: str, required: bool) -> list[Any]:
+    value = doc.get(key)
+    if value is None and not required:
+        return []
+    if not isinstance(value, list):
+        raise InvalidRequest(f"{where}: '{key}' must be a JSON array")
+    return value
+
+
+def _check_bool(params: Params, key: str, where: str) -> None:
+    if key in params and not isinstance(params[key], bool):
+        raise InvalidRequest(f"{where}: parameter '{key}' must be a boolean")
+
+
+def _encode_tensors(tensors: tuple[Tensor, ...], binary_of: Any, chunks: list[bytes | memoryview]) -> list[Any]:
+    out = []
+    for t in tensors:
+        entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+        params = _without(t.parameters, "binary_data_size")
+        if binary_of(t.name):
+            entry["parameters"] = {**params, "binary_data_size": t.data.nbytes}
+            if t.data.nbytes:
+                chunks.append(t.data)
+        else:
+            if params:
+                entry["parameters"] = params
+            entry["data"] = _json_data(t)
+        out.append(entry)
+    return out
+
+
+def _finish(doc: dict[str, Any], chunks: list[bytes | memoryview]) -> tuple[list[bytes | memoryview], int | None]:
+    header = orjson.dumps(doc, option=_OPT)
+    chunks[0] = header
+    # Triton sets Inference-Header-Content-Length only when binary bytes follow: a
+    # response whose binary outputs are all empty is plain JSON (http_server.cc,
+    # SetResponseHeader(!ordered_buffers.empty(), ...)).
+    return chunks, (len(header) if len(chunks) > 1 else None)
+
+
+# ------------------------------------------------------------------ public API
+def decode_request(
+    body: bytes | memoryview, header_length: int | None, model_name: str, model_version: str = ""
+) -> InferRequest:
+    """Decode an inference request body; model and version come from the URL."""
+    view = byte_view(body)
+    doc, hl = _load_header(view, header_length, "inference request")
+    params = _params(doc.get("parameters"), "request")
+    _check_bool(params, "binary_data_output", "request")
+    inputs = _decode_tensors(view, hl, _array(doc, "inputs", "request", True), "input", header_length is not None)
+    seen: set[str] = set()
+    for t in inputs:
+        if t.name in seen:
+            raise InvalidRequest(f"tensor '{t.name}': input given more than once")
+        seen.add(t.name)
+    outputs = []
+    for i, obj in enumerate(_array(doc, "outputs", "request", False)):
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            raise InvalidRequest(f"output {i}: must be an object with a string 'name'")
+        where = f"output '{obj['name']}'"
+        oparams = _params(obj.get("parameters"), where)
+        if "shared_memory_region" in oparams:
+            raise Unsupported(f"{where}: shared-memory outputs cannot cross the gateway")
+        _check_bool(oparams, "binary_data", where)
+        outputs.append(RequestedOutput(obj["name"], oparams))
+    return InferRequest(
+        model_name=model_name,
+        model_version=model_version,
+        id=_string(doc, "id", "request"),
+        parameters=params,
+        inputs=tuple(inputs),
+        outputs=tuple(outputs),
+    )
+
+
+def encode_request(req: InferRequest, *, binary: bool = True) -> tuple[list[bytes | memoryview], int | None]:
+    """Body chunks and Inference-Header-Content-Length of a request to a backend.
+
+    ``binary=True`` sends every input in the binary section and asks for binary
+    outputs: ``binary_data: true`` on each requested output without its own
+    ``binary_data``, or request-level ``binary_data_output: true`` when no output
+    is listed (what tritonclient sends). ``binary=False`` writes flat JSON ``data``.
+    """
+    doc: dict[str, Any] = {}
+    if req.id:
+        doc["id"] = req.id
+    chunks: list[bytes | memoryview] = [b""]
+    doc["inputs"] = _encode_tensors(req.inputs, lambda _name: binary, chunks)
+    params = dict(req.parameters)
+    if req.outputs:
+        outs = []
+        for o in req.outputs:
+            oparams = dict(o.parameters)
+            if binary:
+                oparams.setdefault("binary_data", True)
+            outs.append({"name": o.name, "parameters": oparams} if oparams else {"name": o.name})
+        doc["outputs"] = outs
+    elif binary:
+        params.setdefault("binary_data_output", True)
+    if params:
+        doc["parameters"] = params
+    return _finish(doc, chunks)
+
+
+def decode_response(body: bytes | memoryview, header_length: int | None) -> InferResponse:
+    """Decode a backend's inference response body (Triton, OVMS, MLServer)."""
+    view = byte_view(body)
+    doc, hl = _load_header(view, header_length, "inference response")
+    version = doc.get("model_version", "")
+    if isinstance(version, int) and not isinstance(version, bool):
+        version = str(version)
+    elif not isinstance(version, str):
+        raise InvalidRequest("response: 'model_version' must be a string")
+    outputs = _decode_tensors(view, hl, _array(doc, "outputs", "response", False), "output", False)
+    return InferResponse(
+        model_name=_string(doc, "model_name", "response"),
+        model_version=version,
+        id=_string(doc, "id", "response"),
+        parameters=_params(doc.get("parameters"), "response"),
+        outputs=tuple(outputs),
+    )
+
+
+def binary_policy(req: InferRequest) -> tuple[bool, dict[str, bool]]:
+    """(request-level ``binary_data_output``, per-output ``binary_data``) of a decoded request.
+
+    An output listed in the overrides uses its own value; every other output uses
+    the default (Triton: ``binary_data_output`` sets the default output kind, and
+    an output's ``binary_data`` wins over it).
+    """
+    default = req.parameters.get("binary_data_output", False)
+    if not isinstance(default, bool):
+        raise InvalidRequest("request: parameter 'binary_data_output' must be a boolean")
+    overrides: dict[str, bool] = {}
+    for o in req.outputs:
+        value = o.parameters.get("binary_data")
+        if value is not None:
+            if not isinstance(value, bool):
+                raise InvalidRequest(f"output '{o.name}': parameter 'binary_data' must be a boolean")
+            overrides[o.name] = value
+    return default, overrides
+
+
+def encode_response(
+    resp: InferResponse, *, default_binary: bool = False, overrides: Mapping[str, bool] = _NO_OVERRIDES
+) -> tuple[list[bytes | memoryview], int | None]:
+    """Body chunks and Inference-Header-Content-Length, as Triton's HTTP server writes them.
+
+    Field order follows http_server.cc: ``id`` (only when set), ``model_name``,
+    ``model_version``, ``parameters`` (only when set), ``outputs``; each output
+    ``name``, ``datatype``, ``shape``, then ``parameters.binary_data_size`` (binary)
+    or flat ``data`` (JSON). Binary bytes follow in output order; empty ones add
+    nothing, and with no binary bytes at all the header length is None.
+    """
+    doc: dict[str, Any] = {}
+    if resp.id:
+        doc["id"] = resp.id
+    doc["model_name"] = resp.model_name
+    if resp.model_version:
+        doc["model_version"] = resp.model_version
+    if resp.parameters:
+        doc["parameters"] = resp.parameters
+    chunks: list[bytes | memoryview] = [b""]
+    doc["outputs"] = _encode_tensors(resp.outputs, lambda name: overrides.get(name, default_binary), chunks)
+    return _finish(doc, chunks)

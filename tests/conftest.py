@@ -1,0 +1,44 @@
+"""Shared fixtures: the reference server and gateways started as real processes."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.gateway import GatewayProcess, ReferenceServer, gateway_config
+from tests.support.procs import wait_for
+
+# Every model both test backends serve (tests/models/triton and gateway/demo).
+MODELS = ["add_sub", "string_reverse"]
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceServer]:
+    with ReferenceServer(tmp_path_factory.mktemp("reference")) as server:
+        yield server
+
+
+def start_gateway(workdir, http_url: str, grpc_url: str, pool: str, *, models=MODELS, **extra) -> GatewayProcess:
+    """A gateway routing every model ('*') to ``pool`` (http or grpc) of one backend.
+
+    The exact routes for ``models`` make server readiness wait for them.
+    """
+    backends = {
+        "http": {"protocol": "http", "endpoints": [http_url]},
+        "grpc": {"protocol": "grpc", "endpoints": [grpc_url]},
+    }
+    routes = [{"model": m, "backend": pool} for m in models] + [{"model": "*", "backend": pool}]
+    gw = GatewayProcess(gateway_config(backends, routes, **extra), workdir, name=f"gateway-{pool}")
+    gw.start()
+    try:
+        import tritonclient.http as httpclient
+
+        def ready() -> bool:
+            with httpclient.InferenceServerClient(gw.http_url) as c:
+                return c.is_server_ready()
+
+        wait_for(ready, timeout=30, what="gateway readiness")
+    except Exception:
+        gw.stop()
+        raise
+    return gw
