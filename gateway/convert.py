@@ -1,15 +1,27 @@
 """Cross-protocol inference: HTTP client → gRPC pool and gRPC client → HTTP pool.
 
-Filled in by the cross-protocol issue; the shape is fixed here so the proxy's
-pass-through paths do not change when it lands.
+Each direction is decode → encode → call → decode → encode through the codec,
+which keeps tensor bytes as memoryview slices of the received buffers: on the
+binary and raw paths the bytes are copied once per direction, when the
+outgoing message is joined (the transports copy on their own beyond that).
+
+- HTTP → gRPC: JSON ``data`` and binary-extension inputs become
+  ``raw_input_contents``; the answer's outputs go back as JSON or binary as the
+  request asked (``binary_data`` per output, ``binary_data_output`` per request).
+- gRPC → HTTP: raw or typed contents become a binary-extension request (JSON
+  for pools with ``binary_extension: false``, e.g. MLServer); the answer always
+  goes back as ``raw_output_contents`` — tritonclient's gRPC client reads nothing else.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from .codec import grpc as grpc_codec
+from .codec import http as http_codec
+from .codec.content import HEADER_LENGTH, decode_content, encode_content, header_length, reply_headers
 from .dataplane import HttpReply
-from .errors import Unsupported
+from .upstream.http import error_from_reply, model_path
 
 if TYPE_CHECKING:
     from .proxy import Proxy
@@ -22,10 +34,33 @@ __all__ = ["http_to_grpc", "grpc_to_http"]
 async def http_to_grpc(
     proxy: "Proxy", pool: "GrpcPool", model: str, version: str, body: bytes, headers: Mapping[str, str]
 ) -> HttpReply:
-    raise Unsupported(f"backend '{pool.name}' speaks gRPC; HTTP→gRPC conversion is not enabled yet")
+    limit = proxy.config.max_message_bytes
+    body = decode_content(body, headers.get("content-encoding"), limit)
+    request = http_codec.decode_request(body, header_length(headers.get(HEADER_LENGTH), len(body)), model, version)
+    default_binary, overrides = http_codec.binary_policy(request)
+    answer = await proxy._timed(pool, pool.infer(grpc_codec.encode_request(request), None))
+    response = grpc_codec.decode_response(answer)
+    chunks, json_length = http_codec.encode_response(response, default_binary=default_binary, overrides=overrides)
+    chunks, coding = encode_content(chunks, headers.get("accept-encoding"))
+    return HttpReply(200, chunks, reply_headers(json_length, coding))
 
 
 async def grpc_to_http(
     proxy: "Proxy", pool: "HttpPool", model: str, version: str, message: bytes, timeout: float | None
 ) -> bytes:
-    raise Unsupported(f"backend '{pool.name}' speaks HTTP; gRPC→HTTP conversion is not enabled yet")
+    request = grpc_codec.decode_request(message)
+    chunks, json_length = http_codec.encode_request(request, binary=pool.backend.binary_extension)
+    reply = await proxy._timed(
+        pool,
+        pool.request(
+            "POST", model_path(model, version) + "/infer",
+            body=b"".join(chunks), headers=reply_headers(json_length), timeout=timeout,
+        ),
+    )
+    if reply.status != 200:
+        raise error_from_reply(reply)
+    body = decode_content(reply.body, reply.headers.get("content-encoding"), pool.backend.max_message_bytes)
+    # Read by Inference-Header-Content-Length, never by content type: OVMS sends
+    # binary answers as application/json with that header.
+    response = http_codec.decode_response(body, header_length(reply.headers.get(HEADER_LENGTH), len(body)))
+    return grpc_codec.encode_response(response)

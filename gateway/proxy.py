@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import quote
 
 import orjson
 
@@ -18,12 +17,11 @@ from . import __version__
 from ._pb import grpc_predict_v2_pb2 as pb
 from .config.schema import GatewayConfig
 from .dataplane import HttpReply
-from .errors import UpstreamError
 from .observability.metrics import UNROUTED, Metrics
 from .routing.table import RouteTable
 from .upstream.grpc import GrpcPool
 from .upstream.health import HealthChecker
-from .upstream.http import HttpPool, UpstreamReply
+from .upstream.http import HttpPool, error_from_reply, model_path
 from . import convert
 
 __all__ = ["Proxy", "build_pools", "EXTENSIONS"]
@@ -43,30 +41,6 @@ def build_pools(config: GatewayConfig) -> dict[str, Pool]:
     return {
         name: (HttpPool(b) if b.protocol == "http" else GrpcPool(b)) for name, b in config.backends.items()
     }
-
-
-def _model_path(model: str, version: str) -> str:
-    path = "/v2/models/" + quote(model, safe="")
-    if version:
-        path += "/versions/" + quote(version, safe="")
-    return path
-
-
-def _upstream_error(reply: UpstreamReply) -> UpstreamError:
-    """A backend's HTTP error, relayed: status and body unchanged."""
-    message = reply.body.decode("utf-8", "replace")
-    try:
-        parsed = orjson.loads(reply.body)
-        if isinstance(parsed, dict) and isinstance(parsed.get("error"), str):
-            message = parsed["error"]
-    except orjson.JSONDecodeError:
-        pass
-    return UpstreamError(
-        message or f"backend answered HTTP {reply.status}",
-        http_status=reply.status,
-        body=reply.body,
-        content_type=reply.headers.get("content-type"),
-    )
 
 
 def _metadata_to_dict(msg: Any) -> dict[str, Any]:
@@ -132,7 +106,7 @@ class Proxy:
     async def model_ready(self, model: str, version: str) -> bool:
         pool = self._pool(model, version)
         if isinstance(pool, HttpPool):
-            reply = await self._timed(pool, pool.request("GET", _model_path(model, version) + "/ready"))
+            reply = await self._timed(pool, pool.request("GET", model_path(model, version) + "/ready"))
             return reply.status == 200
         resp = await self._timed(pool, pool.call("ModelReady", pb.ModelReadyRequest(name=model, version=version)))
         return bool(resp.ready)
@@ -140,9 +114,9 @@ class Proxy:
     async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
         pool = self._pool(model, version)
         if isinstance(pool, HttpPool):
-            reply = await self._timed(pool, pool.request("GET", _model_path(model, version)))
+            reply = await self._timed(pool, pool.request("GET", model_path(model, version)))
             if reply.status != 200:
-                raise _upstream_error(reply)
+                raise error_from_reply(reply)
             return orjson.loads(reply.body)
         resp = await self._timed(
             pool, pool.call("ModelMetadata", pb.ModelMetadataRequest(name=model, version=version))
@@ -155,7 +129,7 @@ class Proxy:
         if isinstance(pool, HttpPool):
             fwd = {k: v for k in _FORWARDED if (v := headers.get(k)) is not None}
             reply = await self._timed(
-                pool, pool.request("POST", _model_path(model, version) + "/infer", body=body, headers=fwd)
+                pool, pool.request("POST", model_path(model, version) + "/infer", body=body, headers=fwd)
             )
             # Pass-through, errors included: the backend's status and body reach the client unchanged.
             return HttpReply(reply.status, reply.body, reply.headers)

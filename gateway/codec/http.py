@@ -149,9 +149,18 @@ def _json_to_raw(name: str, info: DatatypeInfo, shape: tuple[int, ...], count: i
         if target.kind == "b":
             ok = kind == "b"
         elif target.kind in "iu":
+            bounds = np.iinfo(target)
             ok = kind in "iu"
-            if ok and not np.can_cast(arr.dtype, target):
-                bounds = np.iinfo(target)
+            if kind in "fO":
+                # numpy promotes ints on both sides of 2**63 to float64 (or object); redo
+                # such data exactly from the Python ints (C-level map/min/max, no Python loop).
+                flat = np.asarray(data, dtype=object).reshape(-1).tolist()
+                ok = set(map(type, flat)) <= {int}
+                if ok and (min(flat) < bounds.min or max(flat) > bounds.max):
+                    raise InvalidRequest(f"tensor '{name}': 'data' has values out of range for {info.name}")
+                if ok:
+                    arr = np.array(flat, dtype=target)
+            elif ok and not np.can_cast(arr.dtype, target):
                 if int(arr.min()) < bounds.min or int(arr.max()) > bounds.max:
                     raise InvalidRequest(f"tensor '{name}': 'data' has values out of range for {info.name}")
         else:

@@ -22,7 +22,7 @@ T = TypeVar("T")
 _TOP_KEYS = {"listen", "backends", "routes", "health", "max_message_bytes", "workers"}
 _LISTEN_KEYS = {"http", "grpc", "metrics"}
 _HEALTH_KEYS = {"interval_s", "timeout_s"}
-_BACKEND_KEYS = {"protocol", "endpoints", "timeout_s", "connect_timeout_s", "max_message_bytes"}
+_BACKEND_KEYS = {"protocol", "endpoints", "timeout_s", "connect_timeout_s", "max_message_bytes", "binary_extension"}
 _ROUTE_KEYS = {"model", "version", "backend"}
 
 
@@ -123,6 +123,12 @@ def _backend(p: _Problems, name: str, raw: Any) -> Backend | None:
         if k in data:
             kwargs[k] = _number(p, f"{key}.{k}", data[k], int if k == "max_message_bytes" else float)
             ok = ok and kwargs[k] is not None
+    if "binary_extension" in data:
+        if not isinstance(data["binary_extension"], bool):
+            p.add(f"{key}.binary_extension", f"expected true or false, got {data['binary_extension']!r}")
+            ok = False
+        else:
+            kwargs["binary_extension"] = data["binary_extension"]
     if not ok:
         return None
     return p.build(key, lambda: Backend(name=name, protocol=data["protocol"], endpoints=tuple(endpoints), **kwargs))

@@ -89,6 +89,9 @@ class Backend:
     timeout_s: float = 60.0
     connect_timeout_s: float = 5.0
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    # HTTP pools only: whether the backend speaks the binary data extension
+    # (Triton, OVMS do; MLServer does not, so requests to it are sent as JSON).
+    binary_extension: bool = True
 
     def __post_init__(self) -> None:
         if self.protocol not in ("http", "grpc"):

@@ -13,7 +13,6 @@ more than the compute, and the JSON work (orjson) holds the GIL either way.
 """
 from __future__ import annotations
 
-import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,8 +20,8 @@ from .. import __version__
 from ..codec import grpc as grpc_codec
 from ..codec import http as http_codec
 from ..config import DEFAULT_MAX_MESSAGE_BYTES
+from ..codec.content import HEADER_LENGTH, decode_content, encode_content, header_length, reply_headers
 from ..dataplane import HttpReply
-from ..errors import InvalidRequest, PayloadTooLarge, Unsupported
 from .models import ModelRepository, default_repository
 
 __all__ = ["EXTENSIONS", "SERVER_NAME", "DemoPlane"]
@@ -32,9 +31,6 @@ SERVER_NAME = "oip-gateway-demo"
 # (Triton's name for it). No shared memory, statistics, model control, ...
 EXTENSIONS = ("binary_tensor_data",)
 
-JSON = "application/json"
-OCTET_STREAM = "application/octet-stream"
-HEADER_LENGTH = "inference-header-content-length"
 
 
 class DemoPlane:
@@ -69,17 +65,16 @@ class DemoPlane:
         self, model: str, version: str, body: bytes, headers: Mapping[str, str]
     ) -> HttpReply:
         target = self.repository.resolve(model, version)
-        body = _decode_content(body, headers.get("content-encoding", ""), self.max_message_bytes)
-        header_length = _header_length(headers.get(HEADER_LENGTH), len(body))
-        request = http_codec.decode_request(body, header_length, model, version)
+        body = decode_content(body, headers.get("content-encoding"), self.max_message_bytes)
+        json_length = header_length(headers.get(HEADER_LENGTH), len(body))
+        request = http_codec.decode_request(body, json_length, model, version)
         response = target.infer(request)
         default_binary, overrides = http_codec.binary_policy(request)
         chunks, json_length = http_codec.encode_response(
             response, default_binary=default_binary, overrides=overrides
         )
-        if json_length is None:
-            return HttpReply(200, chunks, {"content-type": JSON})
-        return HttpReply(200, chunks, {"content-type": OCTET_STREAM, HEADER_LENGTH: str(json_length)})
+        chunks, coding = encode_content(chunks, headers.get("accept-encoding"))
+        return HttpReply(200, chunks, reply_headers(json_length, coding))
 
     async def infer_grpc(
         self, message: bytes, model: str, version: str, timeout: float | None
@@ -88,50 +83,3 @@ class DemoPlane:
         target = self.repository.resolve(model, version)
         request = grpc_codec.decode_request(message)
         return grpc_codec.encode_response(target.infer(request))
-
-
-def _header_length(value: str | None, body_length: int) -> int | None:
-    """Parse Inference-Header-Content-Length (binary tensor data extension)."""
-    if value is None:
-        return None
-    text = value.strip()
-    if not (text.isascii() and text.isdigit()):
-        raise InvalidRequest(f"Unable to parse Inference-Header-Content-Length, got: {value}")
-    n = int(text)
-    if n > body_length:
-        raise InvalidRequest(f"inference header size should be in range (0, {body_length}), got: {value}")
-    if n == 0:
-        # Triton reads a 0 as "the whole body is one raw input tensor", a mode
-        # this server does not offer.
-        raise Unsupported("Inference-Header-Content-Length: 0 (a raw binary input body) is not supported")
-    return n
-
-
-def _decode_content(body: bytes, encoding: str, limit: int) -> bytes:
-    """Undo a gzip or deflate Content-Encoding, never inflating past ``limit`` bytes."""
-    coding = encoding.strip().lower()
-    if coding in ("", "identity"):
-        return body
-    if coding not in ("gzip", "deflate"):
-        raise Unsupported(f"Unsupported compression type '{encoding}'; use gzip or deflate")
-    try:
-        # 32 + MAX_WBITS takes a zlib or a gzip header, as Triton's inflateInit2 does.
-        return _inflate(body, 32 + zlib.MAX_WBITS, coding, limit)
-    except zlib.error as exc:
-        if coding == "deflate":
-            try:  # some clients send raw deflate (no zlib header) as "deflate"
-                return _inflate(body, -zlib.MAX_WBITS, coding, limit)
-            except zlib.error:
-                pass
-        raise InvalidRequest(f"cannot decompress the {coding} request body: {exc}") from exc
-
-
-def _inflate(body: bytes, wbits: int, coding: str, limit: int) -> bytes:
-    inflater = zlib.decompressobj(wbits)
-    # max_length stops a small "zip bomb" from allocating past the limit.
-    out = inflater.decompress(body, limit + 1)
-    if len(out) > limit:
-        raise PayloadTooLarge(f"decompressed request body exceeds the limit of {limit} bytes")
-    if not inflater.eof or inflater.unused_data:
-        raise InvalidRequest(f"the {coding} request body is truncated or has trailing data")
-    return out

@@ -10,14 +10,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import aiohttp
+import orjson
 
 from ..config.schema import Backend, HostPort
-from ..errors import NoEndpointAvailable, UpstreamTimeout
+from ..errors import NoEndpointAvailable, UpstreamError, UpstreamTimeout
 from ..routing.balancer import RoundRobin
 
-__all__ = ["HttpEndpoint", "HttpPool", "UpstreamReply"]
+__all__ = ["HttpEndpoint", "HttpPool", "UpstreamReply", "model_path", "error_from_reply"]
 
 
 @dataclass(slots=True)
@@ -32,6 +34,32 @@ class UpstreamReply:
     status: int
     body: bytes
     headers: Mapping[str, str]
+
+
+def model_path(model: str, version: str) -> str:
+    """``/v2/models/{m}[/versions/{v}]`` with both segments percent-encoded."""
+    path = "/v2/models/" + quote(model, safe="")
+    if version:
+        path += "/versions/" + quote(version, safe="")
+    return path
+
+
+def error_from_reply(reply: UpstreamReply) -> UpstreamError:
+    """A backend's HTTP error, relayed: status and body unchanged; the message is
+    the body's ``error`` string (spec "Inference Response JSON Error Object")."""
+    message = reply.body.decode("utf-8", "replace")
+    try:
+        parsed = orjson.loads(reply.body)
+        if isinstance(parsed, dict) and isinstance(parsed.get("error"), str):
+            message = parsed["error"]
+    except orjson.JSONDecodeError:
+        pass
+    return UpstreamError(
+        message or f"backend answered HTTP {reply.status}",
+        http_status=reply.status,
+        body=reply.body,
+        content_type=reply.headers.get("content-type"),
+    )
 
 
 # Response headers worth relaying to the client; hop-by-hop and framing

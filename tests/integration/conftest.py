@@ -1,4 +1,5 @@
 """Fixtures for integration tests against real upstream servers."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -46,7 +46,7 @@ def mlserver(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def http_client(mlserver):
-    client = httpclient.InferenceServerClient(f"127.0.0.1:{mlserver.http_port}")
+    client = httpclient.InferenceServerClient(mlserver.http_url)
     yield client
     client.close()
 
@@ -143,7 +143,7 @@ ADD_SUB_BODY = {
 def test_ports_are_discovered(mlserver):
     assert mlserver.http_port != mlserver.grpc_port
     assert {mlserver.http_port, mlserver.grpc_port} == listening_ports(mlserver.pid)
-    assert mlserver.http_url == f"http://127.0.0.1:{mlserver.http_port}"
+    assert mlserver.http_url == f"127.0.0.1:{mlserver.http_port}"
     assert mlserver.grpc_url == f"127.0.0.1:{mlserver.grpc_port}"
     assert mlserver.log_path.exists()
     assert "add_sub" in mlserver.models and "string_reverse" in mlserver.models

@@ -3,6 +3,7 @@
 The raw-HTTP tests at the end pin Triton's own answers (status, headers, body) to odd requests; they are
 the ground truth the gateway's pass-through behaviour is compared with.
 """
+
 from __future__ import annotations
 
 import http.client
@@ -25,8 +26,20 @@ pytestmark = pytest.mark.triton
 MODELS = ["add_sub", "string_reverse"] + [
     f"identity_{dt}"
     for dt in (
-        "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
-        "FP16", "BF16", "FP32", "FP64", "BYTES",
+        "BOOL",
+        "UINT8",
+        "UINT16",
+        "UINT32",
+        "UINT64",
+        "INT8",
+        "INT16",
+        "INT32",
+        "INT64",
+        "FP16",
+        "BF16",
+        "FP32",
+        "FP64",
+        "BYTES",
     )
 ]
 DATATYPES = [m.removeprefix("identity_") for m in MODELS if m.startswith("identity_")]
@@ -104,7 +117,7 @@ def test_harness_ports(triton: TritonServer) -> None:
 
 
 def test_metrics_endpoint(triton: TritonServer) -> None:
-    status, headers, body = _request(triton.metrics_port, "GET", "/metrics")
+    status, _, body = _request(triton.metrics_port, "GET", "/metrics")
     assert status == 200
     assert b"nv_inference_request_success" in body
 
@@ -185,8 +198,12 @@ def test_add_sub(http_client: Any, grpc_client: Any, mode: tuple[str, bool, bool
     a = np.array([1.0, 2.5, -3.0, 1e30], dtype=np.float32)
     b = np.array([0.5, 0.25, 4.0, -1e30], dtype=np.float32)
     out = _infer(
-        http_client, grpc_client, mode, "add_sub",
-        {"INPUT0": (a, "FP32"), "INPUT1": (b, "FP32")}, ["OUTPUT0", "OUTPUT1"],
+        http_client,
+        grpc_client,
+        mode,
+        "add_sub",
+        {"INPUT0": (a, "FP32"), "INPUT1": (b, "FP32")},
+        ["OUTPUT0", "OUTPUT1"],
     )
     np.testing.assert_array_equal(out["OUTPUT0"], a + b)
     np.testing.assert_array_equal(out["OUTPUT1"], a - b)
@@ -196,8 +213,14 @@ def test_add_sub(http_client: Any, grpc_client: Any, mode: tuple[str, bool, bool
 @pytest.mark.parametrize("mode", MODES)
 def test_add_sub_empty(http_client: Any, grpc_client: Any, mode: tuple[str, bool, bool]) -> None:
     a = np.zeros(0, dtype=np.float32)
-    out = _infer(http_client, grpc_client, mode, "add_sub", {"INPUT0": (a, "FP32"), "INPUT1": (a, "FP32")},
-                 ["OUTPUT0", "OUTPUT1"])
+    out = _infer(
+        http_client,
+        grpc_client,
+        mode,
+        "add_sub",
+        {"INPUT0": (a, "FP32"), "INPUT1": (a, "FP32")},
+        ["OUTPUT0", "OUTPUT1"],
+    )
     assert out["OUTPUT0"].shape == (0,) and out["OUTPUT1"].shape == (0,)
 
 
@@ -254,13 +277,16 @@ def _identity_modes(dt: str) -> list[Any]:
 
 @pytest.mark.parametrize("shape", [(2, 3), (0, 4), (3, 0), (1, 1)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize(
-    ("dt", "mode"), [pytest.param(dt, m.values[0], id=f"{dt}-{m.id}") for dt in DATATYPES for m in _identity_modes(dt)]
+    ("dt", "mode"),
+    [pytest.param(dt, m.values[0], id=f"{dt}-{m.id}") for dt in DATATYPES for m in _identity_modes(dt)],
 )
 def test_identity(
     http_client: Any, grpc_client: Any, dt: str, mode: tuple[str, bool, bool], shape: tuple[int, int]
 ) -> None:
     data = _sample(dt, shape, json_safe=not (mode[1] and mode[2]))
-    out = _infer(http_client, grpc_client, mode, f"identity_{dt}", {"INPUT0": (data, dt)}, ["OUTPUT0"])["OUTPUT0"]
+    out = _infer(http_client, grpc_client, mode, f"identity_{dt}", {"INPUT0": (data, dt)}, ["OUTPUT0"])[
+        "OUTPUT0"
+    ]
     assert out.shape == data.shape
     if dt == "BYTES":
         assert out.dtype == np.object_
@@ -285,7 +311,9 @@ def test_identity_64mb(http_client: Any, grpc_client: Any, dt: str, mode: tuple[
         data = rng.integers(0, 256, size=(1024, LARGE // 1024), dtype=np.uint8)
     else:
         data = rng.standard_normal((4096, LARGE // 4 // 4096), dtype=np.float32)
-    out = _infer(http_client, grpc_client, mode, f"identity_{dt}", {"INPUT0": (data, dt)}, ["OUTPUT0"])["OUTPUT0"]
+    out = _infer(http_client, grpc_client, mode, f"identity_{dt}", {"INPUT0": (data, dt)}, ["OUTPUT0"])[
+        "OUTPUT0"
+    ]
     assert out.shape == data.shape
     if dt == "BYTES":
         assert all(bytes(o) == d for o, d in zip(out.flat, data.flat, strict=True))
@@ -352,7 +380,14 @@ def _request(
 def _binary_request(dt: str, shape: list[int], raw: bytes, *, binary_out: bool = True) -> tuple[bytes, int]:
     header = json.dumps(
         {
-            "inputs": [{"name": "INPUT0", "datatype": dt, "shape": shape, "parameters": {"binary_data_size": len(raw)}}],
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "datatype": dt,
+                    "shape": shape,
+                    "parameters": {"binary_data_size": len(raw)},
+                }
+            ],
             "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": binary_out}}],
         }
     ).encode()
@@ -372,12 +407,20 @@ ADD_SUB_ONE = {
     [
         ("/v2/models/nope/infer", ADD_SUB_ONE, 404, "Request for unknown model: 'nope' is not found"),
         (
-            "/v2/models/add_sub/versions/7/infer", ADD_SUB_ONE, 404,
+            "/v2/models/add_sub/versions/7/infer",
+            ADD_SUB_ONE,
+            404,
             "Request for unknown model: 'add_sub' version 7 is not found",
         ),
-        ("/v2/models/add_sub/infer", b'{"inputs":[', 500, "failed to parse the request JSON buffer: Invalid value. at 11"),
         (
-            "/v2/models/add_sub/infer", {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [1]}]},
+            "/v2/models/add_sub/infer",
+            b'{"inputs":[',
+            500,
+            "failed to parse the request JSON buffer: Invalid value. at 11",
+        ),
+        (
+            "/v2/models/add_sub/infer",
+            {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [1]}]},
             400,
             "[request id: <id_unknown>] expected 2 inputs but got 1 inputs for model 'add_sub'. Got input(s) "
             "['INPUT0'], but missing required input(s) ['INPUT1']. Please provide all required input(s).",
@@ -394,7 +437,10 @@ def test_raw_http_errors(triton: TritonServer, path: str, body: Any, status: int
 def test_raw_http_header_length_beyond_body(triton: TritonServer) -> None:
     body, _ = _binary_request("FP32", [1, 2], np.array([1, 2], np.float32).tobytes())
     status, headers, got = _request(
-        triton.http_port, "POST", "/v2/models/identity_FP32/infer", body,
+        triton.http_port,
+        "POST",
+        "/v2/models/identity_FP32/infer",
+        body,
         {"Inference-Header-Content-Length": str(len(body) + 10)},
     )
     assert status == 400
@@ -407,7 +453,10 @@ def test_raw_http_binary_output(triton: TritonServer) -> None:
     raw = np.array([[1, 2]], np.float32).tobytes()
     body, header_len = _binary_request("FP32", [1, 2], raw)
     status, headers, got = _request(
-        triton.http_port, "POST", "/v2/models/identity_FP32/infer", body,
+        triton.http_port,
+        "POST",
+        "/v2/models/identity_FP32/infer",
+        body,
         {"Inference-Header-Content-Length": str(header_len)},
     )
     assert status == 200
@@ -424,7 +473,10 @@ def test_raw_http_zero_byte_binary_output(triton: TritonServer, dt: str) -> None
     Inference-Header-Content-Length, although the output still says binary_data_size 0."""
     body, header_len = _binary_request(dt, [0, 4], b"")
     status, headers, got = _request(
-        triton.http_port, "POST", f"/v2/models/identity_{dt}/infer", body,
+        triton.http_port,
+        "POST",
+        f"/v2/models/identity_{dt}/infer",
+        body,
         {"Inference-Header-Content-Length": str(header_len)},
     )
     assert status == 200
@@ -439,7 +491,10 @@ def test_raw_http_bytes_single_empty_element(triton: TritonServer) -> None:
     # One empty BYTES element is still 4 bytes on the wire (its length prefix), so this one is binary.
     body, header_len = _binary_request("BYTES", [1, 1], struct.pack("<I", 0))
     status, headers, got = _request(
-        triton.http_port, "POST", "/v2/models/identity_BYTES/infer", body,
+        triton.http_port,
+        "POST",
+        "/v2/models/identity_BYTES/infer",
+        body,
         {"Inference-Header-Content-Length": str(header_len)},
     )
     assert status == 200
@@ -450,10 +505,14 @@ def test_raw_http_bytes_single_empty_element(triton: TritonServer) -> None:
 
 def test_raw_http_fp16_json_input(triton: TritonServer) -> None:
     body = {"inputs": [{"name": "INPUT0", "datatype": "FP16", "shape": [1, 1], "data": [1]}]}
-    status, _, got = _request(triton.http_port, "POST", "/v2/models/identity_FP16/infer", json.dumps(body).encode())
+    status, _, got = _request(
+        triton.http_port, "POST", "/v2/models/identity_FP16/infer", json.dumps(body).encode()
+    )
     assert (status, json.loads(got)) == (
         400,
-        {"error": "receiving FP16 data via JSON is not supported. Please use the binary data format for input INPUT0"},
+        {
+            "error": "receiving FP16 data via JSON is not supported. Please use the binary data format for input INPUT0"
+        },
     )
 
 
@@ -461,11 +520,17 @@ def test_raw_http_fp16_json_input(triton: TritonServer) -> None:
 def test_raw_http_half_float_json_output(triton: TritonServer, dt: str) -> None:
     body, header_len = _binary_request(dt, [1, 1], b"\x00\x3c", binary_out=False)
     status, _, got = _request(
-        triton.http_port, "POST", f"/v2/models/identity_{dt}/infer", body,
+        triton.http_port,
+        "POST",
+        f"/v2/models/identity_{dt}/infer",
+        body,
         {"Inference-Header-Content-Length": str(header_len)},
     )
     assert (status, json.loads(got)) == (
-        400, {"error": f"sending {dt} data via JSON is not supported. Please use the binary data format for output"}
+        400,
+        {
+            "error": f"sending {dt} data via JSON is not supported. Please use the binary data format for output"
+        },
     )
 
 
@@ -481,7 +546,10 @@ def test_raw_http_json_output_raw_bytes(triton: TritonServer) -> None:
     """Triton copies BYTES elements into JSON strings verbatim, so the response body is not valid UTF-8."""
     body, header_len = _binary_request("BYTES", [1, 1], struct.pack("<I", 2) + b"\xff\xfe", binary_out=False)
     status, headers, got = _request(
-        triton.http_port, "POST", "/v2/models/identity_BYTES/infer", body,
+        triton.http_port,
+        "POST",
+        "/v2/models/identity_BYTES/infer",
+        body,
         {"Inference-Header-Content-Length": str(header_len)},
     )
     assert status == 200

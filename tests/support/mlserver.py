@@ -18,12 +18,14 @@ directory report ready.
 """
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import hashlib
 import http.client
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -175,6 +177,20 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
+def _die_with_parent(parent_pid: int):
+    """preexec_fn: SIGTERM MLServer if the test process dies, even by SIGKILL (Linux)."""
+
+    def preexec() -> None:
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
 def _http_get(port: int, path: str, timeout: float = 2.0) -> int:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
@@ -203,10 +219,10 @@ def _model_names(models_dir: Path) -> list[str]:
 class MLServerProcess:
     """A real MLServer on 127.0.0.1 with OS-chosen ports; use as a context manager.
 
-    Attributes once started: ``http_port``, ``grpc_port``, ``http_url``
-    (``http://127.0.0.1:PORT``), ``grpc_url`` (``127.0.0.1:PORT``, a gRPC target),
-    ``log_path`` (MLServer's stdout and stderr), ``models`` (names served),
-    ``startup_seconds``.
+    Attributes once started: ``http_port``, ``grpc_port``, ``http_url`` and ``grpc_url``
+    (both ``127.0.0.1:PORT``, as tritonclient and TritonServer in tests/support/triton.py
+    spell them), ``log_path`` (MLServer's stdout and stderr), ``models`` (names served),
+    ``startup_seconds``, ``pid``.
 
     ``workdir``: where the models copy, settings.json and the log go; if not given, a
     temporary directory that is removed on a clean stop (kept if startup failed, so the log
@@ -238,7 +254,7 @@ class MLServerProcess:
 
     @property
     def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        return f"127.0.0.1:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
@@ -298,6 +314,7 @@ class MLServerProcess:
             stderr=subprocess.STDOUT,
             env=_clean_env(),
             start_new_session=True,  # a Ctrl-C in pytest's terminal goes to pytest, which stops us cleanly
+            preexec_fn=_die_with_parent(os.getpid()),  # noqa: PLW1509 - only prctl and getppid
         )
         try:
             self._discover_ports(started)

@@ -26,20 +26,25 @@ and tell them apart by asking: the one answering ``GET /metrics`` with Prometheu
 one answering ``GET /v2/health/live`` is HTTP, and the remaining one must complete an HTTP/2 (gRPC)
 channel handshake. No port is ever guessed, so there is no race with other processes.
 """
+
 from __future__ import annotations
 
+import ctypes
 import http.client
 import importlib.util
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from functools import cache
 from pathlib import Path
+from typing import Self
 
 from .procs import listening_ports, terminate, wait_for, wait_for_ports
 
@@ -90,7 +95,9 @@ def tritonserver_binary() -> Path | None:
 
 def _stub_path() -> Path | None:
     dist = _dist_dir()
-    return None if dist is None else dist / "python_backend_stubs" / _PY_VERSION / "triton_python_backend_stub"
+    return (
+        None if dist is None else dist / "python_backend_stubs" / _PY_VERSION / "triton_python_backend_stub"
+    )
 
 
 def _python_libdir() -> str:
@@ -141,7 +148,12 @@ def triton_available() -> str | None:
         return "numpy is not installed; the Python backend stub needs it"
     try:
         proc = subprocess.run(
-            [str(binary), "--help"], env=tritonserver_env(), capture_output=True, text=True, timeout=60
+            [str(binary), "--help"],
+            env=tritonserver_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"cannot execute {binary}: {exc!r}"
@@ -171,6 +183,17 @@ def _symlink(src: Path, dst: Path) -> None:
     dst.symlink_to(src)
 
 
+def _terminate_with_parent(parent_pid: int) -> None:
+    """preexec_fn: SIGTERM Triton when the process that started it dies, even by SIGKILL (Linux only)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 # ------------------------------------------------------------------------------------------- probing
 
 
@@ -187,7 +210,7 @@ def _http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes] |
 
 
 def _grpc_handshake(port: int, timeout: float = 5.0) -> bool:
-    import grpc
+    import grpc  # type: ignore[import-untyped]
 
     channel = grpc.insecure_channel(f"{HOST}:{port}")
     try:
@@ -220,7 +243,9 @@ def _identify_ports(ports: set[int]) -> tuple[int, int, int]:
         )
     grpc_port = rest[0]
     if not _grpc_handshake(grpc_port):
-        raise TritonStartupError(f"port {grpc_port} (the one left for gRPC) does not complete an HTTP/2 handshake")
+        raise TritonStartupError(
+            f"port {grpc_port} (the one left for gRPC) does not complete an HTTP/2 handshake"
+        )
     return http_port, grpc_port, metrics_port
 
 
@@ -336,6 +361,11 @@ class TritonServer:
         self.log_path = self.workdir / "tritonserver.log"
         cmd = self.command(_make_backend_dir(self.workdir))
 
+        # PR_SET_PDEATHSIG fires when the *thread* that forked exits, so only use it from the main thread.
+        preexec = None
+        if threading.current_thread() is threading.main_thread():
+            parent = os.getpid()
+            preexec = lambda: _terminate_with_parent(parent)
         began = time.monotonic()
         with open(self.log_path, "wb") as log:
             log.write(("$ " + " ".join(cmd) + "\n").encode())
@@ -347,10 +377,11 @@ class TritonServer:
                 stderr=subprocess.STDOUT,
                 env=tritonserver_env(),
                 cwd=self.workdir,
-                start_new_session=True,  # a Ctrl-C in the test runner does not reach Triton twice
+                start_new_session=True,  # Ctrl-C reaches only the test runner, whose teardown stops Triton
+                preexec_fn=preexec,  # noqa: PLW1509 - prctl only; no locks or allocation in the child
             )
         try:
-            remaining = lambda: max(1.0, self.startup_timeout - (time.monotonic() - began))  # noqa: E731
+            remaining = lambda: max(1.0, self.startup_timeout - (time.monotonic() - began))
             ports = wait_for_ports(self.proc, 3, timeout=remaining())
             if len(ports) != 3:
                 raise TritonStartupError(f"expected 3 listening ports, found {sorted(ports)}")
@@ -421,7 +452,7 @@ class TritonServer:
             self.workdir = None
             self.log_path = None
 
-    def __enter__(self) -> TritonServer:
+    def __enter__(self) -> Self:
         if self.proc is None:
             self.start()
         return self

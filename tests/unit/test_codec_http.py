@@ -176,7 +176,8 @@ def test_empty_binary_outputs_are_plain_json() -> None:
 
 
 def test_mixed_binary_and_json_outputs() -> None:
-    arrays = {"a": (sample("INT64"), "INT64"), "b": (sample("FP32"), "FP32"), "c": (sample("UINT16"), "UINT16")}
+    arrays = {"a": (sample("INT64"), "INT64"), "b": (sample("FP32", json=True), "FP32"),
+              "c": (sample("UINT16"), "UINT16")}
     resp = response_of(arrays, id="x")
     chunks, hl = http.encode_response(resp, default_binary=True, overrides={"b": False})
     doc = orjson.loads(chunks[0])
@@ -285,6 +286,9 @@ BAD_REQUESTS: list[tuple[str, dict[str, Any], bytes]] = [
     ("UINT8 overflow", {"inputs": [inp(datatype="UINT8", data=[1, 256])]}, b""),
     ("INT8 underflow", {"inputs": [inp(datatype="INT8", data=[-129, 0])]}, b""),
     ("UINT64 negative", {"inputs": [inp(datatype="UINT64", data=[-1, 0])]}, b""),
+    ("UINT64 negative, mixed", {"inputs": [inp(datatype="UINT64", data=[-1, 2**64 - 1])]}, b""),
+    ("INT64 overflow, mixed", {"inputs": [inp(datatype="INT64", data=[-1, 2**63])]}, b""),
+    ("float among big ints", {"inputs": [inp(datatype="UINT64", data=[1.0, 2**63])]}, b""),
     ("number for BYTES", {"inputs": [inp(datatype="BYTES", data=["a", 1])]}, b""),
     ("data and binary", {"inputs": [inp(data=[1, 2], parameters={"binary_data_size": 8})]}, bytes(8)),
     ("no data at all", {"inputs": [inp()]}, b""),

@@ -1,4 +1,5 @@
 """add_sub: OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 (FP32, dims [-1])."""
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 

@@ -3,6 +3,7 @@
 The same file serves every identity_* model. BF16 has no numpy dtype, so that tensor is
 passed through DLPack instead of numpy.
 """
+
 import json
 
 import triton_python_backend_utils as pb_utils

@@ -1,4 +1,5 @@
 """string_reverse: each element of INPUT0 (BYTES, dims [-1]) with its bytes reversed."""
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -11,5 +12,7 @@ class TritonPythonModel:
             reversed_ = np.empty(values.shape, dtype=np.object_)
             for i, value in enumerate(values.flat):
                 reversed_.flat[i] = bytes(value)[::-1]
-            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT0", reversed_)]))
+            responses.append(
+                pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT0", reversed_)])
+            )
         return responses

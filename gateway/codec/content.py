@@ -1,0 +1,102 @@
+"""HTTP body framing shared by every HTTP path that decodes a body (no I/O).
+
+- ``Inference-Header-Content-Length`` parsing (binary data extension: the JSON
+  header's length; the binary section follows it).
+- Content-Encoding: requests with gzip or deflate bodies are accepted as
+  Triton accepts them (http_server.cc: inflateInit2 with 32 + MAX_WBITS, so a
+  zlib or a gzip header); responses are compressed when Accept-Encoding asks
+  (tritonclient's ``response_compression_algorithm``). Decompression is bounded
+  so a small "zip bomb" cannot allocate past the body limit.
+"""
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+from ..errors import InvalidRequest, PayloadTooLarge, Unsupported
+
+__all__ = ["HEADER_LENGTH", "JSON", "OCTET_STREAM", "header_length", "decode_content", "encode_content",
+           "reply_headers"]
+
+HEADER_LENGTH = "inference-header-content-length"
+JSON = "application/json"
+OCTET_STREAM = "application/octet-stream"
+
+
+def header_length(value: str | None, body_length: int) -> int | None:
+    """Parse Inference-Header-Content-Length; None when absent (the body is all JSON)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()):
+        raise InvalidRequest(f"Unable to parse Inference-Header-Content-Length, got: {value}")
+    n = int(text)
+    if n > body_length:
+        raise InvalidRequest(f"inference header size should be in range (0, {body_length}), got: {value}")
+    if n == 0:
+        # Triton reads a 0 as "the whole body is one raw input tensor", a mode
+        # that cannot cross protocols (the tensor has no name, type or shape).
+        raise Unsupported("Inference-Header-Content-Length: 0 (a raw binary input body) is not supported")
+    return n
+
+
+def decode_content(body: bytes, encoding: str | None, limit: int) -> bytes:
+    """Undo a gzip or deflate Content-Encoding, never inflating past ``limit`` bytes."""
+    coding = (encoding or "").strip().lower()
+    if coding in ("", "identity"):
+        return body
+    if coding not in ("gzip", "deflate"):
+        raise Unsupported(f"Unsupported compression type '{encoding}'; use gzip or deflate")
+    try:
+        return _inflate(body, 32 + zlib.MAX_WBITS, coding, limit)
+    except zlib.error as exc:
+        if coding == "deflate":
+            try:  # some clients send raw deflate (no zlib header) as "deflate"
+                return _inflate(body, -zlib.MAX_WBITS, coding, limit)
+            except zlib.error:
+                pass
+        raise InvalidRequest(f"cannot decompress the {coding} body: {exc}") from exc
+
+
+def _inflate(body: bytes, wbits: int, coding: str, limit: int) -> bytes:
+    inflater = zlib.decompressobj(wbits)
+    out = inflater.decompress(body, limit + 1)
+    if len(out) > limit:
+        raise PayloadTooLarge(f"decompressed body exceeds the limit of {limit} bytes")
+    if not inflater.eof or inflater.unused_data:
+        raise InvalidRequest(f"the {coding} body is truncated or has trailing data")
+    return out
+
+
+def _accepted(accept_encoding: str | None) -> str | None:
+    """The first of gzip/deflate the client accepts (q=0 excluded), else None."""
+    if not accept_encoding:
+        return None
+    for part in accept_encoding.split(","):
+        token, _, q = part.strip().partition(";")
+        token = token.strip().lower()
+        if token in ("gzip", "deflate") and q.replace(" ", "") not in ("q=0", "q=0.0", "q=0.00", "q=0.000"):
+            return token
+    return None
+
+
+def encode_content(
+    chunks: Sequence[bytes | memoryview], accept_encoding: str | None
+) -> tuple[Sequence[bytes | memoryview], str | None]:
+    """Compress a response body when the client asked for gzip or deflate."""
+    coding = _accepted(accept_encoding)
+    if coding is None:
+        return chunks, None
+    comp = zlib.compressobj(6, zlib.DEFLATED, 31 if coding == "gzip" else zlib.MAX_WBITS)
+    out = [comp.compress(c) for c in chunks]
+    out.append(comp.flush())
+    return out, coding
+
+
+def reply_headers(json_length: int | None, content_encoding: str | None = None) -> dict[str, str]:
+    """Response headers as Triton sets them: octet-stream + header length when binary bytes follow."""
+    headers = {"content-type": JSON} if json_length is None else {
+        "content-type": OCTET_STREAM, HEADER_LENGTH: str(json_length)}
+    if content_encoding:
+        headers["content-encoding"] = content_encoding
+    return headers
