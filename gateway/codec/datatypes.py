@@ -25,19 +25,19 @@ from ..errors import InvalidRequest
 from ..model import Params, Tensor
 
 __all__ = [
-    "DatatypeInfo",
     "DATATYPES",
     "INT64_MAX",
+    "DatatypeInfo",
+    "byte_view",
+    "bytes_elements",
     "datatype_info",
     "element_count",
     "expected_nbytes",
-    "validate_tensor",
-    "to_numpy",
     "from_numpy",
     "serialize_bytes_elements",
-    "bytes_elements",
     "tensor_view",
-    "byte_view",
+    "to_numpy",
+    "validate_tensor",
 ]
 
 INT64_MAX = 2**63 - 1  # shape dims are int64 in the gRPC API; Triton caps counts and sizes at INT64_MAX
@@ -83,7 +83,7 @@ _FROM_NUMPY = {
 _U32 = struct.Struct("<I")
 
 
-def datatype_info(datatype: str, tensor: str) -> DatatypeInfo:
+def datatype_info(datatype: object, tensor: str) -> DatatypeInfo:
     """The table entry for ``datatype``; InvalidRequest naming ``tensor`` otherwise."""
     info = DATATYPES.get(datatype) if isinstance(datatype, str) else None
     if info is None:
@@ -203,7 +203,7 @@ def byte_view(buf: bytes | bytearray | memoryview) -> memoryview:
 
 def tensor_view(array: np.ndarray) -> memoryview:
     """A flat unsigned-byte memoryview of a C-contiguous array (no copy)."""
-    return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 
 
 def to_numpy(tensor: Tensor) -> np.ndarray:

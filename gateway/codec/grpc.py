@@ -28,8 +28,8 @@ from .._pb import grpc_predict_v2_pb2 as pb
 from ..errors import InvalidRequest
 from ..model import InferRequest, InferResponse, Params, RequestedOutput, Tensor
 from .datatypes import (
-    DatatypeInfo,
     INT64_MAX,
+    DatatypeInfo,
     byte_view,
     datatype_info,
     element_count,
@@ -39,7 +39,7 @@ from .datatypes import (
 )
 from .wire import encode_len_field, encode_varint, iter_fields
 
-__all__ = ["decode_request", "encode_request", "decode_response", "encode_response", "HTTP_ONLY_PARAMS"]
+__all__ = ["HTTP_ONLY_PARAMS", "decode_request", "decode_response", "encode_request", "encode_response"]
 
 _REQUEST_RAW = 7  # ModelInferRequest.raw_input_contents
 _RESPONSE_RAW = 6  # ModelInferResponse.raw_output_contents

@@ -43,7 +43,7 @@ from .datatypes import (
     validate_tensor,
 )
 
-__all__ = ["decode_request", "encode_request", "decode_response", "encode_response", "binary_policy"]
+__all__ = ["binary_policy", "decode_request", "decode_response", "encode_request", "encode_response"]
 
 _OPT = orjson.OPT_SERIALIZE_NUMPY
 _NO_OVERRIDES: Mapping[str, bool] = {}
@@ -143,37 +143,47 @@ def _json_to_raw(name: str, info: DatatypeInfo, shape: tuple[int, ...], count: i
             return memoryview(serialize_bytes_elements([s.encode("utf-8") for s in arr.reshape(-1).tolist()], name))
         except AttributeError as exc:
             raise InvalidRequest(f"tensor '{name}': BYTES 'data' elements must be strings") from exc
-    target = info.dtype
-    kind = arr.dtype.kind
     if arr.size:
-        if target.kind == "b":
-            ok = kind == "b"
-        elif target.kind in "iu":
-            bounds = np.iinfo(target)
-            ok = kind in "iu"
-            if kind in "fO":
-                # numpy promotes ints on both sides of 2**63 to float64 (or object); redo
-                # such data exactly from the Python ints (C-level map/min/max, no Python loop).
-                flat = np.asarray(data, dtype=object).reshape(-1).tolist()
-                ok = set(map(type, flat)) <= {int}
-                if ok and (min(flat) < bounds.min or max(flat) > bounds.max):
-                    raise InvalidRequest(f"tensor '{name}': 'data' has values out of range for {info.name}")
-                if ok:
-                    arr = np.array(flat, dtype=target)
-            elif ok and not np.can_cast(arr.dtype, target):
-                if int(arr.min()) < bounds.min or int(arr.max()) > bounds.max:
-                    raise InvalidRequest(f"tensor '{name}': 'data' has values out of range for {info.name}")
-        else:
-            ok = kind in "iuf"
-            if kind == "O":  # null elements (our encoder writes NaN/Inf as null, as orjson does)
-                try:
-                    arr, ok = np.asarray(data, dtype=target), True
-                except (ValueError, TypeError):
-                    ok = False
-        if not ok:
-            raise InvalidRequest(f"tensor '{name}': 'data' values are not valid {info.name} values")
+        arr = _typed_values(name, info, arr, data)
     with np.errstate(all="ignore"):  # FP64 → FP32 overflow becomes inf, as Triton's C++ cast does
-        return tensor_view(arr.astype(target, copy=False))
+        return tensor_view(arr.astype(info.dtype, copy=False))
+
+
+def _typed_values(name: str, info: DatatypeInfo, arr: np.ndarray, data: list[Any]) -> np.ndarray:
+    """Check numpy's reading of JSON numbers against the datatype, as strictly as Triton.
+
+    BOOL takes only true/false; integer types only integers in range (no 1.0,
+    no true); float types any number, and null as NaN.
+    """
+    target, kind = info.dtype, arr.dtype.kind
+    ok = False
+    if target.kind == "b":
+        ok = kind == "b"
+    elif target.kind in "iu":
+        bounds = np.iinfo(target)
+        if kind in "fO":
+            # numpy promotes ints on both sides of 2**63 to float64 (or object); redo
+            # such data exactly from the Python ints (C-level map/min/max, no Python loop).
+            flat = np.asarray(data, dtype=object).reshape(-1).tolist()
+            ok = set(map(type, flat)) <= {int}
+            lo, hi = (min(flat), max(flat)) if ok else (0, 0)
+        else:
+            ok = kind in "iu"
+            lo, hi = (int(arr.min()), int(arr.max())) if ok and not np.can_cast(arr.dtype, target) else (0, 0)
+        if lo < bounds.min or hi > bounds.max:
+            raise InvalidRequest(f"tensor '{name}': 'data' has values out of range for {info.name}")
+        if kind in "fO" and ok:
+            arr = np.array(flat, dtype=target)
+    elif kind == "O":  # null elements: our encoder (orjson) writes NaN/Inf as null
+        try:
+            arr, ok = np.asarray(data, dtype=target), True
+        except (ValueError, TypeError):
+            pass
+    else:
+        ok = kind in "iuf"
+    if not ok:
+        raise InvalidRequest(f"tensor '{name}': 'data' values are not valid {info.name} values")
+    return arr
 
 
 def _json_data(t: Tensor) -> Any:
@@ -214,7 +224,7 @@ def _decode_tensors(
     neither ``data`` nor ``binary_data_size``: a fixed-size one takes
     shape × itemsize bytes, and a single such BYTES tensor takes what is left.
     """
-    heads = []
+    heads: list[tuple[Any, ...]] = []
     claimed = 0
     open_index: int | None = None
     for i, obj in enumerate(items):

@@ -403,35 +403,77 @@ ADD_SUB_ONE = {
 
 
 @pytest.mark.parametrize(
-    ("path", "body", "status", "error"),
+    ("path", "body", "status", "content_type", "error"),
     [
-        ("/v2/models/nope/infer", ADD_SUB_ONE, 404, "Request for unknown model: 'nope' is not found"),
+        (
+            "/v2/models/nope/infer",
+            ADD_SUB_ONE,
+            404,
+            "text/plain",
+            "Request for unknown model: 'nope' is not found",
+        ),
         (
             "/v2/models/add_sub/versions/7/infer",
             ADD_SUB_ONE,
             404,
+            "text/plain",
             "Request for unknown model: 'add_sub' version 7 is not found",
         ),
         (
             "/v2/models/add_sub/infer",
             b'{"inputs":[',
             500,
+            "application/json",
             "failed to parse the request JSON buffer: Invalid value. at 11",
         ),
         (
             "/v2/models/add_sub/infer",
             {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [1]}]},
             400,
-            "[request id: <id_unknown>] expected 2 inputs but got 1 inputs for model 'add_sub'. Got input(s) "
-            "['INPUT0'], but missing required input(s) ['INPUT1']. Please provide all required input(s).",
+            "application/json",
+            (
+                "[request id: <id_unknown>] expected 2 inputs but got 1 inputs for model 'add_sub'. Got input(s) "
+                "['INPUT0'], but missing required input(s) ['INPUT1']. Please provide all required input(s)."
+            ),
+        ),
+        (
+            "/v2/models/add_sub/infer",
+            {
+                "inputs": [
+                    {"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1, 2]},
+                    {"name": "INPUT1", "datatype": "FP32", "shape": [1], "data": [1]},
+                ]
+            },
+            500,
+            "text/plain",
+            "INPUT0 shape [2] != INPUT1 shape [1]",
         ),
     ],
-    ids=["unknown-model", "unknown-version", "malformed-json", "missing-input"],
+    ids=["unknown-model", "unknown-version", "malformed-json", "missing-input", "model-error"],
 )
-def test_raw_http_errors(triton: TritonServer, path: str, body: Any, status: int, error: str) -> None:
+def test_raw_http_errors(
+    triton: TritonServer, path: str, body: Any, status: int, content_type: str, error: str
+) -> None:
+    """Note the Content-Type: Triton labels some JSON error bodies text/plain."""
     payload = body if isinstance(body, bytes) else json.dumps(body).encode()
-    got_status, _, got_body = _request(triton.http_port, "POST", path, payload)
-    assert (got_status, json.loads(got_body)) == (status, {"error": error})
+    got_status, headers, got_body = _request(triton.http_port, "POST", path, payload)
+    assert (got_status, headers["content-type"], json.loads(got_body)) == (
+        status,
+        content_type,
+        {"error": error},
+    )
+
+
+def test_raw_http_unknown_model_metadata(triton: TritonServer) -> None:
+    status, headers, body = _request(triton.http_port, "GET", "/v2/models/nope")
+    assert (status, headers["content-type"], json.loads(body)) == (
+        404,
+        "application/json",
+        {"error": "Request for unknown model: 'nope' is not found"},
+    )
+    # Readiness of an unknown model is a 400, not a 404.
+    status, _, body = _request(triton.http_port, "GET", "/v2/models/nope/ready")
+    assert (status, json.loads(body)) == (400, {"error": "Model version not ready"})
 
 
 def test_raw_http_header_length_beyond_body(triton: TritonServer) -> None:
@@ -443,7 +485,7 @@ def test_raw_http_header_length_beyond_body(triton: TritonServer) -> None:
         body,
         {"Inference-Header-Content-Length": str(len(body) + 10)},
     )
-    assert status == 400
+    assert (status, headers["content-type"]) == (400, "text/plain")
     assert json.loads(got) == {
         "error": f"inference header size should be in range (0, {len(body)}), got: {len(body) + 10}"
     }

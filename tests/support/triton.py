@@ -124,6 +124,8 @@ def tritonserver_env(base: dict[str, str] | None = None) -> dict[str, str]:
     env["PATH"] = os.pathsep.join(p for p in (bin_dir, env.get("PATH", "")) if p)
     # The stub must import this environment's numpy, not whatever a user site directory holds.
     env["PYTHONNOUSERSITE"] = "1"
+    # Keep the stubs from writing __pycache__ into the committed model repository.
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 
 
@@ -386,9 +388,15 @@ class TritonServer:
             if len(ports) != 3:
                 raise TritonStartupError(f"expected 3 listening ports, found {sorted(ports)}")
             self.http_port, self.grpc_port, self.metrics_port = _identify_ports(ports)
-            wait_for(self._ready, timeout=remaining(), what="Triton /v2/health/ready == 200")
+            wait_for(self._ready_or_exited, timeout=remaining(), what="Triton /v2/health/ready == 200")
+            if self.proc.poll() is not None:
+                raise TritonStartupError(f"tritonserver exited with {self.proc.returncode}")
             self.startup_seconds = time.monotonic() - began
-        except BaseException as exc:
+        except (KeyboardInterrupt, SystemExit):
+            self._stop_process()
+            self._cleanup_workdir()
+            raise
+        except Exception as exc:
             self._stop_process()
             message = (
                 f"tritonserver failed to start: {exc}\n--- errors in {self.log_path} ---\n{self.log_errors()}"
@@ -398,10 +406,10 @@ class TritonServer:
             raise TritonStartupError(message) from exc
         return self
 
-    def _ready(self) -> bool:
+    def _ready_or_exited(self) -> bool:
         assert self.proc is not None
         if self.proc.poll() is not None:
-            raise TritonStartupError(f"tritonserver exited with {self.proc.returncode}")
+            return True  # wait_for would swallow an exception and keep polling
         answer = _http_get(self._port(self.http_port), "/v2/health/ready")
         return answer is not None and answer[0] == 200
 
@@ -428,7 +436,10 @@ class TritonServer:
         picked = [
             line
             for line in lines
-            if _ERROR_LINE.match(line) or "Failed to" in line or "Error" in line or line.startswith("error:")
+            if (
+                _ERROR_LINE.match(line) or "Failed to" in line or "Error" in line or line.startswith("error:")
+            )
+            and "CudaDriverHelper" not in line  # logged on every CPU-only start
         ]
         return "\n".join(picked[-max_lines:]) or "<none>"
 

@@ -1,0 +1,291 @@
+"""Bad input and broken backends: each gets its clear error, and the gateway keeps serving.
+
+HTTP errors are ``{"error": "..."}`` with the status the issue names; gRPC
+errors carry the matching status code. A backend's own error reaches the
+client unchanged (compared with the same request sent to the backend directly).
+"""
+from __future__ import annotations
+
+import gzip
+import socket
+
+import aiohttp
+import grpc
+import numpy as np
+import orjson
+import pytest
+
+from tests.conftest import start_gateway
+from tests.support.clients import In, infer
+from tests.support.gateway import GatewayProcess, gateway_config
+from tests.support.procs import wait_for
+
+LIMIT = 1 << 20  # the gateway under test refuses bodies above 1 MiB
+
+
+@pytest.fixture(scope="module")
+def black_hole():
+    """A real TCP listener that accepts connections and never answers: a hung backend."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    yield f"127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+
+
+@pytest.fixture(scope="module")
+def refused():
+    """An address nothing listens on: bound (so no one else takes it) but never listening."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    yield f"127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+
+
+@pytest.fixture(scope="module")
+def gw(reference, black_hole, refused, tmp_path_factory):
+    backends = {
+        "ref-http": {"protocol": "http", "endpoints": [reference.http_url]},
+        "ref-grpc": {"protocol": "grpc", "endpoints": [reference.grpc_url]},
+        "down-http": {"protocol": "http", "endpoints": [refused]},
+        "down-grpc": {"protocol": "grpc", "endpoints": [refused]},
+        "hole-http": {"protocol": "http", "endpoints": [black_hole], "timeout_s": 0.5},
+        "hole-grpc": {"protocol": "grpc", "endpoints": [black_hole], "timeout_s": 0.5},
+    }
+    routes = [
+        {"model": "add_sub", "backend": "ref-http"},
+        {"model": "string_reverse", "version": "1", "backend": "ref-http"},
+        {"model": "identity_FP32", "backend": "ref-grpc"},
+        {"model": "down_http*", "backend": "down-http"},
+        {"model": "down_grpc*", "backend": "down-grpc"},
+        {"model": "slow_http*", "backend": "hole-http"},
+        {"model": "slow_grpc*", "backend": "hole-grpc"},
+    ]
+    proc = GatewayProcess(
+        gateway_config(backends, routes, max_message_bytes=LIMIT), tmp_path_factory.mktemp("errors"), "gateway-errors"
+    )
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(autouse=True)
+def still_serving(gw):
+    """After every bad request, a good one still works and the process is alive."""
+    yield
+    assert gw.proc.poll() is None, gw.log_tail()
+    a = np.arange(4, dtype=np.float32)
+    r = infer("http", gw.http_url, "add_sub", [In("INPUT0", a, "FP32"), In("INPUT1", a, "FP32")])
+    np.testing.assert_array_equal(r.outputs["OUTPUT0"], 2 * a)
+    r = infer("grpc", gw.grpc_url, "identity_FP32", [In("INPUT0", a.reshape(1, 4), "FP32")])
+    np.testing.assert_array_equal(r.outputs["OUTPUT0"], a.reshape(1, 4))
+
+
+def post(url: str, path: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, bytes, dict]:
+    import asyncio
+
+    async def run():
+        async with aiohttp.ClientSession(auto_decompress=False) as s:
+            async with s.post(f"http://{url}{path}", data=body, headers=headers or {}) as r:
+                return r.status, await r.read(), dict(r.headers)
+
+    return asyncio.run(run())
+
+
+def get(url: str, path: str) -> tuple[int, bytes]:
+    import asyncio
+
+    async def run():
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"http://{url}{path}") as r:
+                return r.status, await r.read()
+
+    return asyncio.run(run())
+
+
+def grpc_infer(url: str, message: bytes, timeout: float = 10) -> grpc.RpcError:
+    with grpc.insecure_channel(url, options=[("grpc.max_send_message_length", 64 << 20)]) as ch:
+        call = ch.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.RpcError) as info:
+            call(message, timeout=timeout)
+    return info.value
+
+
+def infer_message(model: str, nbytes: int = 16, version: str = "") -> bytes:
+    from gateway._pb import grpc_predict_v2_pb2 as pb
+
+    msg = pb.ModelInferRequest(model_name=model, model_version=version)
+    t = msg.inputs.add(name="INPUT0", datatype="UINT8", shape=[1, nbytes])
+    msg.raw_input_contents.append(b"\x01" * nbytes)
+    del t
+    return msg.SerializeToString()
+
+
+def error_of(body: bytes) -> str:
+    doc = orjson.loads(body)
+    assert set(doc) == {"error"} and isinstance(doc["error"], str) and doc["error"], doc
+    return doc["error"]
+
+
+GOOD_JSON = orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]})
+
+
+# -- unknown model / version --------------------------------------------------------
+def test_unknown_model(gw):
+    status, body, _ = post(gw.http_url, "/v2/models/nope/infer", GOOD_JSON)
+    assert status == 404 and "nope" in error_of(body)
+    status, body = get(gw.http_url, "/v2/models/nope")
+    assert status == 404 and "nope" in error_of(body)
+    err = grpc_infer(gw.grpc_url, infer_message("nope"))
+    assert err.code() == grpc.StatusCode.NOT_FOUND and "nope" in err.details()
+
+
+def test_unknown_version_relayed_from_backend(gw, reference):
+    """add_sub's route has no version: the backend's own answer reaches the client unchanged."""
+    body = orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [1]},
+                                    {"name": "INPUT1", "shape": [1], "datatype": "FP32", "data": [1]}]})
+    direct = post(reference.http_url, "/v2/models/add_sub/versions/9/infer", body)
+    via = post(gw.http_url, "/v2/models/add_sub/versions/9/infer", body)
+    assert via[0] == direct[0] and via[0] >= 400
+    assert via[1] == direct[1]
+    error_of(via[1])
+
+
+def test_unknown_version_of_versioned_route(gw):
+    status, body, _ = post(gw.http_url, "/v2/models/string_reverse/versions/2/infer", GOOD_JSON)
+    assert status == 404 and "string_reverse" in error_of(body)
+    err = grpc_infer(gw.grpc_url, infer_message("string_reverse", version="2"))
+    assert err.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_unknown_version_grpc_backend_error_code_relayed(gw, reference):
+    with grpc.insecure_channel(reference.grpc_url) as ch:
+        with pytest.raises(grpc.RpcError) as direct:
+            ch.unary_unary("/inference.GRPCInferenceService/ModelInfer")(
+                infer_message("identity_FP32", version="9"), timeout=10)
+    via = grpc_infer(gw.grpc_url, infer_message("identity_FP32", version="9"))
+    assert via.code() == direct.value.code() and via.details() == direct.value.details()
+
+
+# -- malformed bodies ---------------------------------------------------------------
+@pytest.mark.parametrize("body", [b"{", b"[]", b"null", b"\xff\xfe", b'{"inputs": 3}',
+                                  b'{"inputs": [{"name": "INPUT0"}]}'])
+def test_malformed_json(gw, reference, body):
+    # HTTP pool: pass-through, so the backend's own 400 comes back unchanged.
+    direct = post(reference.http_url, "/v2/models/add_sub/infer", body)
+    via = post(gw.http_url, "/v2/models/add_sub/infer", body)
+    assert via[0] == direct[0] == 400 and via[1] == direct[1]
+    # gRPC pool: the gateway itself decodes, and answers 400 {"error": ...}.
+    status, answer, _ = post(gw.http_url, "/v2/models/identity_FP32/infer", body)
+    assert status == 400, answer
+    error_of(answer)
+
+
+def test_header_length_larger_than_body(gw, reference):
+    headers = {"Inference-Header-Content-Length": str(len(GOOD_JSON) + 100), "Content-Type": "application/octet-stream"}
+    direct = post(reference.http_url, "/v2/models/add_sub/infer", GOOD_JSON, headers)
+    via = post(gw.http_url, "/v2/models/add_sub/infer", GOOD_JSON, headers)
+    assert via[0] == direct[0] == 400 and via[1] == direct[1]
+    status, body, _ = post(gw.http_url, "/v2/models/identity_FP32/infer", GOOD_JSON, headers)
+    assert status == 400 and "header" in error_of(body).lower()
+
+
+def test_grpc_without_model_name(gw):
+    err = grpc_infer(gw.grpc_url, infer_message(""))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "model_name" in err.details()
+
+
+@pytest.mark.parametrize("garbage", [b"\xff\xff\xff", b"\x0a\x10short", b"\x0a\x05add"])
+def test_grpc_garbage(gw, garbage):
+    err = grpc_infer(gw.grpc_url, garbage)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_bad_gzip_body(gw):
+    status, body, _ = post(gw.http_url, "/v2/models/identity_FP32/infer", b"not gzip",
+                           {"Content-Encoding": "gzip"})
+    assert status == 400
+    error_of(body)
+
+
+def test_gzip_bomb_is_bounded(gw):
+    bomb = gzip.compress(b"\0" * (4 * LIMIT))
+    status, body, _ = post(gw.http_url, "/v2/models/identity_FP32/infer", bomb, {"Content-Encoding": "gzip"})
+    assert status == 413
+    error_of(body)
+
+
+# -- limits -------------------------------------------------------------------------
+def test_body_over_limit(gw):
+    status, body, _ = post(gw.http_url, "/v2/models/add_sub/infer", b"x" * (LIMIT + 1))
+    assert status == 413 and "limit" in error_of(body)
+    err = grpc_infer(gw.grpc_url, infer_message("identity_FP32", nbytes=LIMIT + 1))
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+# -- broken backends ----------------------------------------------------------------
+def test_backend_down(gw):
+    status, body, _ = post(gw.http_url, "/v2/models/down_http/infer", GOOD_JSON)
+    assert status == 503 and "reachable" in error_of(body)
+    err = grpc_infer(gw.grpc_url, infer_message("down_grpc"))
+    assert err.code() == grpc.StatusCode.UNAVAILABLE
+    # Cross-protocol to a dead pool is the same answer.
+    status, body, _ = post(gw.http_url, "/v2/models/down_grpc/infer", GOOD_JSON)
+    assert status == 503
+    err = grpc_infer(gw.grpc_url, infer_message("down_http"))
+    assert err.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_backend_timeout(gw):
+    status, body, _ = post(gw.http_url, "/v2/models/slow_http/infer", GOOD_JSON)
+    assert status == 504 and error_of(body)
+    err = grpc_infer(gw.grpc_url, infer_message("slow_grpc"))
+    assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    status, body, _ = post(gw.http_url, "/v2/models/slow_grpc/infer", GOOD_JSON)
+    assert status == 504
+
+
+def test_unknown_path_and_method(gw):
+    status, body = get(gw.http_url, "/v3/whatever")
+    assert status == 404
+    error_of(body)
+    status, body, _ = post(gw.http_url, "/v2/health/live", b"")
+    assert status == 405
+    error_of(body)
+
+
+def test_gateway_not_ready_when_a_route_has_no_ready_endpoint(reference, refused, tmp_path_factory):
+    backends = {"ok": {"protocol": "http", "endpoints": [reference.http_url]},
+                "dead": {"protocol": "grpc", "endpoints": [refused]}}
+    routes = [{"model": "add_sub", "backend": "ok"}, {"model": "string_reverse", "backend": "dead"}]
+    with GatewayProcess(gateway_config(backends, routes), tmp_path_factory.mktemp("notready"), "gw-notready") as g:
+        # Wait until the health checker has run (the endpoint gauge is exported), then it must still say no.
+        wait_for(lambda: b"oip_gateway_endpoint_healthy" in get_metrics(g), timeout=20, what="a health round")
+        assert get(g.http_url, "/v2/health/ready")[0] == 400
+        assert get(g.http_url, "/v2/health/live")[0] == 200
+        assert get(g.http_url, "/v2/models/add_sub/ready")[0] == 200
+
+
+def test_ready_follows_the_backend(tmp_path_factory):
+    """Ready only once the backend's models are ready; not ready again when it goes away."""
+    from tests.support.gateway import ReferenceServer
+
+    workdir = tmp_path_factory.mktemp("follow")
+    ref = ReferenceServer(workdir, "ref-follow").start()
+    try:
+        g = start_gateway(workdir, ref.http_url, ref.grpc_url, "grpc")
+        try:
+            assert get(g.http_url, "/v2/health/ready")[0] == 200
+            ref.stop()
+            wait_for(lambda: get(g.http_url, "/v2/health/ready")[0] == 400, timeout=20, what="not ready")
+        finally:
+            g.stop()
+    finally:
+        ref.stop()
+
+
+def get_metrics(g) -> bytes:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{g.metrics_url}/metrics", timeout=5) as r:
+        return r.read()
