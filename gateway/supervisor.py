@@ -59,7 +59,7 @@ async def supervise(
 
     mpdir = tempfile.mkdtemp(prefix="oip-gateway-metrics-")
     env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=mpdir)
-    argv = [sys.executable, "-m", "gateway", "_worker", "--config", config_path, "--log-level", log_level]
+    argv = [sys.executable, "-m", "gateway", "--log-level", log_level, "_worker", "--config", config_path]
     if ports.http is not None:
         argv += ["--http-port", str(ports.http)]
     if ports.grpc is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,7 @@ __all__ = [
     "DatatypeInfo",
     "byte_view",
     "bytes_elements",
+    "bytes_values",
     "datatype_info",
     "element_count",
     "expected_nbytes",
@@ -159,24 +161,36 @@ def validate_tensor(tensor: Tensor) -> None:
         )
 
 
-def bytes_elements(buf: memoryview | bytes, name: str = "") -> list[memoryview]:
-    """Split length-prefixed BYTES data into element slices (no copy)."""
-    view = buf if isinstance(buf, memoryview) else memoryview(buf)
-    end = len(view)
+def _elements(src: Any, name: str) -> list[Any]:
+    end = len(src)
     unpack = _U32.unpack_from
-    out: list[memoryview] = []
+    out: list[Any] = []
     append = out.append
     pos = 0
     while pos < end:
         if pos + 4 > end:
             raise InvalidRequest(f"tensor '{name}': BYTES data ends inside an element length")
-        n = unpack(view, pos)[0]
+        n = unpack(src, pos)[0]
         pos += 4
         if pos + n > end:
             raise InvalidRequest(f"tensor '{name}': BYTES element overruns the tensor data")
-        append(view[pos : pos + n])
+        append(src[pos : pos + n])
         pos += n
     return out
+
+
+def bytes_elements(buf: memoryview | bytes, name: str = "") -> list[memoryview]:
+    """Split length-prefixed BYTES data into element slices of ``buf`` (no copy)."""
+    return _elements(byte_view(buf), name)
+
+
+def bytes_values(buf: memoryview | bytes, name: str = "") -> list[bytes]:
+    """Split length-prefixed BYTES data into ``bytes`` elements.
+
+    For consumers that need ``bytes``/``str`` anyway (JSON, object arrays): one copy
+    of the buffer, then bytes slices, ~5x cheaper per element than memoryview slices.
+    """
+    return _elements(bytes(buf), name)
 
 
 def serialize_bytes_elements(elements: Iterable[bytes | bytearray | memoryview], name: str = "") -> bytes:
@@ -212,9 +226,9 @@ def to_numpy(tensor: Tensor) -> np.ndarray:
     info = datatype_info(tensor.datatype, tensor.name)
     shape = tensor.shape
     if info.itemsize is None:
-        elems = bytes_elements(tensor.data, tensor.name)
+        elems = bytes_values(tensor.data, tensor.name)
         arr = np.empty(len(elems), dtype=object)
-        arr[:] = [bytes(e) for e in elems]
+        arr[:] = elems
     else:
         if tensor.data.nbytes % info.itemsize:
             raise InvalidRequest(f"tensor '{tensor.name}': data is not a whole number of {tensor.datatype}")

@@ -67,40 +67,54 @@ _TYPED: dict[str, tuple[str, str]] = {
 
 
 # ------------------------------------------------------------------- scanning
+# Below this many raw bytes protobuf parses the whole message (its C copy of the raw
+# fields is cheaper than re-encoding the header fields in Python); above it, only
+# the re-encoded header goes to protobuf and the tensors are never copied.
+_SMALL_RAW = 64 * 1024
+
+
 def _split(message: bytes | memoryview, raw_field: int, cls: Any) -> tuple[Any, list[memoryview]]:
     """Parse every field but ``raw_field`` with protobuf; return the raw entries as slices."""
     view = byte_view(message)
     raws: list[memoryview] = []
-    header: list[bytes | memoryview] = []
+    fields: list[tuple[int, int, Any]] = []
     try:
         for fnum, wtype, value in iter_fields(view):
-            if fnum == raw_field:
-                if wtype != _LEN:
-                    raise InvalidRequest(f"malformed {cls.__name__}: raw contents with wire type {wtype}")
-                raws.append(value)  # type: ignore[arg-type]
+            if fnum != raw_field:
+                fields.append((fnum, wtype, value))
             elif wtype == _LEN:
-                header += (encode_len_field(fnum, len(value)), value)  # type: ignore[arg-type]
-            else:  # re-encode the key; the value is a varint int or a fixed-width slice
-                header.append(encode_varint((fnum << 3) | wtype))
-                header.append(encode_varint(value) if isinstance(value, int) else value)
+                raws.append(value)  # type: ignore[arg-type]
+            else:
+                raise InvalidRequest(f"malformed {cls.__name__}: raw contents with wire type {wtype}")
     except InvalidRequest as exc:
-        raise InvalidRequest(exc.message + _where_it_broke(cls, header, raw_field, len(raws))) from exc
+        raise InvalidRequest(exc.message + _where_it_broke(cls, fields, raw_field, len(raws))) from exc
     try:
-        # Without raw contents the message is all header: parse it as received.
-        msg = cls.FromString(b"".join(header) if raws else view)
+        small = sum(r.nbytes for r in raws) <= _SMALL_RAW
+        msg = cls.FromString(view if small else _reencode(fields))
     except DecodeError as exc:
         raise InvalidRequest(f"malformed {cls.__name__}: {exc}") from exc
     return msg, raws
 
 
-def _where_it_broke(cls: Any, header: list[bytes | memoryview], raw_field: int, seen: int) -> str:
+def _reencode(fields: list[tuple[int, int, Any]]) -> bytes:
+    """Serialize scanned fields again (keys re-encoded, values as scanned)."""
+    parts: list[bytes | memoryview] = []
+    for fnum, wtype, value in fields:
+        if wtype == _LEN:
+            parts += (encode_len_field(fnum, len(value)), value)
+        else:  # a varint int or a fixed-width slice
+            parts += (encode_varint((fnum << 3) | wtype), encode_varint(value) if isinstance(value, int) else value)
+    return b"".join(parts)
+
+
+def _where_it_broke(cls: Any, fields: list[tuple[int, int, Any]], raw_field: int, seen: int) -> str:
     """Name the tensor whose raw contents a truncated message breaks off in, when known.
 
     Serialisers write fields in number order, so the tensor list (fields 5/6)
-    normally precedes the raw contents and is already in ``header``.
+    normally precedes the raw contents and has already been scanned.
     """
     try:
-        msg = cls.FromString(b"".join(header))
+        msg = cls.FromString(_reencode(fields))
     except DecodeError:
         return ""
     tensors = msg.inputs if raw_field == _REQUEST_RAW else msg.outputs

@@ -34,7 +34,7 @@ from ..model import InferRequest, InferResponse, Params, RequestedOutput, Tensor
 from .datatypes import (
     DatatypeInfo,
     byte_view,
-    bytes_elements,
+    bytes_values,
     datatype_info,
     element_count,
     serialize_bytes_elements,
@@ -192,11 +192,11 @@ def _json_data(t: Tensor) -> Any:
     if not info.json_ok:
         raise InvalidRequest(f"tensor '{t.name}': {t.datatype} cannot be represented in JSON; request it binary")
     if info.itemsize is None:
-        elems = bytes_elements(t.data, t.name)
+        elems = bytes_values(t.data, t.name)
         if len(elems) != element_count(t.shape, t.name):
             raise InvalidRequest(f"tensor '{t.name}': {len(elems)} BYTES elements do not fit shape {list(t.shape)}")
         try:
-            return [str(e, "utf-8") for e in elems]
+            return [e.decode("utf-8") for e in elems]
         except UnicodeDecodeError as exc:
             raise InvalidRequest(
                 f"tensor '{t.name}': BYTES data is not valid UTF-8 and cannot be sent as JSON; request it binary"

@@ -124,8 +124,6 @@ def tritonserver_env(base: dict[str, str] | None = None) -> dict[str, str]:
     env["PATH"] = os.pathsep.join(p for p in (bin_dir, env.get("PATH", "")) if p)
     # The stub must import this environment's numpy, not whatever a user site directory holds.
     env["PYTHONNOUSERSITE"] = "1"
-    # Keep the stubs from writing __pycache__ into the committed model repository.
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 
 

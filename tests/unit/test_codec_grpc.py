@@ -171,13 +171,29 @@ def test_response_round_trip() -> None:
     assert grpc.decode_response(message).outputs[0].data.obj is message
 
 
-def test_raw_contents_may_come_first() -> None:
-    # protobuf field order is free: raw contents before the tensor list still decode.
-    data = np.arange(4, dtype="<i4").tobytes()
-    head = pb.ModelInferRequest(model_name="m", inputs=[pb.ModelInferRequest.InferInputTensor(
-        name="a", datatype="INT32", shape=[4])]).SerializeToString()
-    message = encode_len_field(7, len(data)) + data + head
-    assert bytes(grpc.decode_request(message).inputs[0].data) == data
+@pytest.mark.parametrize("n", [4, 40_000], ids=["small", "large"])  # large: only the header goes to protobuf
+def test_raw_contents_may_come_first(n: int) -> None:
+    # Protobuf field order is free: raw contents before the tensor list still decode,
+    # and unknown varint / fixed64 fields survive the header's re-encoding.
+    data = np.arange(n, dtype="<i4").tobytes()
+    head = pb.ModelInferRequest(model_name="m", id="q", inputs=[pb.ModelInferRequest.InferInputTensor(
+        name="a", datatype="INT32", shape=[n])]).SerializeToString()
+    unknown = b"\xf8\x06\x96\x01" + b"\xf9\x06" + bytes(8)  # field 111 varint 150, field 111 fixed64
+    message = encode_len_field(7, len(data)) + data + unknown + head
+    req = grpc.decode_request(message)
+    assert bytes(req.inputs[0].data) == data and req.inputs[0].data.obj is message
+    assert (req.model_name, req.id, req.inputs[0].shape) == ("m", "q", (n,))
+
+
+def test_large_round_trip_is_zero_copy() -> None:
+    big = np.random.default_rng(1).standard_normal((256, 1024)).astype("<f4")  # 1 MiB
+    req = InferRequest("m", "1", "id", {"p": 1}, (from_numpy("a", big), from_numpy("s", sample("BYTES"))),
+                       (RequestedOutput("o", {"x": True}),))
+    message = grpc.encode_request(req)
+    back = grpc.decode_request(message)
+    assert back == req and all(t.data.obj is message for t in back.inputs)
+    resp = InferResponse("m", "1", "id", {}, req.inputs)
+    assert grpc.decode_response(grpc.encode_response(resp)) == resp
 
 
 # ---------------------------------------------------------- typed contents
