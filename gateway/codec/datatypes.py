@@ -139,7 +139,7 @@ def _walk_bytes(buf: memoryview, count: int, name: str) -> None:
             raise InvalidRequest(f"tensor '{name}': BYTES element overruns the tensor data")
     if pos != end:
         raise InvalidRequest(
-            f"tensor '{name}': BYTES data has {end - pos} bytes after the {count} elements of shape"
+            f"tensor '{name}': BYTES data has {end - pos} bytes after the {count} elements of its shape"
         )
 
 

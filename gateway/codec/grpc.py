@@ -25,7 +25,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from .._pb import grpc_predict_v2_pb2 as pb
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, Unsupported
 from ..model import InferRequest, InferResponse, Params, RequestedOutput, Tensor
 from .datatypes import (
     INT64_MAX,
@@ -202,6 +202,8 @@ def _tensors(pb_tensors: Sequence[Any], raws: list[memoryview], what: str) -> li
         shape = tuple(pt.shape)
         count = element_count(shape, name)
         params = _params_from_pb(pt.parameters, f"tensor '{name}'")
+        if "shared_memory_region" in params:
+            raise Unsupported(f"tensor '{name}': shared-memory tensors cannot cross the gateway")
         if raws:
             if pt.HasField("contents") and pt.contents.ByteSize():
                 raise InvalidRequest(f"tensor '{name}': typed contents are not allowed with raw contents")
@@ -225,15 +227,19 @@ def decode_request(message: bytes | memoryview) -> InferRequest:
     """Decode a serialized ModelInferRequest; input data are slices of ``message``."""
     msg, raws = _split(message, _REQUEST_RAW, pb.ModelInferRequest)
     inputs = _tensors(msg.inputs, raws, "ModelInferRequest")
+    outputs = tuple(
+        RequestedOutput(o.name, _params_from_pb(o.parameters, f"output '{o.name}'")) for o in msg.outputs
+    )
+    for o in outputs:
+        if "shared_memory_region" in o.parameters:
+            raise Unsupported(f"output '{o.name}': shared-memory outputs cannot cross the gateway")
     return InferRequest(
         model_name=msg.model_name,
         model_version=msg.model_version,
         id=msg.id,
         parameters=_params_from_pb(msg.parameters, "request"),
         inputs=tuple(inputs),
-        outputs=tuple(
-            RequestedOutput(o.name, _params_from_pb(o.parameters, f"output '{o.name}'")) for o in msg.outputs
-        ),
+        outputs=outputs,
     )
 
 

@@ -17,9 +17,13 @@ with a binary section.
 
 ``binary_data`` (requested outputs) and ``binary_data_output`` (request) stay in
 the decoded parameters: the front end passes the decoded request to
-:func:`binary_policy` to choose the response form, and the upstream client
-replaces them when it re-encodes. Only ``binary_data_size`` is stripped, since
-it describes this one body.
+:func:`binary_policy` to choose the response form. :func:`encode_request` adds
+``binary_data: true`` where they are absent (the gateway wants raw bytes back),
+and ``grpc.encode_request`` drops them. Only ``binary_data_size`` is stripped on
+decode, since it describes this one body.
+
+Decoders validate everything once (datatypes, shapes, sizes; errors name the
+tensor); encoders trust their tensors, which came from a decoder or ``from_numpy``.
 """
 from __future__ import annotations
 

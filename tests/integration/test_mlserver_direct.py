@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 
 import grpc
 import numpy as np
@@ -21,7 +20,6 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.support.mlserver import MLServerProcess, mlserver_available
 from tests.support.procs import listening_ports
 
 pytestmark = pytest.mark.mlserver
@@ -31,17 +29,6 @@ DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "IN
 NUMPY = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
          "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "FP16": np.float16,
          "FP32": np.float32, "FP64": np.float64, "BYTES": np.object_}
-
-
-@pytest.fixture(scope="module")
-def mlserver(tmp_path_factory):
-    reason = mlserver_available()
-    if reason is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"MLServer must run in CI: {reason}")
-        pytest.skip(reason)
-    with MLServerProcess(workdir=tmp_path_factory.mktemp("mlserver")) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from gateway._pb import grpc_predict_v2_pb2 as pb
 from gateway.codec import grpc
 from gateway.codec.datatypes import DATATYPES, from_numpy, to_numpy
 from gateway.codec.wire import encode_len_field
-from gateway.errors import InvalidRequest
+from gateway.errors import InvalidRequest, Unsupported
 from gateway.model import InferRequest, InferResponse, RequestedOutput, Tensor
 
 from .test_codec_http import raw_of, sample
@@ -306,3 +306,13 @@ def test_http_only_parameters_are_dropped() -> None:
     assert back.parameters == {} and back.inputs[0].parameters == {"keep": 1}
     assert back.outputs == (RequestedOutput("o"),)
     assert to_numpy(back.inputs[0]).tolist() == [1]
+
+
+def test_shared_memory_is_unsupported() -> None:
+    shm = {"shared_memory_region": pb.InferParameter(string_param="r")}
+    with pytest.raises(Unsupported, match="'in0'"):
+        grpc.decode_request(request(tin(parameters=shm)))
+    msg = pb.ModelInferRequest(model_name="m", outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(
+        name="o", parameters=shm)])
+    with pytest.raises(Unsupported, match="'o'"):
+        grpc.decode_request(msg.SerializeToString())

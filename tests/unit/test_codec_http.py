@@ -355,3 +355,18 @@ def test_json_null_reads_as_nan() -> None:
     req = http.decode_request(orjson.dumps({"inputs": [inp(datatype="FP32", data=[None, 1.0])]}), None, "m")
     got = to_numpy(req.inputs[0])
     assert np.isnan(got[0]) and got[1] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data", "expected"),
+    [
+        ("BOOL", [[True, False], [False, True]], np.array([[1, 0], [0, 1]], "|b1")),
+        ("UINT64", [[0, 2**64 - 1], [2**63, 1]], np.array([[0, 2**64 - 1], [2**63, 1]], "<u8")),
+        ("FP32", [[1, 2.5], [-0.0, 1e39]], np.array([[1, 2.5], [-0.0, np.inf]], "<f4")),
+        ("BYTES", [["a", ""], ["é", "zz"]], np.array([[b"a", b""], ["é".encode(), b"zz"]], object)),
+    ],
+)
+def test_nested_json_data(datatype: str, data: list[Any], expected: np.ndarray) -> None:
+    for given in (data, [x for row in data for x in row]):  # nested as the shape, or flat
+        req = http.decode_request(orjson.dumps({"inputs": [inp("n", datatype, (2, 2), data=given)]}), None, "m")
+        assert bytes(req.inputs[0].data) == raw_of(expected)

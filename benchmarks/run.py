@@ -1,0 +1,256 @@
+"""One command for the whole load benchmark:
+
+    .venv/bin/python -m benchmarks.run [--quick] [--workloads a,b] [--concurrency 1,16] [...]
+
+It starts real Triton (the binary from nvidia-pytriton) with the test models, nginx in front of
+it as a plain proxy, and the gateway with 1 and 2 workers; checks each target answers each
+workload; then, per workload and concurrency, runs the targets in alternation (A B C D A B C D …)
+so that machine noise lands on all of them alike and cancels in the ratios. Results go to
+benchmarks/results/<date>/ (results.json, results.md, *.png, profiles/), the markdown table is
+printed, and a full run refreshes the table in benchmarks/README.md.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tests.support.triton import TritonServer
+
+from . import report
+from .loadgen import LoadResult, run_h2load, run_wrk
+from .procstat import RssSampler, cpu_seconds
+from .profiles import profile_workload
+from .targets import Nginx, Target, ensure_tools, gateway_routes_config, start_gateway
+from .workloads import WORKLOADS, Workload, verify, write_bodies
+
+HERE = Path(__file__).resolve().parent
+TARGET_ORDER = ("direct", "nginx", "gateway-1w", "gateway-2w")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def measure(wl: Workload, target: Target, backend_pid: int, body: Path, headers, *, concurrency: int,
+            duration: float, loadgen: str) -> dict:
+    url_hp = target.grpc_url if wl.protocol == "grpc" else target.http_url
+    url = f"http://{url_hp}{wl.path}"
+    cpu0, bcpu0 = cpu_seconds(target.pid), cpu_seconds(backend_pid)
+    t0 = time.monotonic()
+    with RssSampler(target.pid) as rss:
+        if loadgen == "wrk" and wl.protocol == "http":
+            res: LoadResult = run_wrk(url, body, headers, concurrency=concurrency, duration=duration)
+        else:
+            res = run_h2load(url, body, headers, h1=wl.protocol == "http", concurrency=concurrency,
+                             duration=duration)
+    wall = time.monotonic() - t0
+    cpu, bcpu = cpu_seconds(target.pid) - cpu0, cpu_seconds(backend_pid) - bcpu0
+    n = max(res.requests, 1)
+    return {
+        "rps": res.rps, "p50_us": res.p50_us, "p99_us": res.p99_us, "mean_us": res.mean_us,
+        "requests": res.requests, "failed": res.failed, "seconds": res.seconds, "wall_s": wall,
+        "proxy_cpu_s": cpu if target.pid is not None else None,
+        "cpu_us_per_req": (cpu / n * 1e6) if target.pid is not None else None,
+        "backend_cpu_us_per_req": bcpu / n * 1e6,
+        "loadgen_cpu_s": res.loadgen_cpu_s,
+        "peak_rss_mb": rss.peak / 1e6 if target.pid is not None else None,
+        "error": res.error,
+    }
+
+
+def run_matrix(workloads: list[Workload], targets: list[Target], backend_pid: int, bodies, concurrency: list[int],
+               *, rounds: int, duration: float, warmup: float, loadgen: str, runs: list[dict]) -> None:
+    for wl in workloads:
+        body, headers = bodies[wl.name]
+        live = []
+        for t in targets:
+            why = verify(wl, t.grpc_url if wl.protocol == "grpc" else t.http_url, body, headers)
+            if why:
+                log(f"  {wl.name} via {t.name}: NOT MEASURED, verification failed: {why}")
+                runs.append({"workload": wl.name, "target": t.name, "concurrency": None, "round": None,
+                             "error": f"verification failed: {why}"})
+            else:
+                live.append(t)
+        for c in concurrency:
+            if warmup > 0:
+                for t in live:
+                    measure(wl, t, backend_pid, body, headers, concurrency=c, duration=warmup, loadgen=loadgen)
+            for r in range(rounds):
+                for t in live:
+                    row = measure(wl, t, backend_pid, body, headers, concurrency=c, duration=duration,
+                                  loadgen=loadgen)
+                    row.update(workload=wl.name, target=t.name, concurrency=c, round=r)
+                    runs.append(row)
+                    cpu = f"{row['cpu_us_per_req']:.0f} µs CPU/req" if row["cpu_us_per_req"] is not None else ""
+                    log(f"  {wl.name:22s} c={c:<3d} r{r} {t.name:11s} {row['rps']:9.1f} req/s  "
+                        f"p50 {row['p50_us'] / 1000:8.2f} ms  p99 {row['p99_us'] / 1000:8.2f} ms  {cpu}"
+                        f"{'  ERROR ' + row['error'][:200] if row['error'] else ''}")
+
+
+def run_scaling(triton: TritonServer, bodies, workdir: Path, *, rounds: int, duration: float, warmup: float,
+                concurrency: int, routes: int, loadgen: str) -> list[dict]:
+    """CPU per request of a 1-worker gateway with 1 route vs ``routes`` exact routes (+ the real one)."""
+    rows: list[dict] = []
+    for name in ("http_json_small", "grpc_small"):
+        if name not in bodies:
+            continue
+        wl = WORKLOADS[name]
+        body, headers = bodies[name]
+        gws, targets = [], []
+        try:
+            for label, extra in (("1 route", 0), (f"{routes} routes", routes)):
+                cfg = gateway_routes_config(wl.pool, triton.http_url, triton.grpc_url, extra_routes=extra,
+                                            models=(wl.model,))
+                gw, t = start_gateway(cfg, workdir / f"scaling-{name}-{extra}", f"gw-{extra}", 1)
+                t.name = label
+                gws.append(gw)
+                targets.append(t)
+            for t in targets:
+                why = verify(wl, t.grpc_url if wl.protocol == "grpc" else t.http_url, body, headers)
+                if why:
+                    raise RuntimeError(f"scaling target {t.name} failed verification: {why}")
+                if warmup > 0:
+                    measure(wl, t, triton.pid, body, headers, concurrency=concurrency, duration=warmup,
+                            loadgen=loadgen)
+            for r in range(rounds):
+                for t in targets:
+                    row = measure(wl, t, triton.pid, body, headers, concurrency=concurrency, duration=duration,
+                                  loadgen=loadgen)
+                    row.update(workload=name, target=t.name, concurrency=concurrency, round=r)
+                    rows.append(row)
+                    log(f"  scaling {name} {t.name:14s} r{r} {row['rps']:9.1f} req/s  "
+                        f"{row['cpu_us_per_req']:.0f} µs CPU/req  RSS {row['peak_rss_mb']:.0f} MB")
+        finally:
+            for gw in gws:
+                gw.stop()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 round of 1 s, concurrency 1 and 16")
+    ap.add_argument("--workloads", help=f"comma list of: {', '.join(WORKLOADS)}")
+    ap.add_argument("--concurrency", help="comma list (default 1,16,64)")
+    ap.add_argument("--targets", help=f"comma list of: {', '.join(TARGET_ORDER)}")
+    ap.add_argument("--duration", type=float, help="seconds per measurement (default 3, quick 1)")
+    ap.add_argument("--rounds", type=int, help="alternation rounds A B A B … (default 2, quick 1)")
+    ap.add_argument("--warmup", type=float, help="warm-up seconds per target before round 1 (default 1)")
+    ap.add_argument("--loadgen", choices=("h2load", "wrk"), default="h2load",
+                    help="HTTP/1.1 load generator (gRPC always uses h2load)")
+    ap.add_argument("--nginx-workers", type=int, default=1, help="nginx worker_processes (default 1)")
+    ap.add_argument("--scaling-routes", type=int, default=10_000)
+    ap.add_argument("--no-scaling", action="store_true")
+    ap.add_argument("--no-profile", action="store_true", help="skip the py-spy profiles")
+    ap.add_argument("--no-install", action="store_true", help="do not apt-get install missing tools")
+    ap.add_argument("--out", type=Path, help="results directory (default benchmarks/results/<date>[-quick])")
+    ap.add_argument("--update-readme", choices=("auto", "yes", "no"), default="auto",
+                    help="put the table into benchmarks/README.md (auto: full runs only)")
+    args = ap.parse_args(argv)
+
+    quick = args.quick
+    names = args.workloads.split(",") if args.workloads else list(WORKLOADS)
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        ap.error(f"unknown workloads {unknown}; known: {list(WORKLOADS)}")
+    concurrency = [int(c) for c in args.concurrency.split(",")] if args.concurrency else (
+        [1, 16] if quick else [1, 16, 64])
+    target_names = args.targets.split(",") if args.targets else list(TARGET_ORDER)
+    duration = args.duration or (1.0 if quick else 3.0)
+    rounds = args.rounds or (1 if quick else 2)
+    warmup = args.warmup if args.warmup is not None else (0.5 if quick else 1.0)
+
+    ensure_tools(install=not args.no_install)
+    started = datetime.now(timezone.utc)
+    out = args.out or HERE / "results" / (started.strftime("%Y-%m-%d") + ("-quick" if quick else ""))
+    out.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="oip-bench-"))
+    log(f"results → {out}; scratch in {workdir}")
+    bodies = write_bodies(names, workdir / "bodies")
+
+    runs: list[dict] = []
+    scaling: list[dict] = []
+    profiles: dict = {}
+    triton = TritonServer()
+    nginx = None
+    try:
+        log("starting Triton …")
+        triton.start(workdir / "triton")
+        log(f"Triton up in {triton.startup_seconds:.1f} s: http {triton.http_url} grpc {triton.grpc_url}")
+        direct = Target("direct", triton.http_url, triton.grpc_url, None)
+        nginx = Nginx(workdir / "nginx", triton.http_url, triton.grpc_url, workers=args.nginx_workers).start()
+        log(f"nginx up: http {nginx.http_port} grpc {nginx.grpc_port}")
+
+        for pool in ("http", "grpc"):
+            group = [WORKLOADS[n] for n in names if WORKLOADS[n].pool == pool]
+            if not group:
+                continue
+            gws = []
+            try:
+                targets = [direct, nginx.target()]
+                for workers in (1, 2):
+                    tname = f"gateway-{workers}w"
+                    if tname not in target_names:
+                        continue
+                    cfg = gateway_routes_config(pool, triton.http_url, triton.grpc_url)
+                    gw, t = start_gateway(cfg, workdir / f"gw-{pool}-{workers}", tname, workers)
+                    gws.append(gw)
+                    targets.append(t)
+                targets = [t for t in targets if t.name in target_names]
+                log(f"gateways for the {pool} pool up; measuring {[w.name for w in group]}")
+                run_matrix(group, targets, triton.pid, bodies, concurrency, rounds=rounds, duration=duration,
+                           warmup=warmup, loadgen=args.loadgen, runs=runs)
+                if not args.no_profile and "gateway-1w" in target_names:
+                    small = "http_json_small" if pool == "http" else "grpc_small"
+                    if small in bodies:
+                        gw1 = next(t for t in targets if t.name == "gateway-1w")
+                        log(f"profiling gateway-1w (pid {gw1.pid}) under {small} …")
+                        wl = WORKLOADS[small]
+                        body, headers = bodies[small]
+                        profiles[small] = profile_workload(
+                            wl, gw1, body, headers, out / "profiles", concurrency=16,
+                            seconds=3.0 if quick else 6.0)
+            finally:
+                for gw in gws:
+                    gw.stop()
+
+        if not args.no_scaling:
+            log(f"scaling: 1 route vs {args.scaling_routes} routes (CPU per request, 1 worker, c=16)")
+            scaling = run_scaling(triton, bodies, workdir, rounds=max(rounds, 2) if not quick else 1,
+                                  duration=duration, warmup=warmup, concurrency=16,
+                                  routes=args.scaling_routes, loadgen=args.loadgen)
+    finally:
+        if nginx is not None:
+            nginx.stop()
+        triton.stop()
+
+    meta = report.machine_info()
+    meta.update(
+        date=started.strftime("%Y-%m-%d %H:%M UTC"), quick=quick, duration_s=duration, rounds=rounds,
+        warmup_s=warmup, concurrency=concurrency, workloads=names, loadgen=args.loadgen,
+        nginx_workers=args.nginx_workers, scaling_routes=args.scaling_routes,
+        elapsed_s=round((datetime.now(timezone.utc) - started).total_seconds()),
+        command="python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:]),
+    )
+    result = report.build(meta, runs, scaling, profiles)
+    report.write(result, out)
+    md = (out / "results.md").read_text()
+    print(md)
+    if args.update_readme == "yes" or (args.update_readme == "auto" and not quick and args.workloads is None
+                                        and args.concurrency is None):
+        report.update_readme(HERE / "README.md", result, out)
+        log("benchmarks/README.md updated")
+    shutil.rmtree(workdir, ignore_errors=True)
+    log(f"done in {meta['elapsed_s']} s; results in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
