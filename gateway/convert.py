@@ -21,6 +21,7 @@ from .codec import grpc as grpc_codec
 from .codec import http as http_codec
 from .codec.content import HEADER_LENGTH, decode_content, encode_content, header_length, reply_headers
 from .dataplane import HttpReply
+from .errors import BadUpstreamResponse, InvalidRequest
 from .upstream.http import error_from_reply, model_path
 
 if TYPE_CHECKING:
@@ -39,7 +40,10 @@ async def http_to_grpc(
     request = http_codec.decode_request(body, header_length(headers.get(HEADER_LENGTH), len(body)), model, version)
     default_binary, overrides = http_codec.binary_policy(request)
     answer = await proxy._timed(pool, pool.infer(grpc_codec.encode_request(request), None))
-    response = grpc_codec.decode_response(answer)
+    try:
+        response = grpc_codec.decode_response(answer)
+    except InvalidRequest as exc:
+        raise BadUpstreamResponse(f"backend '{pool.name}' sent an unreadable response: {exc.message}") from exc
     chunks, json_length = http_codec.encode_response(response, default_binary=default_binary, overrides=overrides)
     chunks, coding = encode_content(chunks, headers.get("accept-encoding"))
     return HttpReply(200, chunks, reply_headers(json_length, coding))
@@ -59,8 +63,11 @@ async def grpc_to_http(
     )
     if reply.status != 200:
         raise error_from_reply(reply)
-    body = decode_content(reply.body, reply.headers.get("content-encoding"), pool.backend.max_message_bytes)
-    # Read by Inference-Header-Content-Length, never by content type: OVMS sends
-    # binary answers as application/json with that header.
-    response = http_codec.decode_response(body, header_length(reply.headers.get(HEADER_LENGTH), len(body)))
+    try:
+        body = decode_content(reply.body, reply.headers.get("content-encoding"), pool.backend.max_message_bytes)
+        # Read by Inference-Header-Content-Length, never by content type: OVMS sends
+        # binary answers as application/json with that header.
+        response = http_codec.decode_response(body, header_length(reply.headers.get(HEADER_LENGTH), len(body)))
+    except InvalidRequest as exc:
+        raise BadUpstreamResponse(f"backend '{pool.name}' sent an unreadable response: {exc.message}") from exc
     return grpc_codec.encode_response(response)

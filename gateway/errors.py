@@ -13,6 +13,7 @@ transports (codec, routing, config) import no grpc.
     ├── Unsupported           400  UNIMPLEMENTED      a valid request the gateway cannot carry
     ├── NoEndpointAvailable   503  UNAVAILABLE        no endpoint of the pool answered
     ├── UpstreamTimeout       504  DEADLINE_EXCEEDED  the backend did not answer in time
+    ├── BadUpstreamResponse   502  INTERNAL           the backend's answer could not be decoded
     └── UpstreamError         any  any                the backend's own error, relayed as-is
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ __all__ = [
     "NoEndpointAvailable",
     "UpstreamTimeout",
     "UpstreamError",
+    "BadUpstreamResponse",
     "ConfigError",
     "HTTP_TO_GRPC",
     "GRPC_TO_HTTP",
@@ -71,6 +73,13 @@ class NoEndpointAvailable(GatewayError):
 class UpstreamTimeout(GatewayError):
     http_status = 504
     grpc_code = "DEADLINE_EXCEEDED"
+
+
+class BadUpstreamResponse(GatewayError):
+    """A backend answered 200 with a body the codec cannot read (a broken or non-V2 backend)."""
+
+    http_status = 502
+    grpc_code = "INTERNAL"
 
 
 # Status mapping used when an error crosses protocols (HTTP backend → gRPC client
