@@ -22,8 +22,8 @@ __all__ = ["demo_config", "run_demo", "run_reference"]
 log = logging.getLogger("oip_gateway.demo")
 
 # The demo routes its models across both transports so one `oip-gateway demo`
-# shows pass-through and conversion: HTTP clients of add_sub go to the HTTP
-# pool, everything else to the gRPC pool (see README "Demo").
+# shows pass-through and conversion: add_sub lives in the HTTP pool, every
+# other model in the gRPC pool, so each client protocol meets both paths.
 _LOOPBACK = HostPort("127.0.0.1", 0)
 
 
@@ -41,13 +41,14 @@ async def start_reference(http: HostPort | None, grpc: HostPort | None, max_mess
     return listeners
 
 
-def demo_config(ref: Ports, *, http: HostPort, grpc: HostPort, metrics: HostPort,
-                backend: str = "demo-grpc") -> GatewayConfig:
+def demo_config(ref: Ports, *, http: HostPort, grpc: HostPort, metrics: HostPort) -> GatewayConfig:
     backends = {
         "demo-http": Backend("demo-http", "http", (HostPort("127.0.0.1", ref.http or 0),)),
         "demo-grpc": Backend("demo-grpc", "grpc", (HostPort("127.0.0.1", ref.grpc or 0),)),
     }
-    routes = tuple(Route(model=name, backend=backend) for name in default_repository())
+    routes = tuple(
+        Route(model=name, backend="demo-http" if name == "add_sub" else "demo-grpc") for name in default_repository()
+    )
     return GatewayConfig(
         backends=backends,
         routes=routes,
@@ -67,11 +68,10 @@ async def run_reference(*, http: HostPort, grpc: HostPort, port_file: str | None
     return 0
 
 
-async def run_demo(*, http: HostPort, grpc: HostPort, metrics: HostPort, port_file: str | None,
-                   backend: str = "demo-grpc") -> int:
+async def run_demo(*, http: HostPort, grpc: HostPort, metrics: HostPort, port_file: str | None) -> int:
     config = demo_config(Ports(), http=http, grpc=grpc, metrics=metrics)
     ref = await start_reference(_LOOPBACK, _LOOPBACK, config.max_message_bytes)
-    config = demo_config(ref.ports, http=http, grpc=grpc, metrics=metrics, backend=backend)
+    config = demo_config(ref.ports, http=http, grpc=grpc, metrics=metrics)
     gw = Gateway(config)
     ports = await gw.start()
     await gw.health.check_once()

@@ -1,0 +1,237 @@
+"""The run: one Triton, then every case in order within the plan's budget; then the report.
+
+Also the ``--profile`` run: py-spy on a fresh gateway during the large conversions.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path as FsPath
+from typing import Any
+
+from tests.support.triton import TritonServer, triton_available
+
+from . import report
+from .cases import CONVERSIONS, DIRECT, FULL, MALLOC_ENV, PATHS, QUICK, MiB, Path, Plan, make_client, \
+    measure_case, start_gateway
+from .payloads import Bodies, build
+from .profile import Recorder, ThreadCpu, py_spy, summarize
+
+__all__ = ["main"]
+
+RESULTS = FsPath(__file__).resolve().parent / "results"
+REPO = str(FsPath(__file__).resolve().parents[2])
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _cases(plan: Plan) -> Iterator[tuple[Path, int, int, bool]]:
+    for size in plan.sizes_mb:
+        for path in PATHS:
+            for c in plan.concurrency:
+                yield path, size, c, False
+        if size in plan.direct_sizes_mb:
+            for path in DIRECT:
+                yield path, size, 1, False
+        if size in plan.malloc_sizes_mb:
+            for path in CONVERSIONS:
+                for c in plan.malloc_concurrency:
+                    yield path, size, c, True
+
+
+async def _run_case(
+    plan: Plan, triton: TritonServer, workdir: FsPath, index: int, path: Path, size: int, c: int, malloc: bool,
+    bodies: Bodies, small: Bodies, deadline: float,
+) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "path": path.name, "role": path.role, "form": path.form, "size_mib": size, "payload_bytes": bodies.nbytes,
+        "body_bytes": len(bodies.grpc if path.client == "grpc" else bodies.http_body(path.form)),
+        "concurrency": c, "malloc_env": malloc,
+    }
+    if time.monotonic() > deadline:
+        row["skipped"] = "budget"
+        return row
+    gw = None
+    try:
+        if path.pool is not None:
+            gw = await asyncio.to_thread(start_gateway, triton, path, workdir, f"gw{index:02d}",
+                                         MALLOC_ENV if malloc else None)
+            address = gw.http_url if path.client == "http" else gw.grpc_url
+        else:
+            address = triton.http_url if path.client == "http" else triton.grpc_url
+        client = make_client(path, address)
+        try:
+            row.update(await asyncio.wait_for(
+                measure_case(client, path, bodies, small, gw.proc.pid if gw and gw.proc else None,
+                             plan.count(path, size, c), c, plan.request_timeout_s),
+                plan.case_timeout_s,
+            ))
+        finally:
+            await client.close()
+    except Exception as exc:  # noqa: BLE001 - one failed case is reported, the run goes on
+        row["error"] = f"{type(exc).__name__}: {exc}"[:400]
+        if gw is not None:
+            row["gateway_log"] = gw.log_tail(10)
+    finally:
+        if gw is not None:
+            await asyncio.to_thread(gw.stop)
+    return row
+
+
+def _summary(row: dict[str, Any]) -> str:
+    head = f"{row['path']:<18} {row['size_mib']:>3} MiB c={row['concurrency']}{' malloc-env' if row['malloc_env'] else ''}"
+    if "skipped" in row or "error" in row:
+        return f"{head}: {row.get('error') or 'skipped (' + row['skipped'] + ')'}"
+    text = f"{head}: median {row['median_ms']:.1f} ms (n={row['n']})"
+    if "cpu_ms_per_req" in row:
+        text += (f", CPU {row['cpu_ms_per_req']:.1f} ms/req, peak +{row['peak_growth_mib']:.0f} MiB "
+                 f"= {row['x_payload']:.2f}× payload per in-flight")
+    return text
+
+
+async def _run_plan(plan: Plan, triton: TritonServer, workdir: FsPath, began: float) -> list[dict[str, Any]]:
+    deadline = began + plan.budget_s
+    small = build(1024)
+    rows: list[dict[str, Any]] = []
+    bodies: Bodies | None = None
+    for i, (path, size, c, malloc) in enumerate(_cases(plan)):
+        if bodies is None or bodies.nbytes != size * MiB:
+            bodies = None
+            bodies = build(size * MiB)
+        row = await _run_case(plan, triton, workdir, i, path, size, c, malloc, bodies, small, deadline)
+        _log(f"[{time.monotonic() - began:5.0f}s] {_summary(row)}")
+        rows.append(row)
+    return rows
+
+
+def _meta(plan: Plan, triton: TritonServer, wall: float) -> dict[str, Any]:
+    versions = {}
+    for dist in ("grpcio", "protobuf", "aiohttp", "uvicorn", "starlette", "uvloop", "orjson", "numpy",
+                 "nvidia-pytriton"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return {
+        "date": dt.date.today().isoformat(),
+        "plan": plan.name,
+        "wall_s": wall,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "glibc": os.confstr("CS_GNU_LIBC_VERSION").split()[-1] if hasattr(os, "confstr") else "?",
+        "kernel": platform.release(),
+        "versions": versions,
+        "malloc_env": MALLOC_ENV,
+        "triton_startup_s": triton.startup_seconds,
+        "plan_detail": {k: v for k, v in vars(plan).items() if k != "name"},
+    }
+
+
+async def _profile(plan: Plan, triton: TritonServer, workdir: FsPath, out_dir: FsPath, size: int,
+                   n: int) -> dict[str, Any]:
+    exe = py_spy()
+    if exe is None:
+        raise SystemExit("py-spy is not installed: .venv/bin/pip install py-spy")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bodies, small = build(size * MiB), build(1024)
+    found: dict[str, Any] = {}
+    for malloc in (False, True):
+        for path in CONVERSIONS:
+            name = path.name.replace(">", "-to-") + ("-malloc-env" if malloc else "")
+            gw = await asyncio.to_thread(start_gateway, triton, path, workdir, f"prof-{name}",
+                                         MALLOC_ENV if malloc else None)
+            try:
+                pid = gw.proc.pid  # type: ignore[union-attr]
+                client = make_client(path, gw.http_url if path.client == "http" else gw.grpc_url)
+                try:
+                    count = max(2, n // 4) if path.json else n
+                    # Warm up (connections, imports, one full-size request) before sampling.
+                    await measure_case(client, path, small, small, None, 2, 1, plan.request_timeout_s)
+                    await client.infer(bodies, plan.request_timeout_s)
+                    threads = ThreadCpu(pid)
+                    rec = Recorder(exe, pid, out_dir / f"{name}.txt")
+                    await asyncio.sleep(1.0)  # py-spy attaches
+                    t = time.perf_counter()
+                    for _ in range(count):
+                        await client.infer(bodies, plan.request_timeout_s)
+                    wall = time.perf_counter() - t
+                    cpu = threads.delta()
+                    await asyncio.to_thread(rec.stop)
+                finally:
+                    await client.close()
+            finally:
+                await asyncio.to_thread(gw.stop)
+            summary = summarize(out_dir / f"{name}.txt", REPO) if (out_dir / f"{name}.txt").exists() else {}
+            summary.update(requests=count, wall_ms_per_req=wall * 1e3 / count,
+                           thread_cpu_ms_per_req={k: v * 1e3 / count for k, v in cpu.items() if v > 0})
+            found[name] = summary
+            _log(f"profiled {name}: {summary.get('samples', 0)} samples, "
+                 f"{summary['wall_ms_per_req']:.0f} ms/req, threads {summary['thread_cpu_ms_per_req']}")
+    (out_dir / "profile.json").write_text(json.dumps(found, indent=1))
+    lines = [f"# py-spy on the gateway, {size} MiB FP32 (identity_FP32 on Triton)", ""]
+    for name, s in found.items():
+        lines += [f"## {name}", "", f"{s['requests']} requests, {s['wall_ms_per_req']:.0f} ms each; "
+                  f"gateway CPU per request by thread: "
+                  + ", ".join(f"{k} {v:.0f} ms" for k, v in s["thread_cpu_ms_per_req"].items()), ""]
+        for title, key in (("deepest Python line (native work below it included)", "deepest_python_line"),
+                           ("self (leaf frame)", "self"), ("gateway/ lines, inclusive", "gateway_inclusive")):
+            lines += [f"{title}:", ""] + [f"- {share * 100:4.1f}% {frame}" for frame, share in s.get(key, [])] + [""]
+    (out_dir / "profile.md").write_text("\n".join(lines))
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.conversion", description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="1 and 16 MiB only, fewer requests (≤ 2 min)")
+    ap.add_argument("--out", type=FsPath, default=None, help="results directory (default: results/<date>[/quick])")
+    ap.add_argument("--profile", action="store_true",
+                    help="instead of the table: py-spy on the gateway during the large conversion paths")
+    ap.add_argument("--profile-size", type=int, default=64, help="tensor MiB for --profile (default 64)")
+    ap.add_argument("--profile-requests", type=int, default=8, help="binary requests sampled per path")
+    args = ap.parse_args(argv)
+
+    reason = triton_available()
+    if reason is not None:
+        _log(f"Triton cannot run here: {reason}")
+        return 2
+    plan = QUICK if args.quick else FULL
+    out_dir = args.out or RESULTS / dt.date.today().isoformat() / ("profile" if args.profile else
+                                                                   "quick" if args.quick else "")
+    began = time.monotonic()
+    workdir = FsPath(tempfile.mkdtemp(prefix="bench-conversion-"))
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    # Triton's stub processes get ~3 GB of shared memory traffic at 64 MiB c=4; its defaults suffice.
+    triton = TritonServer(startup_timeout=120.0)
+    triton.start(workdir / "triton")
+    try:
+        _log(f"Triton up in {triton.startup_seconds:.1f}s: http {triton.http_url}, grpc {triton.grpc_url}")
+        if args.profile:
+            asyncio.run(_profile(plan, triton, workdir, out_dir, args.profile_size, args.profile_requests))
+            print((out_dir / "profile.md").read_text())
+            return 0
+        rows = asyncio.run(_run_plan(plan, triton, workdir, began))
+    finally:
+        triton.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    md = report.write(out_dir, _meta(plan, triton, time.monotonic() - began), rows)
+    print(md)
+    _log(f"wrote {out_dir / 'results.json'} and {out_dir / 'results.md'}")
+    failed = [r for r in rows if "error" in r]
+    return 1 if failed else 0
