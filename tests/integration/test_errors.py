@@ -289,3 +289,17 @@ def get_metrics(g) -> bytes:
 
     with urllib.request.urlopen(f"http://{g.metrics_url}/metrics", timeout=5) as r:
         return r.read()
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate"])
+def test_converted_response_is_compressed_when_asked(gw, coding):
+    """HTTP client → gRPC pool: the gateway itself compresses the answer the client asked to be compressed."""
+    import zlib
+
+    plain = post(gw.http_url, "/v2/models/identity_FP32/infer", GOOD_JSON, {"Accept-Encoding": "identity"})
+    assert plain[0] == 200 and "Content-Encoding" not in plain[2]
+    status, body, headers = post(gw.http_url, "/v2/models/identity_FP32/infer", gzip.compress(GOOD_JSON),
+                                 {"Content-Encoding": "gzip", "Accept-Encoding": coding})
+    assert status == 200 and headers["Content-Encoding"] == coding
+    wbits = 31 if coding == "gzip" else 15
+    assert zlib.decompress(body, wbits) == plain[1]

@@ -163,3 +163,25 @@ def test_server_metadata_is_the_gateways_own(gateways, client):
     meta = metadata(client, url)
     assert meta["name"] == "oip-gateway"
     assert "binary_tensor_data" in meta["extensions"]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+@pytest.mark.parametrize("client", CLIENTS)
+def test_compression(backend, gateways, client, path, algorithm):
+    """Compressed requests and responses, as tritonclient asks for them (HTTP Content-Encoding /
+    Accept-Encoding; gRPC message compression)."""
+    rng = np.random.default_rng(11)
+    a, b = rng.standard_normal(64).astype(np.float32), rng.standard_normal(64).astype(np.float32)
+    binary = client.startswith("http")
+    ins = [In("INPUT0", a, "FP32", binary), In("INPUT1", b, "FP32", False)]
+    outs = [Out("OUTPUT0", True), Out("OUTPUT1", False)]
+    if protocol_of(client) == "http":
+        kw = {"request_compression_algorithm": algorithm, "response_compression_algorithm": algorithm}
+    else:
+        kw = {"compression_algorithm": algorithm}
+    direct_url, via_url = urls(backend, gateways, client, path)
+    direct = infer(client, direct_url, "add_sub", ins, outs, **kw)
+    via = infer(client, via_url, "add_sub", ins, outs, **kw)
+    assert_same(direct, via)
+    np.testing.assert_array_equal(via.outputs["OUTPUT0"], a + b)
