@@ -49,6 +49,15 @@ async def endpoint_model_ready(pool: Pool, ep, model: str, version: str, timeout
 
 
 class HealthChecker:
+    """Keeps ``ready``, ``not_ready`` and each endpoint's ``healthy`` current.
+
+    Cost is bounded for large route tables: every round checks each endpoint's
+    liveness, every route that is not (yet) known ready, and a rolling window
+    of ``recheck_per_round`` routes already known ready (to notice a model
+    being unloaded) — not every route every round. With 10,000 routes that is
+    hundreds of calls per round, not 10,000.
+    """
+
     def __init__(
         self,
         pools: dict[str, Pool],
@@ -58,9 +67,11 @@ class HealthChecker:
         timeout_s: float,
         on_round: Callable[["HealthChecker"], None] | None = None,
         concurrency: int = 64,
+        recheck_per_round: int = 256,
     ) -> None:
         self.pools = pools
-        self.exact_routes = list(exact_routes)  # (model, version or None, backend)
+        # (model, version or None, backend), deduplicated, in config order.
+        self.exact_routes = list(dict.fromkeys(exact_routes))
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.ready = False
@@ -69,10 +80,29 @@ class HealthChecker:
         self._on_round = on_round
         self._sem = asyncio.Semaphore(concurrency)
         self._task: asyncio.Task[None] | None = None
+        # Per route: the endpoint (object) last seen with the model ready, or None.
+        self._ready_on: list[object | None] = [None] * len(self.exact_routes)
+        self._recheck = recheck_per_round
+        self._cursor = 0
 
     async def _bounded(self, coro):
         async with self._sem:
             return await coro
+
+    async def _route_ready(self, i: int) -> None:
+        model, version, backend = self.exact_routes[i]
+        pool = self.pools[backend]
+        known = self._ready_on[i]
+        # Try the endpoint that had it last first; then the other healthy ones.
+        candidates = [ep for ep in pool.endpoints if ep.healthy]
+        if known in candidates:
+            candidates.remove(known)
+            candidates.insert(0, known)
+        for ep in candidates:
+            if await self._bounded(endpoint_model_ready(pool, ep, model, version or "", self.timeout_s)):
+                self._ready_on[i] = ep
+                return
+        self._ready_on[i] = None
 
     async def check_once(self) -> bool:
         eps = [(pool, ep) for pool in self.pools.values() for ep in pool.endpoints]
@@ -80,19 +110,17 @@ class HealthChecker:
         for (_, ep), ok in zip(eps, live):
             ep.healthy = ok
 
-        async def route_ready(model: str, version: str | None, backend: str) -> bool:
-            pool = self.pools[backend]
-            for ep in pool.endpoints:
-                if ep.healthy and await self._bounded(
-                    endpoint_model_ready(pool, ep, model, version or "", self.timeout_s)
-                ):
-                    return True
-            return False
+        n = len(self.exact_routes)
+        todo = {i for i in range(n) if self._ready_on[i] is None or not self._ready_on[i].healthy}  # type: ignore[union-attr]
+        window = min(self._recheck, n)
+        todo.update((self._cursor + k) % n for k in range(window))
+        self._cursor = (self._cursor + window) % n if n else 0
+        await asyncio.gather(*(self._route_ready(i) for i in sorted(todo)))
 
-        results = await asyncio.gather(*(route_ready(*r) for r in self.exact_routes))
-        self.not_ready = [f"{m}" + (f"/{v}" if v else "") for (m, v, _), ok in zip(self.exact_routes, results) if not ok]
-        any_live = any(live)
-        self.ready = any_live and not self.not_ready
+        self.not_ready = [
+            m + (f"/{v}" if v else "") for (m, v, _), ep in zip(self.exact_routes, self._ready_on) if ep is None
+        ]
+        self.ready = any(live) and not self.not_ready
         self.rounds += 1
         if self._on_round is not None:
             self._on_round(self)
