@@ -29,11 +29,11 @@ if TYPE_CHECKING:
     from .upstream.grpc import GrpcPool
     from .upstream.http import HttpPool
 
-__all__ = ["http_to_grpc", "grpc_to_http"]
+__all__ = ["grpc_to_http", "http_to_grpc"]
 
 
 async def http_to_grpc(
-    proxy: "Proxy", pool: "GrpcPool", model: str, version: str, body: bytes, headers: Mapping[str, str]
+    proxy: Proxy, pool: GrpcPool, model: str, version: str, body: bytes, headers: Mapping[str, str]
 ) -> HttpReply:
     limit = proxy.config.max_message_bytes
     body = decode_content(body, headers.get("content-encoding"), limit)
@@ -50,7 +50,7 @@ async def http_to_grpc(
 
 
 async def grpc_to_http(
-    proxy: "Proxy", pool: "HttpPool", model: str, version: str, message: bytes, timeout: float | None
+    proxy: Proxy, pool: HttpPool, model: str, version: str, message: bytes, timeout: float | None
 ) -> bytes:
     request = grpc_codec.decode_request(message)
     chunks, json_length = http_codec.encode_request(request, binary=pool.backend.binary_extension)

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["HttpReply", "DataPlane"]
+__all__ = ["DataPlane", "HttpReply"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,18 +19,18 @@ transports (codec, routing, config) import no grpc.
 from __future__ import annotations
 
 __all__ = [
+    "GRPC_TO_HTTP",
+    "HTTP_TO_GRPC",
+    "BadUpstreamResponse",
+    "ConfigError",
     "GatewayError",
     "InvalidRequest",
     "ModelNotFound",
+    "NoEndpointAvailable",
     "PayloadTooLarge",
     "Unsupported",
-    "NoEndpointAvailable",
-    "UpstreamTimeout",
     "UpstreamError",
-    "BadUpstreamResponse",
-    "ConfigError",
-    "HTTP_TO_GRPC",
-    "GRPC_TO_HTTP",
+    "UpstreamTimeout",
 ]
 
 

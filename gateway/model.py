@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-__all__ = ["Scalar", "Params", "Tensor", "RequestedOutput", "InferRequest", "InferResponse"]
+__all__ = ["InferRequest", "InferResponse", "Params", "RequestedOutput", "Scalar", "Tensor"]
 
 Scalar = Union[str, int, float, bool]
 Params = dict[str, Scalar]

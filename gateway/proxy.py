@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from . import __version__
+from . import __version__, convert
 from ._pb import grpc_predict_v2_pb2 as pb
 from .config.schema import GatewayConfig
 from .dataplane import HttpReply
@@ -22,9 +22,8 @@ from .routing.table import RouteTable
 from .upstream.grpc import GrpcPool
 from .upstream.health import HealthChecker
 from .upstream.http import HttpPool, error_from_reply, model_path
-from . import convert
 
-__all__ = ["Proxy", "build_pools", "EXTENSIONS"]
+__all__ = ["EXTENSIONS", "Proxy", "build_pools"]
 
 Pool = HttpPool | GrpcPool
 
@@ -86,7 +85,7 @@ class Proxy:
     def route_label(self, model: str, version: str) -> str:
         try:
             return self.table.resolve(model, version).label
-        except Exception:  # noqa: BLE001 - a label lookup must never fail a request
+        except Exception:
             return UNROUTED
 
     def _pool(self, model: str, version: str) -> Pool:

@@ -27,7 +27,7 @@ from .proxy import Proxy, build_pools
 from .routing.table import RouteTable
 from .upstream.health import HealthChecker
 
-__all__ = ["Listeners", "Gateway", "bind_socket", "Ports"]
+__all__ = ["Gateway", "Listeners", "Ports", "bind_socket"]
 
 log = logging.getLogger("oip_gateway")
 

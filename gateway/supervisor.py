@@ -117,7 +117,7 @@ async def supervise(
     for p in procs:
         try:
             await asyncio.wait_for(p.wait(), 15)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             p.kill()
             await p.wait()
     if metrics_listeners is not None:

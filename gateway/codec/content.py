@@ -15,8 +15,15 @@ from collections.abc import Sequence
 
 from ..errors import InvalidRequest, PayloadTooLarge, Unsupported
 
-__all__ = ["HEADER_LENGTH", "JSON", "OCTET_STREAM", "header_length", "decode_content", "encode_content",
-           "reply_headers"]
+__all__ = [
+    "HEADER_LENGTH",
+    "JSON",
+    "OCTET_STREAM",
+    "decode_content",
+    "encode_content",
+    "header_length",
+    "reply_headers",
+]
 
 HEADER_LENGTH = "inference-header-content-length"
 JSON = "application/json"

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from ..errors import InvalidRequest
 
-__all__ = ["read_varint", "iter_fields", "scan_name_version", "encode_varint", "encode_len_field"]
+__all__ = ["encode_len_field", "encode_varint", "iter_fields", "read_varint", "scan_name_version"]
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 

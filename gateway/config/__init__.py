@@ -3,8 +3,6 @@ from .loader import load_config, parse_config
 from .schema import DEFAULT_MAX_MESSAGE_BYTES, Backend, GatewayConfig, Health, HostPort, Listen, Route
 
 __all__ = [
-    "load_config",
-    "parse_config",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "Backend",
     "GatewayConfig",
@@ -12,4 +10,6 @@ __all__ = [
     "HostPort",
     "Listen",
     "Route",
+    "load_config",
+    "parse_config",
 ]

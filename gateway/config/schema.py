@@ -12,12 +12,12 @@ from typing import Literal
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "Backend",
+    "GatewayConfig",
+    "Health",
     "HostPort",
     "Listen",
-    "Health",
-    "Backend",
     "Route",
-    "GatewayConfig",
 ]
 
 # gRPC's 4 MiB default is the limit users of other gateways hit most; 256 MiB
@@ -39,7 +39,7 @@ class HostPort:
             raise ValueError("host is empty")
 
     @classmethod
-    def parse(cls, text: str) -> "HostPort":
+    def parse(cls, text: str) -> HostPort:
         """``host:port`` or ``[v6addr]:port``."""
         if not isinstance(text, str) or ":" not in text:
             raise ValueError(f"expected host:port, got {text!r}")

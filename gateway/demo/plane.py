@@ -19,8 +19,8 @@ from typing import Any
 from .. import __version__
 from ..codec import grpc as grpc_codec
 from ..codec import http as http_codec
-from ..config import DEFAULT_MAX_MESSAGE_BYTES
 from ..codec.content import HEADER_LENGTH, decode_content, encode_content, header_length, reply_headers
+from ..config import DEFAULT_MAX_MESSAGE_BYTES
 from ..dataplane import HttpReply
 from .models import ModelRepository, default_repository
 

@@ -73,7 +73,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
                 await context.abort(grpc.StatusCode[err.grpc_code], err.message)
             except aio.AbortError:
                 raise
-            except Exception:  # noqa: BLE001 - never a traceback to a client
+            except Exception:
                 code = "INTERNAL"
                 log.exception("unhandled error in %s", api)
                 await context.abort(grpc.StatusCode.INTERNAL, "internal gateway error")

@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..dataplane import DataPlane
-from ..errors import GatewayError, InvalidRequest, PayloadTooLarge, UpstreamError
+from ..errors import GatewayError, PayloadTooLarge, UpstreamError
 from ..observability.metrics import UNROUTED, Metrics
 
 __all__ = ["build_http_app", "error_response"]
@@ -68,7 +68,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                 response = await handler(request, model, version)
             except GatewayError as err:
                 response = error_response(err)
-            except Exception:  # noqa: BLE001 - never a traceback to a client
+            except Exception:
                 log.exception("unhandled error in %s", api)
                 response = Response(orjson.dumps({"error": "internal gateway error"}), 500, media_type=JSON)
             if metrics is not None:

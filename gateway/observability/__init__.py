@@ -1,4 +1,4 @@
 """Metrics and access logging."""
 from .metrics import UNROUTED, Metrics
 
-__all__ = ["Metrics", "UNROUTED"]
+__all__ = ["UNROUTED", "Metrics"]

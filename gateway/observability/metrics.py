@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["Metrics", "UNROUTED"]
+__all__ = ["UNROUTED", "Metrics"]
 
 UNROUTED = "_unrouted"
 

@@ -2,4 +2,4 @@
 from .balancer import RoundRobin
 from .table import Match, RouteTable
 
-__all__ = ["Match", "RouteTable", "RoundRobin"]
+__all__ = ["Match", "RoundRobin", "RouteTable"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..config.schema import Route
 from ..errors import ModelNotFound
 
-__all__ = ["RouteTable", "Match"]
+__all__ = ["Match", "RouteTable"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +25,7 @@ class Match:
 
 
 class RouteTable:
-    __slots__ = ("_exact", "_globs", "_cache", "_cache_max")
+    __slots__ = ("_cache", "_cache_max", "_exact", "_globs")
 
     def __init__(self, routes: tuple[Route, ...], *, cache_max: int = 4096) -> None:
         self._exact: dict[str, list[tuple[str | None, Match]]] = {}

@@ -13,12 +13,12 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from .._pb import grpc_predict_v2_pb2 as pb
 from ..config.schema import Backend, HostPort
 from ..errors import NoEndpointAvailable, UpstreamError, UpstreamTimeout
 from ..routing.balancer import RoundRobin
-from .._pb import grpc_predict_v2_pb2 as pb
 
-__all__ = ["GrpcEndpoint", "GrpcPool", "METHOD_PREFIX"]
+__all__ = ["METHOD_PREFIX", "GrpcEndpoint", "GrpcPool"]
 
 METHOD_PREFIX = "/inference.GRPCInferenceService/"
 

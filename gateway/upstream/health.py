@@ -11,8 +11,8 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
-from ..errors import GatewayError
 from .._pb import grpc_predict_v2_pb2 as pb
+from ..errors import GatewayError
 from .grpc import GrpcPool
 from .http import HttpPool
 
@@ -65,7 +65,7 @@ class HealthChecker:
         *,
         interval_s: float,
         timeout_s: float,
-        on_round: Callable[["HealthChecker"], None] | None = None,
+        on_round: Callable[[HealthChecker], None] | None = None,
         concurrency: int = 64,
         recheck_per_round: int = 256,
     ) -> None:
@@ -130,7 +130,7 @@ class HealthChecker:
         while True:
             try:
                 await self.check_once()
-            except Exception:  # noqa: BLE001 - the checker must outlive any single failure
+            except Exception:
                 log.exception("health round failed")
             await asyncio.sleep(self.interval_s)
 

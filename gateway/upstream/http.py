@@ -7,7 +7,6 @@ gateway's error tree here, once (``raise ... from exc``).
 """
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import quote
@@ -19,7 +18,7 @@ from ..config.schema import Backend, HostPort
 from ..errors import NoEndpointAvailable, UpstreamError, UpstreamTimeout
 from ..routing.balancer import RoundRobin
 
-__all__ = ["HttpEndpoint", "HttpPool", "UpstreamReply", "model_path", "error_from_reply"]
+__all__ = ["HttpEndpoint", "HttpPool", "UpstreamReply", "error_from_reply", "model_path"]
 
 
 @dataclass(slots=True)
@@ -119,7 +118,7 @@ class HttpPool:
                     data = await resp.read()
                     relayed = {k: v for k in _RELAYED if (v := resp.headers.get(k)) is not None}
                     return UpstreamReply(resp.status, data, relayed)
-            except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
                 raise UpstreamTimeout(
                     f"backend '{self.name}' endpoint {ep.address} did not answer within "
                     f"{tmo.total}s"

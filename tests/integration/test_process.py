@@ -69,7 +69,9 @@ def test_metrics_endpoint(reference, tmp_path):
     with GatewayProcess(cfg, tmp_path, "gw-metrics") as gw:
         add_sub_ok("http", gw.http_url)
         add_sub_ok("grpc", gw.grpc_url)
-        with pytest.raises(Exception):
+        from tritonclient.utils import InferenceServerException
+
+        with pytest.raises(InferenceServerException):
             infer("http", gw.http_url, "unrouted-model", [In("INPUT0", np.zeros(1, np.float32), "FP32")])
         text = scrape(gw.metrics_url)
         assert 'oip_gateway_requests_total{api="infer",code="200",protocol="http",route="add_sub"} 1.0' in text
@@ -110,7 +112,7 @@ def test_check_command_exit_codes(tmp_path):
     good.write_text("backends: {t: {protocol: grpc, endpoints: ['h:1']}}\nroutes: [{model: m, backend: t}]\n")
     bad = tmp_path / "bad.yaml"
     bad.write_text("backends: {t: {protocol: grpc, endpoints: ['h:1'], colour: red}}\nroutes: []\n")
-    run = lambda f: subprocess.run([sys.executable, "-m", "gateway", "check", str(f)],  # noqa: E731
+    run = lambda f: subprocess.run([sys.executable, "-m", "gateway", "check", str(f)],
                                    capture_output=True, text=True, timeout=60)
     assert run(good).returncode == 0
     r = run(bad)

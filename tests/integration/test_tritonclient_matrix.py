@@ -140,7 +140,7 @@ def test_string_reverse(backend, gateways, client, path):
 def test_large_tensor_64mb(backend, gateways, client, path):
     """64 MB through both listeners and every pool channel (gRPC's 4 MiB default would refuse it)."""
     arr = np.random.default_rng(3).integers(0, 255, size=(1, 64 * 1024 * 1024), dtype=np.uint8)
-    direct_url, via_url = urls(backend, gateways, client, path)
+    _, via_url = urls(backend, gateways, client, path)
     ins = [In("INPUT0", arr, "UINT8", True)]
     outs = [Out("OUTPUT0", True)]
     via = infer(client, via_url, "identity_UINT8", ins, outs)

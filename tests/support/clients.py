@@ -15,7 +15,7 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 
-__all__ = ["CLIENTS", "In", "Out", "Result", "infer", "protocol_of", "metadata", "readiness"]
+__all__ = ["CLIENTS", "In", "Out", "Result", "infer", "metadata", "protocol_of", "readiness"]
 
 CLIENTS = ("http", "grpc", "http_aio", "grpc_aio")
 

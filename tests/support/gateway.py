@@ -31,7 +31,7 @@ class _PortFileProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.ports: dict[str, int] = {}
 
-    def start(self, timeout: float = 30.0) -> "_PortFileProcess":
+    def start(self, timeout: float = 30.0) -> _PortFileProcess:
         self.port_file.unlink(missing_ok=True)
         log = open(self.log_path, "wb")
         env = dict(os.environ, **(self._env or {}))

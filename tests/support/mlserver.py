@@ -314,7 +314,7 @@ class MLServerProcess:
             stderr=subprocess.STDOUT,
             env=_clean_env(),
             start_new_session=True,  # a Ctrl-C in pytest's terminal goes to pytest, which stops us cleanly
-            preexec_fn=_die_with_parent(os.getpid()),  # noqa: PLW1509 - only prctl and getppid
+            preexec_fn=_die_with_parent(os.getpid()),
         )
         try:
             self._discover_ports(started)

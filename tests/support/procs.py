@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["listening_ports", "wait_for", "wait_for_ports", "terminate"]
+__all__ = ["listening_ports", "terminate", "wait_for", "wait_for_ports"]
 
 T = TypeVar("T")
 _LISTEN = "0A"
@@ -80,7 +80,7 @@ def wait_for(predicate: Callable[[], T], *, timeout: float, interval: float = 0.
             value = predicate()
             if value:
                 return value
-        except Exception as exc:  # noqa: BLE001 - the predicate may fail until the server is up
+        except Exception as exc:
             last_exc = exc
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout}s waiting for {what}; last error: {last_exc!r}")

@@ -378,7 +378,7 @@ class TritonServer:
                 env=tritonserver_env(),
                 cwd=self.workdir,
                 start_new_session=True,  # Ctrl-C reaches only the test runner, whose teardown stops Triton
-                preexec_fn=preexec,  # noqa: PLW1509 - prctl only; no locks or allocation in the child
+                preexec_fn=preexec,
             )
         try:
             remaining = lambda: max(1.0, self.startup_timeout - (time.monotonic() - began))
