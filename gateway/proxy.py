@@ -17,6 +17,7 @@ from . import __version__, convert
 from ._pb import grpc_predict_v2_pb2 as pb
 from .config.schema import GatewayConfig
 from .dataplane import HttpReply
+from .errors import ModelNotFound
 from .observability.metrics import UNROUTED, Metrics
 from .routing.table import RouteTable
 from .upstream.grpc import GrpcPool
@@ -103,7 +104,12 @@ class Proxy:
 
     # -- model-level answers come from a backend of the routed pool -------------
     async def model_ready(self, model: str, version: str) -> bool:
-        pool = self._pool(model, version)
+        try:
+            pool = self._pool(model, version)
+        except ModelNotFound:
+            # A readiness probe gets "not ready", as Triton answers for a model it
+            # does not have (HTTP 400, gRPC ready=false) — not an error.
+            return False
         if isinstance(pool, HttpPool):
             reply = await self._timed(pool, pool.request("GET", model_path(model, version) + "/ready"))
             return reply.status == 200

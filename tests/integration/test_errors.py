@@ -303,3 +303,12 @@ def test_converted_response_is_compressed_when_asked(gw, coding):
     assert status == 200 and headers["Content-Encoding"] == coding
     wbits = 31 if coding == "gzip" else 15
     assert zlib.decompress(body, wbits) == plain[1]
+
+
+def test_unknown_model_is_not_ready_rather_than_an_error(gw, triton):
+    """Readiness of a model nobody serves: 'not ready', as Triton itself answers."""
+    from tests.support.clients import readiness
+
+    for kind, url in (("http", gw.http_url), ("grpc", gw.grpc_url)):
+        assert readiness(kind, url, "nope")[2] is False
+    assert get(gw.http_url, "/v2/models/nope/ready")[0] == get(triton.http_url, "/v2/models/nope/ready")[0] == 400
