@@ -147,7 +147,7 @@ class Gateway:
 
     def __init__(self, config: GatewayConfig, *, registry: CollectorRegistry | None = None) -> None:
         self.config = config
-        self.metrics = Metrics(registry)
+        self.metrics = Metrics(registry, access_log=config.access_log)
         self.table = RouteTable(config.routes)
         self.pools = build_pools(config)
         exact = [(r.model, r.version, r.backend) for r in config.routes if not r.is_glob]

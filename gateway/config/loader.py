@@ -19,7 +19,7 @@ __all__ = ["load_config", "parse_config"]
 
 T = TypeVar("T")
 
-_TOP_KEYS = {"listen", "backends", "routes", "health", "max_message_bytes", "workers"}
+_TOP_KEYS = {"listen", "backends", "routes", "health", "max_message_bytes", "workers", "access_log"}
 _LISTEN_KEYS = {"http", "grpc", "metrics"}
 _HEALTH_KEYS = {"interval_s", "timeout_s"}
 _BACKEND_KEYS = {"protocol", "endpoints", "timeout_s", "connect_timeout_s", "max_message_bytes", "binary_extension"}
@@ -196,6 +196,11 @@ def parse_config(raw: Any) -> GatewayConfig:
         extra["max_message_bytes"] = _number(p, "max_message_bytes", raw["max_message_bytes"], int)
     if "workers" in raw:
         extra["workers"] = _number(p, "workers", raw["workers"], int)
+    if "access_log" in raw:
+        if isinstance(raw["access_log"], bool):
+            extra["access_log"] = raw["access_log"]
+        else:
+            p.add("access_log", f"expected true or false, got {raw['access_log']!r}")
 
     if p.items:
         raise ConfigError(p.items)

@@ -131,6 +131,7 @@ class GatewayConfig:
     health: Health = field(default_factory=Health)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     workers: int = 1
+    access_log: bool = False
 
     def __post_init__(self) -> None:
         if self.workers < 1:

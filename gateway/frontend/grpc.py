@@ -64,9 +64,9 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
         async def run(request: Any, context: aio.ServicerContext) -> Any:
             start = time.perf_counter()
             code = "OK"
-            label = ""
+            label = model = version = ""
             try:
-                result, label = await fn(request, context)
+                result, label, model, version = await fn(request, context)
                 return result
             except GatewayError as err:
                 code = err.grpc_code
@@ -79,30 +79,30 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
                 await context.abort(grpc.StatusCode.INTERNAL, "internal gateway error")
             finally:
                 if metrics is not None:
-                    metrics.observe("grpc", api, label, code, time.perf_counter() - start)
+                    metrics.observe("grpc", api, label, code, time.perf_counter() - start, model, version)
 
         return run
 
     async def server_live(req: pb.ServerLiveRequest, ctx: aio.ServicerContext):
-        return pb.ServerLiveResponse(live=plane.server_live()), ""
+        return pb.ServerLiveResponse(live=plane.server_live()), "", "", ""
 
     async def server_ready(req: pb.ServerReadyRequest, ctx: aio.ServicerContext):
-        return pb.ServerReadyResponse(ready=plane.server_ready()), ""
+        return pb.ServerReadyResponse(ready=plane.server_ready()), "", "", ""
 
     async def server_metadata(req: pb.ServerMetadataRequest, ctx: aio.ServicerContext):
-        return pb.ServerMetadataResponse(**plane.server_metadata()), ""
+        return pb.ServerMetadataResponse(**plane.server_metadata()), "", "", ""
 
     async def model_ready(req: pb.ModelReadyRequest, ctx: aio.ServicerContext):
         if not req.name:
             raise InvalidRequest("ModelReadyRequest.name is required")
         ready = await plane.model_ready(req.name, req.version)
-        return pb.ModelReadyResponse(ready=ready), route_label(req.name, req.version)
+        return pb.ModelReadyResponse(ready=ready), route_label(req.name, req.version), req.name, req.version
 
     async def model_metadata(req: pb.ModelMetadataRequest, ctx: aio.ServicerContext):
         if not req.name:
             raise InvalidRequest("ModelMetadataRequest.name is required")
         meta = await plane.model_metadata(req.name, req.version)
-        return _metadata_message(meta), route_label(req.name, req.version)
+        return _metadata_message(meta), route_label(req.name, req.version), req.name, req.version
 
     async def model_infer(message: bytes, ctx: aio.ServicerContext):
         model, version = scan_name_version(message)
@@ -111,7 +111,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
         if metrics is not None:
             metrics.request_bytes.labels("grpc").observe(len(message))
         label = route_label(model, version)
-        return await plane.infer_grpc(message, model, version, ctx.time_remaining()), label
+        return await plane.infer_grpc(message, model, version, ctx.time_remaining()), label, model, version
 
     def typed(fn, req_type, resp_type):
         return grpc.unary_unary_rpc_method_handler(

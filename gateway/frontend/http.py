@@ -73,7 +73,8 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                 response = Response(orjson.dumps({"error": "internal gateway error"}), 500, media_type=JSON)
             if metrics is not None:
                 label = route_label(model, version) if model else ""
-                metrics.observe("http", api, label, response.status_code, time.perf_counter() - start)
+                metrics.observe("http", api, label, response.status_code, time.perf_counter() - start,
+                                model, version)
             return response
 
         return run

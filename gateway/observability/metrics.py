@@ -6,6 +6,8 @@ grow the label set. docs/metrics.md documents every series.
 """
 from __future__ import annotations
 
+import logging
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = ["UNROUTED", "Metrics"]
@@ -17,7 +19,10 @@ _SIZE_BUCKETS = tuple(float(4**i) for i in range(4, 15))  # 256 B .. 256 MiB
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, access_log: bool = False) -> None:
+        # One line per finished request on logger "oip_gateway.access" (stderr), off by default:
+        # at tens of thousands of requests per second a log line costs more than the proxying.
+        self.access = logging.getLogger("oip_gateway.access") if access_log else None
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -49,7 +54,13 @@ class Metrics:
             registry=r, multiprocess_mode="max",
         )
 
-    def observe(self, protocol: str, api: str, route: str, code: str | int, seconds: float) -> None:
-        """The one place a finished request is recorded."""
+    def observe(self, protocol: str, api: str, route: str, code: str | int, seconds: float,
+                model: str = "", version: str = "") -> None:
+        """The one place a finished request is recorded: metrics and the access log."""
         self.requests.labels(protocol, api, route, str(code)).inc()
         self.request_seconds.labels(protocol, api).observe(seconds)
+        if self.access is not None:
+            self.access.info(
+                "%s %s model=%s version=%s route=%s code=%s ms=%.3f",
+                protocol, api, model or "-", version or "-", route or "-", code, seconds * 1000,
+            )

@@ -65,7 +65,7 @@ def test_two_workers_share_both_ports(reference, tmp_path):
 
 def test_metrics_endpoint(reference, tmp_path):
     backends = {"ref": {"protocol": "http", "endpoints": [reference.http_url]}}
-    cfg = gateway_config(backends, [{"model": "add_sub", "backend": "ref"}])
+    cfg = gateway_config(backends, [{"model": "add_sub", "backend": "ref"}], access_log=True)
     with GatewayProcess(cfg, tmp_path, "gw-metrics") as gw:
         add_sub_ok("http", gw.http_url)
         add_sub_ok("grpc", gw.grpc_url)
@@ -81,6 +81,10 @@ def test_metrics_endpoint(reference, tmp_path):
         assert 'route="_unrouted"' in text
         assert "oip_gateway_upstream_duration_seconds_bucket" in text
         wait_for(lambda: "oip_gateway_ready 1.0" in scrape(gw.metrics_url), timeout=20, what="ready gauge")
+        log = gw.log_tail(200)
+        assert "http infer model=add_sub version=- route=add_sub code=200" in log
+        assert "grpc infer model=add_sub version=- route=add_sub code=OK" in log
+        assert "http infer model=unrouted-model version=- route=_unrouted code=404" in log
 
 
 def test_sigterm_stops_cleanly(reference, tmp_path):
