@@ -59,7 +59,7 @@ def run_h2load(url: str, body: Path, headers: tuple[tuple[str, str], ...], *, h1
                duration: float, timeout_extra: float = 60.0) -> LoadResult:
     with tempfile.NamedTemporaryFile(prefix="h2load-", suffix=".log", delete=False) as tmp:
         log = Path(tmp.name)
-    cmd = ["h2load", "-t1", f"-c{concurrency}", "-m1", f"-D{duration:g}", f"--log-file={log}", "-d", str(body)]
+    cmd = ["h2load", "-t1", f"-c{concurrency}", "-m1", f"-D{max(1, round(duration * 1000))}ms", f"--log-file={log}", "-d", str(body)]
     if h1:
         cmd.append("--h1")
     for k, v in headers:
@@ -77,10 +77,9 @@ def run_h2load(url: str, body: Path, headers: tuple[tuple[str, str], ...], *, h1
                       out)
         if m:
             res.failed = int(m.group(3)) + int(m.group(4))
-        try:
+        table = np.empty((0, 2), dtype=np.int64)
+        if log.exists() and log.stat().st_size:
             table = np.loadtxt(log, dtype=np.int64, ndmin=2, usecols=(1, 2))
-        except (ValueError, OSError):
-            table = np.empty((0, 2), dtype=np.int64)
         if table.size:
             ok = (table[:, 0] >= 200) & (table[:, 0] < 300)
             res.requests = int(ok.sum())

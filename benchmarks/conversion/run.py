@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -37,16 +38,19 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _cases(plan: Plan) -> Iterator[tuple[Path, int, int, bool]]:
+def _cases(plan: Plan, only: set[str] | None) -> Iterator[tuple[Path, int, int, bool]]:
+    def chosen(path: Path) -> bool:
+        return only is None or path.name in only
+
     for size in plan.sizes_mb:
-        for path in PATHS:
+        for path in filter(chosen, PATHS):
             for c in plan.concurrency:
                 yield path, size, c, False
         if size in plan.direct_sizes_mb:
-            for path in DIRECT:
+            for path in filter(chosen, DIRECT):
                 yield path, size, 1, False
         if size in plan.malloc_sizes_mb:
-            for path in CONVERSIONS:
+            for path in filter(chosen, CONVERSIONS):
                 for c in plan.malloc_concurrency:
                     yield path, size, c, True
 
@@ -101,12 +105,13 @@ def _summary(row: dict[str, Any]) -> str:
     return text
 
 
-async def _run_plan(plan: Plan, triton: TritonServer, workdir: FsPath, began: float) -> list[dict[str, Any]]:
+async def _run_plan(plan: Plan, triton: TritonServer, workdir: FsPath, began: float,
+                    only: set[str] | None) -> list[dict[str, Any]]:
     deadline = began + plan.budget_s
     small = build(1024)
     rows: list[dict[str, Any]] = []
     bodies: Bodies | None = None
-    for i, (path, size, c, malloc) in enumerate(_cases(plan)):
+    for i, (path, size, c, malloc) in enumerate(_cases(plan, only)):
         if bodies is None or bodies.nbytes != size * MiB:
             bodies = None
             bodies = build(size * MiB)
@@ -200,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="instead of the table: py-spy on the gateway during the large conversion paths")
     ap.add_argument("--profile-size", type=int, default=64, help="tensor MiB for --profile (default 64)")
     ap.add_argument("--profile-requests", type=int, default=8, help="binary requests sampled per path")
+    ap.add_argument("--paths", default=None,
+                    help="comma-separated subset of: " + ", ".join(p.name for p in PATHS + DIRECT))
+    ap.add_argument("--sizes", default=None, help="comma-separated MiB subset of the plan's sizes, e.g. 64")
     args = ap.parse_args(argv)
 
     reason = triton_available()
@@ -207,6 +215,16 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"Triton cannot run here: {reason}")
         return 2
     plan = QUICK if args.quick else FULL
+    if args.sizes:
+        sizes = tuple(int(x) for x in args.sizes.split(","))
+        plan = dataclasses.replace(
+            plan, sizes_mb=sizes,
+            binary_n={s: plan.binary_n.get(s, FULL.binary_n.get(s, 3)) for s in sizes},
+            json_n={s: plan.json_n.get(s, FULL.json_n.get(s, 2)) for s in sizes},
+        )
+    only = set(args.paths.split(",")) if args.paths else None
+    if only is not None and (unknown := only - {p.name for p in PATHS + DIRECT}):
+        ap.error(f"unknown paths: {', '.join(sorted(unknown))}")
     out_dir = args.out or RESULTS / dt.date.today().isoformat() / ("profile" if args.profile else
                                                                    "quick" if args.quick else "")
     began = time.monotonic()
@@ -226,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(_profile(plan, triton, workdir, out_dir, args.profile_size, args.profile_requests))
             print((out_dir / "profile.md").read_text())
             return 0
-        rows = asyncio.run(_run_plan(plan, triton, workdir, began))
+        rows = asyncio.run(_run_plan(plan, triton, workdir, began, only))
     finally:
         triton.stop()
         shutil.rmtree(workdir, ignore_errors=True)

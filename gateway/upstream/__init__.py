@@ -1,4 +1,4 @@
-"""Upstream clients: HTTP (aiohttp) and gRPC (grpc.aio) pools and health checks."""
+"""Upstream clients: HTTP (keep-alive HTTP/1.1 on httptools) and gRPC (grpc.aio) pools, health checks."""
 from .grpc import GrpcPool
 from .health import HealthChecker
 from .http import HttpPool, UpstreamReply

@@ -1,22 +1,22 @@
-"""HTTP backend pools: the only aiohttp code of the gateway.
+"""HTTP backend pools: the only HTTP client code of the gateway.
 
-One keep-alive ``ClientSession`` per pool. Bodies go out and come back as
-bytes, untouched: ``auto_decompress`` is off so a compressed answer reaches a
-client that asked for it byte for byte. Foreign errors are mapped to the
+Each endpoint has a pool of keep-alive HTTP/1.1 connections (``h1.py``).
+Bodies go out and come back as bytes, untouched — a compressed answer reaches
+a client that asked for it byte for byte. Foreign errors are mapped to the
 gateway's error tree here, once (``raise ... from exc``).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import quote
 
-import aiohttp
 import orjson
 
 from ..config.schema import Backend, HostPort
-from ..errors import NoEndpointAvailable, UpstreamError, UpstreamTimeout
+from ..errors import BadUpstreamResponse, NoEndpointAvailable, UpstreamError, UpstreamTimeout
 from ..routing.balancer import RoundRobin
+from .h1 import ConnectFailed, ConnectionDropped, H1ConnectionPool
 
 __all__ = ["HttpEndpoint", "HttpPool", "UpstreamReply", "error_from_reply", "model_path"]
 
@@ -24,7 +24,7 @@ __all__ = ["HttpEndpoint", "HttpPool", "UpstreamReply", "error_from_reply", "mod
 @dataclass(slots=True)
 class HttpEndpoint:
     address: HostPort
-    base_url: str
+    connections: H1ConnectionPool = field(repr=False)
     healthy: bool = True
 
 
@@ -72,25 +72,18 @@ class HttpPool:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.name = backend.name
-        self.endpoints = [HttpEndpoint(ep, f"http://{ep}") for ep in backend.endpoints]
+        self.endpoints = [
+            HttpEndpoint(ep, H1ConnectionPool(ep.host, ep.port, connect_timeout=backend.connect_timeout_s))
+            for ep in backend.endpoints
+        ]
         self.balancer: RoundRobin[HttpEndpoint] = RoundRobin(self.endpoints)
-        self._session: aiohttp.ClientSession | None = None
-        self._timeout = aiohttp.ClientTimeout(total=backend.timeout_s, sock_connect=backend.connect_timeout_s)
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=False)
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Content-Type", "Accept-Encoding"),
-            timeout=self._timeout,
-            read_bufsize=2**20,
-        )
+        """Connections are opened on first use."""
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for ep in self.endpoints:
+            ep.connections.close()
 
     async def request(
         self,
@@ -103,33 +96,30 @@ class HttpPool:
         endpoint: HttpEndpoint | None = None,
     ) -> UpstreamReply:
         """Send to the pool (or to one ``endpoint``); fail over to the next endpoint
-        only when the connection could not be made, so no request runs twice."""
-        assert self._session is not None, "pool not started"
+        only when no answer could have been produced (connection refused, or closed
+        before a byte of the answer), so a request that a backend answered never runs twice."""
         order = [endpoint] if endpoint is not None else self.balancer.order()
-        tmo = self._timeout if timeout is None else aiohttp.ClientTimeout(
-            total=timeout, sock_connect=self.backend.connect_timeout_s
-        )
+        tmo = self.backend.timeout_s if timeout is None else min(timeout, self.backend.timeout_s)
         failures: list[str] = []
         for ep in order:
             try:
-                async with self._session.request(
-                    method, ep.base_url + path, data=body, headers=headers, timeout=tmo
-                ) as resp:
-                    data = await resp.read()
-                    relayed = {k: v for k in _RELAYED if (v := resp.headers.get(k)) is not None}
-                    return UpstreamReply(resp.status, data, relayed)
-            except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+                resp = await ep.connections.request(method, path, body=body, headers=headers, timeout=tmo)
+            except TimeoutError as exc:
                 raise UpstreamTimeout(
-                    f"backend '{self.name}' endpoint {ep.address} did not answer within "
-                    f"{tmo.total}s"
+                    f"backend '{self.name}' endpoint {ep.address} did not answer within {tmo}s"
                 ) from exc
-            except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
-                # Refused / unreachable / closed before answering: mark it and try the next one.
+            except ConnectFailed as exc:
                 ep.healthy = False
-                failures.append(f"{ep.address}: {exc.__class__.__name__}")
-            except aiohttp.ClientError as exc:
-                ep.healthy = False
-                failures.append(f"{ep.address}: {exc.__class__.__name__}: {exc}")
+                failures.append(f"{ep.address}: {exc}")
+                continue
+            except ConnectionDropped as exc:
+                if exc.before_response:
+                    ep.healthy = False
+                    failures.append(f"{ep.address}: {exc}")
+                    continue
+                raise BadUpstreamResponse(f"backend '{self.name}' endpoint {ep.address}: {exc}") from exc
+            relayed = {k: v for k in _RELAYED if (v := resp.headers.get(k)) is not None}
+            return UpstreamReply(resp.status, resp.body, relayed)
         raise NoEndpointAvailable(
             f"no endpoint of backend '{self.name}' is reachable ({'; '.join(failures)})"
         )

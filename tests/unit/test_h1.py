@@ -1,0 +1,147 @@
+"""The lean HTTP/1.1 client against real sockets served by scripted asyncio servers."""
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from gateway.upstream.h1 import ConnectFailed, ConnectionDropped, H1ConnectionPool
+
+
+async def serve(handler):
+    """Start a TCP server on port 0 whose connections are handled by ``handler(reader, writer)``."""
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    return head, await reader.readexactly(length)
+
+
+async def test_keep_alive_reuses_one_connection():
+    connections = 0
+
+    async def handler(reader, writer):
+        nonlocal connections
+        connections += 1
+        while True:
+            try:
+                head, body = await read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(body), body))
+            await writer.drain()
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2)
+    for i in range(5):
+        r = await pool.request("POST", "/x", body=b"hello %d" % i, headers={"Content-Type": "a/b"}, timeout=2)
+        assert (r.status, r.body, r.headers["content-type"]) == (200, b"hello %d" % i, "application/json")
+    assert connections == 1
+    pool.close()
+    server.close()
+
+
+async def test_chunked_response_and_large_body():
+    big = bytes(range(256)) * 40_000  # ~10 MB
+
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for i in range(0, len(big), 1 << 20):
+            chunk = big[i:i + (1 << 20)]
+            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2)
+    r = await pool.request("POST", "/x", body=big, timeout=10)
+    assert r.body == big
+    pool.close()
+    server.close()
+
+
+async def test_stale_keep_alive_connection_is_retried_once():
+    """The server closes the idle connection; the next request goes out on a fresh one."""
+    served = 0
+
+    async def handler(reader, writer):
+        nonlocal served
+        await read_request(reader)
+        served += 1
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()  # no keep-alive announced, but closes right after answering
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2)
+    for _ in range(3):
+        assert (await pool.request("GET", "/", timeout=2)).body == b"ok"
+    assert served == 3
+    pool.close()
+    server.close()
+
+
+async def test_connection_refused():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    pool = H1ConnectionPool("127.0.0.1", sock.getsockname()[1], connect_timeout=2)
+    with pytest.raises(ConnectFailed):
+        await pool.request("GET", "/", timeout=2)
+    sock.close()
+
+
+async def test_timeout_closes_the_connection():
+    async def handler(reader, writer):
+        await read_request(reader)
+        await asyncio.sleep(10)
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2)
+    with pytest.raises(TimeoutError):
+        await pool.request("GET", "/", timeout=0.2)
+    assert pool._idle == []
+    pool.close()
+    server.close()
+
+
+async def test_dropped_mid_answer_is_not_retried():
+    calls = 0
+
+    async def handler(reader, writer):
+        nonlocal calls
+        calls += 1
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
+        await writer.drain()
+        writer.close()
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2)
+    with pytest.raises(ConnectionDropped) as info:
+        await pool.request("POST", "/", body=b"x", timeout=2)
+    assert not info.value.before_response and calls == 1
+    pool.close()
+    server.close()
+
+
+async def test_malformed_response():
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+        await writer.drain()
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2)
+    with pytest.raises(ConnectionDropped):
+        await pool.request("GET", "/", timeout=2)
+    pool.close()
+    server.close()
