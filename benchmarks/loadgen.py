@@ -34,9 +34,29 @@ class LoadResult:
     mean_us: float = float("nan")
     loadgen_cpu_s: float = 0.0
     error: str = ""
+    # Steady-state window (h2load only): epoch seconds of the first and the last successful
+    # completion; the requests completing after the first one fall inside it.
+    first_done: float | None = None
+    last_done: float | None = None
+
+    @property
+    def window_s(self) -> float:
+        if self.first_done is None or self.last_done is None:
+            return 0.0
+        return self.last_done - self.first_done
+
+    @property
+    def steady(self) -> bool:
+        """Enough completions spread over enough time to use the window instead of the whole run."""
+        return self.requests >= 5 and self.window_s >= 0.25
 
     @property
     def rps(self) -> float:
+        # Completions over the window between the first and the last one: the ramp-up (connects,
+        # the first request's whole latency) and the requests cut off at the end drop out. This
+        # matters for 16 MB requests, whose latency is a sizeable part of a run.
+        if self.steady:
+            return (self.requests - 1) / self.window_s
         return self.requests / self.seconds if self.seconds > 0 else 0.0
 
 
@@ -77,14 +97,18 @@ def run_h2load(url: str, body: Path, headers: tuple[tuple[str, str], ...], *, h1
                       out)
         if m:
             res.failed = int(m.group(3)) + int(m.group(4))
-        table = np.empty((0, 2), dtype=np.int64)
+        table = np.empty((0, 3), dtype=np.int64)
         if log.exists() and log.stat().st_size:
-            table = np.loadtxt(log, dtype=np.int64, ndmin=2, usecols=(1, 2))
+            table = np.loadtxt(log, dtype=np.int64, ndmin=2, usecols=(0, 1, 2))
+        table_start, table = table[:, 0], table[:, 1:]
         if table.size:
             ok = (table[:, 0] >= 200) & (table[:, 0] < 300)
             res.requests = int(ok.sum())
             res.failed = max(res.failed, int((~ok).sum()))
             lat = table[ok, 1]
+            done = (table_start[ok] + lat) / 1e6
+            if done.size:
+                res.first_done, res.last_done = float(done.min()), float(done.max())
             if lat.size:
                 res.p50_us, res.p99_us = (float(x) for x in np.percentile(lat, [50, 99]))
                 res.mean_us = float(lat.mean())

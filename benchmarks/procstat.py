@@ -2,16 +2,19 @@
 
 CPU: ``utime + stime`` (fields 14 and 15 of /proc/<pid>/stat, in clock ticks, all threads of the
 process) summed over the root and its descendants (nginx master + workers, gateway supervisor +
-workers). Sampled before and after a run; the difference over the completed requests is the CPU
-per request. Memory: the sum of VmRSS over the tree, sampled every 50 ms during the run; its
-maximum is the run's peak.
+workers). Sampled every 100 ms during a run; CPU per request is the CPU used between the first and
+the last completion of the run over the requests completed in between (Sampler.cpu_between).
+Memory: the sum of VmRSS over the tree at the same samples; its maximum is the run's peak.
 """
 from __future__ import annotations
 
 import os
 import threading
+import time
 
-__all__ = ["tree_pids", "cpu_seconds", "rss_bytes", "RssSampler"]
+import numpy as np
+
+__all__ = ["tree_pids", "cpu_seconds", "rss_bytes", "Sampler", "settle"]
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -65,30 +68,65 @@ def rss_bytes(root: int | None) -> int:
     return sum(_rss_one(p) for p in tree_pids(root))
 
 
-class RssSampler:
-    """Peak of the tree's summed RSS while the ``with`` block runs."""
+class Sampler:
+    """While the ``with`` block runs, samples (time, proxy CPU s, backend CPU s) every ``interval`` and
+    tracks the peak of the proxy tree's summed RSS.
 
-    def __init__(self, root: int | None, interval: float = 0.05) -> None:
-        self.root = root
-        self.interval = interval
-        self.peak = 0
+    ``cpu_between(t0, t1)`` interpolates the CPU used between two wall-clock instants, so CPU per
+    request can be taken over exactly the window in which the counted requests completed.
+    """
+
+    def __init__(self, proxy: int | None, backend: int | None, interval: float = 0.1) -> None:
+        self.proxy, self.backend, self.interval = proxy, backend, interval
+        self.peak_rss = 0
+        self.samples: list[tuple[float, float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        while True:
-            self.peak = max(self.peak, rss_bytes(self.root))
-            if self._stop.wait(self.interval):
-                return
+    def _sample(self) -> None:
+        self.samples.append((time.time(), cpu_seconds(self.proxy), cpu_seconds(self.backend)))
+        if self.proxy is not None:
+            self.peak_rss = max(self.peak_rss, rss_bytes(self.proxy))
 
-    def __enter__(self) -> "RssSampler":
-        if self.root is not None:
-            self._thread.start()
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self) -> "Sampler":
+        self._sample()
+        self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        if self.root is not None:
-            self.peak = max(self.peak, rss_bytes(self.root))
+        self._thread.join()
+        self._sample()
+
+    def total(self) -> tuple[float, float]:
+        (_, p0, b0), (_, p1, b1) = self.samples[0], self.samples[-1]
+        return p1 - p0, b1 - b0
+
+    def cpu_between(self, t0: float, t1: float) -> tuple[float, float]:
+        ts = np.array([s[0] for s in self.samples])
+        proxy = np.array([s[1] for s in self.samples])
+        backend = np.array([s[2] for s in self.samples])
+        at = lambda series, t: float(np.interp(t, ts, series))  # noqa: E731
+        return at(proxy, t1) - at(proxy, t0), at(backend, t1) - at(backend, t0)
+
+
+def settle(pids: list[int | None], *, busy: float = 0.1, period: float = 0.25, timeout: float = 60.0) -> float:
+    """Wait until every tree in ``pids`` uses less than ``busy`` of a core over ``period``; return the wait.
+
+    A run that ends with requests in flight leaves work behind (Triton keeps executing requests
+    whose client has gone); the next target must not pay for it.
+    """
+    roots = [p for p in pids if p is not None]
+    began = time.monotonic()
+    before = [cpu_seconds(p) for p in roots]
+    while time.monotonic() - began < timeout:
+        time.sleep(period)
+        after = [cpu_seconds(p) for p in roots]
+        if all(a - b < busy * period for a, b in zip(after, before)):
+            break
+        before = after
+    return time.monotonic() - began

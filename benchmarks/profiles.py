@@ -58,7 +58,9 @@ def hotspots(collapsed: Path, top: int = 10) -> dict:
         for k in set(keys):
             total_c[k] += n
     pct = lambda c: [{"function": k, "pct": round(100 * v / samples, 1)} for k, v in c.most_common(top)]  # noqa: E731
-    return {"samples": samples, "self": pct(self_c), "total": pct(total_c)}
+    own = Counter({k: v for k, v in total_c.items() if k.split(" (", 1)[-1].startswith("gateway/")
+                   and not k.startswith(("<module>", "main ", "cmd_serve ", "_serve_one "))})
+    return {"samples": samples, "self": pct(self_c), "total": pct(total_c), "gateway_total": pct(own)}
 
 
 def _pyspy() -> str | None:

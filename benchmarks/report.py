@@ -213,6 +213,17 @@ def _ms(us):
     return f"{us / 1000:.2f}" if us < 100_000 else f"{us / 1000:.0f}"
 
 
+# What some frames mean: time py-spy attributes to them is spent in C below them.
+FRAME_NOTES = {
+    "Runner.run (asyncio/runners.py)": "the event loop's own C code (uvloop: epoll, socket reads/writes, "
+                                       "transports, grpc.aio's Cython callbacks) outside any Python frame",
+    "Thread.run (threading.py)": "grpc.aio's poller thread (_poll_wrapper): grpc C-core (HTTP/2 framing, "
+                                 "completion queue), no Python",
+    "UnaryUnaryCall._invoke (grpc/aio/_call.py)": "grpc.aio client call (Cython): serialize, start the batch, "
+                                                  "await the answer",
+}
+
+
 def markdown(result: dict, *, profiles_dir: str = "profiles") -> str:
     meta = result["meta"]
     lines = [
@@ -274,7 +285,11 @@ def markdown(result: dict, *, profiles_dir: str = "profiles") -> str:
                          "Top self time:")
             lines.append("")
             for h in p["self"][:5]:
-                lines.append(f"- {h['pct']:.1f}% `{h['function']}`")
+                note = FRAME_NOTES.get(h["function"])
+                lines.append(f"- {h['pct']:.1f}% `{h['function']}`" + (f" — {note}" if note else ""))
+            if p.get("gateway_total"):
+                lines += ["", "Gateway code, inclusive (time in the function and what it calls): " + ", ".join(
+                    f"`{h['function'].split(' (')[0]}` {h['pct']:.0f}%" for h in p["gateway_total"][:6])]
             lines.append("")
     return "\n".join(lines) + "\n"
 

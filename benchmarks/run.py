@@ -12,13 +12,10 @@ printed, and a full run refreshes the table in benchmarks/README.md.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -26,7 +23,7 @@ from tests.support.triton import TritonServer
 
 from . import report
 from .loadgen import LoadResult, run_h2load, run_wrk
-from .procstat import RssSampler, cpu_seconds
+from .procstat import Sampler, settle
 from .profiles import profile_workload
 from .targets import Nginx, Target, ensure_tools, gateway_routes_config, start_gateway
 from .workloads import WORKLOADS, Workload, verify, write_bodies
@@ -43,31 +40,45 @@ def measure(wl: Workload, target: Target, backend_pid: int, body: Path, headers,
             duration: float, loadgen: str) -> dict:
     url_hp = target.grpc_url if wl.protocol == "grpc" else target.http_url
     url = f"http://{url_hp}{wl.path}"
-    cpu0, bcpu0 = cpu_seconds(target.pid), cpu_seconds(backend_pid)
     t0 = time.monotonic()
-    with RssSampler(target.pid) as rss:
+    with Sampler(target.pid, backend_pid) as sampler:
         if loadgen == "wrk" and wl.protocol == "http":
             res: LoadResult = run_wrk(url, body, headers, concurrency=concurrency, duration=duration)
         else:
             res = run_h2load(url, body, headers, h1=wl.protocol == "http", concurrency=concurrency,
                              duration=duration)
     wall = time.monotonic() - t0
-    cpu, bcpu = cpu_seconds(target.pid) - cpu0, cpu_seconds(backend_pid) - bcpu0
-    n = max(res.requests, 1)
+    settled = settle([target.pid, backend_pid])
+    if res.steady:
+        assert res.first_done is not None and res.last_done is not None
+        cpu, bcpu = sampler.cpu_between(res.first_done, res.last_done)
+        n = res.requests - 1
+    else:
+        (cpu, bcpu), n = sampler.total(), max(res.requests, 1)
+    proxy = target.pid is not None
     return {
         "rps": res.rps, "p50_us": res.p50_us, "p99_us": res.p99_us, "mean_us": res.mean_us,
-        "requests": res.requests, "failed": res.failed, "seconds": res.seconds, "wall_s": wall,
-        "proxy_cpu_s": cpu if target.pid is not None else None,
-        "cpu_us_per_req": (cpu / n * 1e6) if target.pid is not None else None,
+        "requests": res.requests, "failed": res.failed, "duration_s": duration, "window_s": res.window_s,
+        "steady": res.steady, "wall_s": wall, "settle_s": settled,
+        "proxy_cpu_s": cpu if proxy else None,
+        "cpu_us_per_req": cpu / n * 1e6 if proxy else None,
         "backend_cpu_us_per_req": bcpu / n * 1e6,
         "loadgen_cpu_s": res.loadgen_cpu_s,
-        "peak_rss_mb": rss.peak / 1e6 if target.pid is not None else None,
+        "peak_rss_mb": sampler.peak_rss / 1e6 if proxy else None,
         "error": res.error,
     }
 
 
+def run_duration(base: float, cap: float, concurrency: int, rps_estimate: float | None) -> float:
+    """At least ``base``; for slow workloads at least 2.5 expected latencies (c / req/s), at most ``cap``."""
+    if not rps_estimate:
+        return base
+    return min(cap, max(base, 2.5 * concurrency / rps_estimate))
+
+
 def run_matrix(workloads: list[Workload], targets: list[Target], backend_pid: int, bodies, concurrency: list[int],
-               *, rounds: int, duration: float, warmup: float, loadgen: str, runs: list[dict]) -> None:
+               *, rounds: int, duration: float, max_duration: float, warmup: float, loadgen: str,
+               runs: list[dict]) -> None:
     for wl in workloads:
         body, headers = bodies[wl.name]
         live = []
@@ -79,18 +90,25 @@ def run_matrix(workloads: list[Workload], targets: list[Target], backend_pid: in
                              "error": f"verification failed: {why}"})
             else:
                 live.append(t)
-        for c in concurrency:
-            if warmup > 0:
-                for t in live:
+        rps_seen: dict[str, float] = {}  # per target, from the previous concurrency: sizes slow runs
+        for c in sorted(concurrency):
+            for t in live:
+                # Warm up (connections, pools, caches) unless one request would outlast the warm-up:
+                # then it would only leave abandoned work behind.
+                est = rps_seen.get(t.name)
+                if warmup > 0 and (est is None or c / est < warmup / 2):
                     measure(wl, t, backend_pid, body, headers, concurrency=c, duration=warmup, loadgen=loadgen)
             for r in range(rounds):
                 for t in live:
-                    row = measure(wl, t, backend_pid, body, headers, concurrency=c, duration=duration,
+                    d = run_duration(duration, max_duration, c, rps_seen.get(t.name))
+                    row = measure(wl, t, backend_pid, body, headers, concurrency=c, duration=d,
                                   loadgen=loadgen)
+                    if row["rps"] > 0:
+                        rps_seen[t.name] = min(rps_seen.get(t.name, float("inf")), row["rps"])
                     row.update(workload=wl.name, target=t.name, concurrency=c, round=r)
                     runs.append(row)
                     cpu = f"{row['cpu_us_per_req']:.0f} µs CPU/req" if row["cpu_us_per_req"] is not None else ""
-                    log(f"  {wl.name:22s} c={c:<3d} r{r} {t.name:11s} {row['rps']:9.1f} req/s  "
+                    log(f"  {wl.name:22s} c={c:<3d} r{r} {t.name:11s} {d:4.1f}s {row['rps']:9.1f} req/s  "
                         f"p50 {row['p50_us'] / 1000:8.2f} ms  p99 {row['p99_us'] / 1000:8.2f} ms  {cpu}"
                         f"{'  ERROR ' + row['error'][:200] if row['error'] else ''}")
 
@@ -141,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", help="comma list (default 1,16,64)")
     ap.add_argument("--targets", help=f"comma list of: {', '.join(TARGET_ORDER)}")
     ap.add_argument("--duration", type=float, help="seconds per measurement (default 3, quick 1)")
+    ap.add_argument("--max-duration", type=float,
+                    help="cap for slow workloads, which run ≥ 2.5 latencies (default 12, quick 4)")
     ap.add_argument("--rounds", type=int, help="alternation rounds A B A B … (default 2, quick 1)")
     ap.add_argument("--warmup", type=float, help="warm-up seconds per target before round 1 (default 1)")
     ap.add_argument("--loadgen", choices=("h2load", "wrk"), default="h2load",
@@ -164,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         [1, 16] if quick else [1, 16, 64])
     target_names = args.targets.split(",") if args.targets else list(TARGET_ORDER)
     duration = args.duration or (1.0 if quick else 3.0)
+    max_duration = max(duration, args.max_duration or (4.0 if quick else 12.0))
     rounds = args.rounds or (1 if quick else 2)
     warmup = args.warmup if args.warmup is not None else (0.5 if quick else 1.0)
 
@@ -206,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                 targets = [t for t in targets if t.name in target_names]
                 log(f"gateways for the {pool} pool up; measuring {[w.name for w in group]}")
                 run_matrix(group, targets, triton.pid, bodies, concurrency, rounds=rounds, duration=duration,
-                           warmup=warmup, loadgen=args.loadgen, runs=runs)
+                           max_duration=max_duration, warmup=warmup, loadgen=args.loadgen, runs=runs)
                 if not args.no_profile and "gateway-1w" in target_names:
                     small = "http_json_small" if pool == "http" else "grpc_small"
                     if small in bodies:
@@ -234,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = report.machine_info()
     meta.update(
         date=started.strftime("%Y-%m-%d %H:%M UTC"), quick=quick, duration_s=duration, rounds=rounds,
-        warmup_s=warmup, concurrency=concurrency, workloads=names, loadgen=args.loadgen,
+        max_duration_s=max_duration, warmup_s=warmup, concurrency=concurrency, workloads=names, loadgen=args.loadgen,
         nginx_workers=args.nginx_workers, scaling_routes=args.scaling_routes,
         elapsed_s=round((datetime.now(timezone.utc) - started).total_seconds()),
         command="python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -62,6 +62,8 @@ def _uvicorn(app, *, access_log: bool = False) -> _Uvicorn:
         access_log=access_log,
         log_level="warning",
         server_header=False,
+        # The gateway does not trust X-Forwarded-* (it is not behind a known proxy).
+        proxy_headers=False,
         timeout_graceful_shutdown=10,
         # Keep-alive longer than typical client pools so we are not the side that races a reuse.
         timeout_keep_alive=75,

@@ -89,15 +89,15 @@ class Plan:
 
     def count(self, path: Path, size_mb: int, concurrency: int) -> int:
         n = (self.json_n if path.json else self.binary_n)[size_mb]
-        return -(-max(n, 2 * concurrency) // concurrency) * concurrency  # whole rounds
+        return -(-max(n, concurrency) // concurrency) * concurrency  # whole rounds of `concurrency`
 
 
 FULL = Plan(
     name="full",
     sizes_mb=(1, 16, 64),
     concurrency=(1, 4),
-    binary_n={1: 60, 16: 10, 64: 5},
-    json_n={1: 10, 16: 3, 64: 2},
+    binary_n={1: 60, 16: 12, 64: 8},
+    json_n={1: 10, 16: 4, 64: 3},
     direct_sizes_mb=(1, 16, 64),
     malloc_sizes_mb=(16, 64),
     malloc_concurrency=(1, 4),

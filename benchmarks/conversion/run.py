@@ -26,7 +26,8 @@ from . import report
 from .cases import CONVERSIONS, DIRECT, FULL, MALLOC_ENV, PATHS, QUICK, MiB, Path, Plan, make_client, \
     measure_case, start_gateway
 from .payloads import Bodies, build
-from .profile import Recorder, ThreadCpu, py_spy, summarize
+from . import proc
+from .profile import Recorder, ThreadCpu, perf, perf_summary, py_spy, summarize
 
 __all__ = ["main"]
 
@@ -146,9 +147,11 @@ def _meta(plan: Plan, triton: TritonServer, wall: float) -> dict[str, Any]:
 
 async def _profile(plan: Plan, triton: TritonServer, workdir: FsPath, out_dir: FsPath, size: int,
                    n: int) -> dict[str, Any]:
-    exe = py_spy()
-    if exe is None:
+    spy, perf_exe = py_spy(), perf()
+    if spy is None:
         raise SystemExit("py-spy is not installed: .venv/bin/pip install py-spy")
+    if perf_exe is None:
+        _log("perf is not available: profiling with py-spy only")
     out_dir.mkdir(parents=True, exist_ok=True)
     bodies, small = build(size * MiB), build(1024)
     found: dict[str, Any] = {}
@@ -161,40 +164,67 @@ async def _profile(plan: Plan, triton: TritonServer, workdir: FsPath, out_dir: F
                 pid = gw.proc.pid  # type: ignore[union-attr]
                 client = make_client(path, gw.http_url if path.client == "http" else gw.grpc_url)
                 try:
-                    count = max(2, n // 4) if path.json else n
+                    count = max(2, n // 3) if path.json else n
                     # Warm up (connections, imports, one full-size request) before sampling.
                     await measure_case(client, path, small, small, None, 2, 1, plan.request_timeout_s)
                     await client.infer(bodies, plan.request_timeout_s)
-                    threads = ThreadCpu(pid)
-                    rec = Recorder(exe, pid, out_dir / f"{name}.txt")
-                    await asyncio.sleep(1.0)  # py-spy attaches
+                    recorders = [Recorder.py_spy(spy, pid, out_dir / f"{name}.pyspy.txt")]
+                    if perf_exe is not None:
+                        recorders.append(Recorder.perf(perf_exe, pid, out_dir / f"{name}.perf.data"))
+                    await asyncio.sleep(1.0)  # the profilers attach
+                    threads, c0 = ThreadCpu(pid), proc.counters(pid)
                     t = time.perf_counter()
                     for _ in range(count):
                         await client.infer(bodies, plan.request_timeout_s)
                     wall = time.perf_counter() - t
-                    cpu = threads.delta()
-                    await asyncio.to_thread(rec.stop)
+                    cpu, d = threads.delta(), proc.counters(pid) - c0
+                    for rec in recorders:
+                        await asyncio.to_thread(rec.stop)
                 finally:
                     await client.close()
             finally:
                 await asyncio.to_thread(gw.stop)
-            summary = summarize(out_dir / f"{name}.txt", REPO) if (out_dir / f"{name}.txt").exists() else {}
-            summary.update(requests=count, wall_ms_per_req=wall * 1e3 / count,
-                           thread_cpu_ms_per_req={k: v * 1e3 / count for k, v in cpu.items() if v > 0})
+            summary: dict[str, Any] = {
+                "requests": count, "wall_ms_per_req": wall * 1e3 / count, "cpu_ms_per_req": d.cpu_s * 1e3 / count,
+                "sys_ms_per_req": d.sys_s * 1e3 / count, "minflt_per_req": d.minflt / count,
+                "thread_cpu_ms_per_req": {k: v * 1e3 / count for k, v in cpu.items() if v > 0},
+            }
+            if (out_dir / f"{name}.pyspy.txt").exists():
+                summary["py_spy"] = summarize(out_dir / f"{name}.pyspy.txt", REPO)
+            if perf_exe is not None and (out_dir / f"{name}.perf.data").exists():
+                summary["perf"] = await asyncio.to_thread(perf_summary, perf_exe, out_dir / f"{name}.perf.data")
             found[name] = summary
-            _log(f"profiled {name}: {summary.get('samples', 0)} samples, "
-                 f"{summary['wall_ms_per_req']:.0f} ms/req, threads {summary['thread_cpu_ms_per_req']}")
+            _log(f"profiled {name}: {summary['wall_ms_per_req']:.0f} ms/req, CPU {summary['cpu_ms_per_req']:.0f} "
+                 f"ms/req, page faults {summary.get('perf', {}).get('page_fault_share', 0) * 100:.0f}% of samples")
     (out_dir / "profile.json").write_text(json.dumps(found, indent=1))
-    lines = [f"# py-spy on the gateway, {size} MiB FP32 (identity_FP32 on Triton)", ""]
-    for name, s in found.items():
-        lines += [f"## {name}", "", f"{s['requests']} requests, {s['wall_ms_per_req']:.0f} ms each; "
-                  f"gateway CPU per request by thread: "
-                  + ", ".join(f"{k} {v:.0f} ms" for k, v in s["thread_cpu_ms_per_req"].items()), ""]
-        for title, key in (("deepest Python line (native work below it included)", "deepest_python_line"),
-                           ("self (leaf frame)", "self"), ("gateway/ lines, inclusive", "gateway_inclusive")):
-            lines += [f"{title}:", ""] + [f"- {share * 100:4.1f}% {frame}" for frame, share in s.get(key, [])] + [""]
-    (out_dir / "profile.md").write_text("\n".join(lines))
+    (out_dir / "profile.md").write_text(_profile_markdown(size, found))
     return found
+
+
+def _profile_markdown(size: int, found: dict[str, Any]) -> str:
+    lines = [f"# Profiles of the gateway, {size} MiB FP32 (identity_FP32 on Triton)", "",
+             "py-spy: share of non-idle samples of the Python threads, by the deepest Python line "
+             "(→ the leaf below it). perf: share of all samples of the gateway process (every thread, "
+             "kernel included).", ""]
+    for name, s in found.items():
+        lines += [f"## {name}", "",
+                  f"{s['requests']} requests: {s['wall_ms_per_req']:.0f} ms wall, {s['cpu_ms_per_req']:.0f} ms CPU "
+                  f"({s['sys_ms_per_req']:.0f} ms sys), {s['minflt_per_req']:.0f} minor faults per request; "
+                  "CPU by thread: " + ", ".join(f"{k} {v:.0f} ms" for k, v in s["thread_cpu_ms_per_req"].items()),
+                  ""]
+        if "perf" in s:
+            pf = s["perf"]
+            lines += [f"perf: {pf['page_fault_share'] * 100:.0f}% of samples in the page-fault path, "
+                      f"{pf['memcpy_share'] * 100:.0f}% under memcpy/memmove (faults inside included); "
+                      "top self:", ""]
+            lines += [f"- {share * 100:4.1f}% {what}" for what, share in pf["self"]] + [""]
+        if "py_spy" in s:
+            ps = s["py_spy"]
+            lines += [f"py-spy ({ps['busy_samples']} busy samples), deepest Python line:", ""]
+            lines += [f"- {share * 100:4.1f}% {frame}" for frame, share in ps["deepest_python_line"]] + [""]
+            lines += ["gateway/ lines, inclusive:", ""]
+            lines += [f"- {share * 100:4.1f}% {frame}" for frame, share in ps["gateway_inclusive"]] + [""]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
