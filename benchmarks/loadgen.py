@@ -79,7 +79,8 @@ def run_h2load(url: str, body: Path, headers: tuple[tuple[str, str], ...], *, h1
                duration: float, timeout_extra: float = 60.0) -> LoadResult:
     with tempfile.NamedTemporaryFile(prefix="h2load-", suffix=".log", delete=False) as tmp:
         log = Path(tmp.name)
-    cmd = ["h2load", "-t1", f"-c{concurrency}", "-m1", f"-D{max(1, round(duration * 1000))}ms", f"--log-file={log}", "-d", str(body)]
+    cmd = ["h2load", "-t1", f"-c{concurrency}", "-m1", f"-D{max(1, round(duration * 1000))}ms",
+           f"--log-file={log}", "-d", str(body)]
     if h1:
         cmd.append("--h1")
     for k, v in headers:

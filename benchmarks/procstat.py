@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-__all__ = ["tree_pids", "cpu_seconds", "rss_bytes", "Sampler", "settle"]
+__all__ = ["Sampler", "cpu_seconds", "rss_bytes", "settle", "system_busy_seconds", "tree_pids"]
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -49,6 +49,14 @@ def cpu_seconds(root: int | None) -> float:
     if root is None:
         return 0.0
     return sum(_cpu_one(p) for p in tree_pids(root))
+
+
+def system_busy_seconds() -> float:
+    """CPU seconds all processes on the machine have used (``/proc/stat``: all but idle and iowait)."""
+    with open("/proc/stat") as fh:
+        fields = [int(x) for x in fh.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / _TICK
 
 
 def _rss_one(pid: int) -> int:
@@ -92,7 +100,7 @@ class Sampler:
         while not self._stop.wait(self.interval):
             self._sample()
 
-    def __enter__(self) -> "Sampler":
+    def __enter__(self) -> Sampler:
         self._sample()
         self._thread.start()
         return self
@@ -110,7 +118,7 @@ class Sampler:
         ts = np.array([s[0] for s in self.samples])
         proxy = np.array([s[1] for s in self.samples])
         backend = np.array([s[2] for s in self.samples])
-        at = lambda series, t: float(np.interp(t, ts, series))  # noqa: E731
+        at = lambda series, t: float(np.interp(t, ts, series))
         return at(proxy, t1) - at(proxy, t0), at(backend, t1) - at(backend, t0)
 
 

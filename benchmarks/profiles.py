@@ -25,7 +25,7 @@ from .loadgen import run_h2load
 from .targets import Target
 from .workloads import Workload
 
-__all__ = ["profile_workload", "hotspots"]
+__all__ = ["hotspots", "profile_workload"]
 
 
 def _frame_key(frame: str) -> str:
@@ -57,7 +57,7 @@ def hotspots(collapsed: Path, top: int = 10) -> dict:
         self_c[keys[-1]] += n
         for k in set(keys):
             total_c[k] += n
-    pct = lambda c: [{"function": k, "pct": round(100 * v / samples, 1)} for k, v in c.most_common(top)]  # noqa: E731
+    pct = lambda c: [{"function": k, "pct": round(100 * v / samples, 1)} for k, v in c.most_common(top)]
     own = Counter({k: v for k, v in total_c.items() if k.split(" (", 1)[-1].startswith("gateway/")
                    and not k.startswith(("<module>", "main ", "cmd_serve ", "_serve_one "))})
     return {"samples": samples, "self": pct(self_c), "total": pct(total_c), "gateway_total": pct(own)}
@@ -80,6 +80,7 @@ def profile_workload(wl: Workload, target: Target, body: Path, headers, director
                             kwargs=dict(h1=wl.protocol == "http", concurrency=concurrency,
                                         duration=seconds + 2))
     load.start()
+    errors: list[str] = []
     svg, raw, dump = (directory / f"{wl.name}{ext}" for ext in (".svg", ".txt", ".dump.txt"))
     try:
         time.sleep(1.0)  # let the load settle
@@ -93,7 +94,6 @@ def profile_workload(wl: Workload, target: Target, body: Path, headers, director
         d = subprocess.run([pyspy, "dump", "--nonblocking", "-p", str(target.pid)], capture_output=True,
                            text=True, timeout=30, check=False)
         dump.write_text(d.stdout + d.stderr)
-        errors = []
         for p in procs:
             o, _ = p.communicate(timeout=seconds + 60)
             if p.returncode != 0:

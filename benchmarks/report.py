@@ -21,7 +21,7 @@ from statistics import median
 
 from .workloads import WORKLOADS
 
-__all__ = ["machine_info", "build", "write", "update_readme", "markdown"]
+__all__ = ["build", "machine_info", "markdown", "update_readme", "write"]
 
 GATEWAYS = ("gateway-1w", "gateway-2w")
 README_BEGIN, README_END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -92,6 +92,7 @@ def build(meta: dict, runs: list[dict], scaling: list[dict], profiles: dict) -> 
             "peak_rss_mb": max((r["peak_rss_mb"] for r in rows if r["peak_rss_mb"] is not None), default=None),
             "failed": sum(r["failed"] for r in rows), "requests": sum(r["requests"] for r in rows),
             "errors": sorted({r["error"][:200] for r in rows if r["error"]}),
+            "foreign_cpu_frac": _med(r.get("foreign_cpu_frac") for r in rows),
         }
         # Within-round comparisons, then the median over rounds.
         for ref in ("direct", "nginx"):
@@ -246,6 +247,11 @@ def markdown(result: dict, *, profiles_dir: str = "profiles") -> str:
             f"{_ms(s['p99_us'])} | {_f(s.get('added_p50_us_vs_direct'), '{:+.0f}')} | "
             f"{_f(s['cpu_us_per_req'])} | {_f(s['peak_rss_mb'])} | {_f(s.get('rps_vs_nginx'), '{:.2f}')} | "
             f"{_f(s.get('rps_vs_direct'), '{:.2f}')} | {_f(s.get('cpu_vs_nginx'), '{:.2f}')} |")
+    busy = [s["foreign_cpu_frac"] for s in result["summary"] if s.get("foreign_cpu_frac") is not None]
+    if busy and median(busy) > 0.05:
+        lines += ["", f"⚠ Other processes used a median {100 * median(busy):.0f}% (max {100 * max(busy):.0f}%) of the "
+                  "machine's CPU during the runs (`foreign_cpu_frac` in results.json): absolute figures are "
+                  "noisy; the within-round ratios and CPU per request much less so."]
     problems = [s for s in result["summary"] if s["failed"] or s["errors"]]
     if problems or result["skipped"]:
         lines += ["", "⚠ problems:"]
@@ -270,8 +276,8 @@ def markdown(result: dict, *, profiles_dir: str = "profiles") -> str:
                          f"{_f(r['rps'][0])} → {_f(r['rps'][1])} | "
                          f"{_f(r['peak_rss_mb'][0])} → {_f(r['peak_rss_mb'][1])} |")
     if sc["workers"]:
-        lines += ["", "### Scaling: workers (gateway)", "", "| workload | c | req/s 1 worker | req/s 2 workers | ratio |",
-                  "|---|--:|--:|--:|--:|"]
+        lines += ["", "### Scaling: workers (gateway)", "",
+                  "| workload | c | req/s 1 worker | req/s 2 workers | ratio |", "|---|--:|--:|--:|--:|"]
         for w in sc["workers"]:
             lines.append(f"| {w['workload']} | {w['concurrency']} | {_f(w['rps_1w'])} | {_f(w['rps_2w'])} | "
                          f"{_f(w['ratio'], '{:.2f}')} |")
@@ -297,6 +303,9 @@ def markdown(result: dict, *, profiles_dir: str = "profiles") -> str:
 # -------------------------------------------------------------------------------------------- plots
 
 
+COLORS = {"direct": "tab:blue", "nginx": "tab:orange", "gateway-1w": "tab:green", "gateway-2w": "tab:red"}
+
+
 def plots(result: dict, out: Path) -> list[str]:
     try:
         import matplotlib
@@ -319,11 +328,13 @@ def plots(result: dict, out: Path) -> list[str]:
             for tgt in ("direct", "nginx", "gateway-1w", "gateway-2w"):
                 pts = sorted((s["concurrency"], s[key]) for s in rows if s["target"] == tgt and s[key] is not None)
                 if pts:
-                    ax.plot([str(c) for c, _ in pts], [v * scale for _, v in pts], marker="o", label=tgt)
+                    ax.plot([str(c) for c, _ in pts], [v * scale for _, v in pts], marker="o", label=tgt,
+                            color=COLORS[tgt])
             ax.set_title(label, fontsize=10)
             ax.set_xlabel("concurrency")
             ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=8)
+        handles = [plt.Line2D([], [], color=c, marker="o", label=t) for t, c in COLORS.items()]
+        axes[0].legend(handles=handles, fontsize=8)
         fig.suptitle(WORKLOADS[wl].title)
         fig.tight_layout()
         path = out / f"{wl}.png"

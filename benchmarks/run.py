@@ -12,18 +12,20 @@ printed, and a full run refreshes the table in benchmarks/README.md.
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import shutil
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from tests.support.triton import TritonServer
 
 from . import report
 from .loadgen import LoadResult, run_h2load, run_wrk
-from .procstat import Sampler, settle
+from .procstat import Sampler, settle, system_busy_seconds
 from .profiles import profile_workload
 from .targets import Nginx, Target, ensure_tools, gateway_routes_config, start_gateway
 from .workloads import WORKLOADS, Workload, verify, write_bodies
@@ -41,6 +43,7 @@ def measure(wl: Workload, target: Target, backend_pid: int, body: Path, headers,
     url_hp = target.grpc_url if wl.protocol == "grpc" else target.http_url
     url = f"http://{url_hp}{wl.path}"
     t0 = time.monotonic()
+    sys0, self0 = system_busy_seconds(), _self_cpu()
     with Sampler(target.pid, backend_pid) as sampler:
         if loadgen == "wrk" and wl.protocol == "http":
             res: LoadResult = run_wrk(url, body, headers, concurrency=concurrency, duration=duration)
@@ -48,6 +51,10 @@ def measure(wl: Workload, target: Target, backend_pid: int, body: Path, headers,
             res = run_h2load(url, body, headers, h1=wl.protocol == "http", concurrency=concurrency,
                              duration=duration)
     wall = time.monotonic() - t0
+    # CPU used on the machine during the run by anything but the proxy, Triton, the load generator
+    # and this harness: other people's processes. Reported so a noisy run is visible.
+    total_proxy, total_backend = sampler.total()
+    foreign = (system_busy_seconds() - sys0) - total_proxy - total_backend - res.loadgen_cpu_s - (_self_cpu() - self0)
     settled = settle([target.pid, backend_pid])
     if res.steady:
         assert res.first_done is not None and res.last_done is not None
@@ -64,9 +71,15 @@ def measure(wl: Workload, target: Target, backend_pid: int, body: Path, headers,
         "cpu_us_per_req": cpu / n * 1e6 if proxy else None,
         "backend_cpu_us_per_req": bcpu / n * 1e6,
         "loadgen_cpu_s": res.loadgen_cpu_s,
+        "foreign_cpu_frac": max(0.0, foreign) / wall / (os.cpu_count() or 1),
         "peak_rss_mb": sampler.peak_rss / 1e6 if proxy else None,
         "error": res.error,
     }
+
+
+def _self_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def run_duration(base: float, cap: float, concurrency: int, rps_estimate: float | None) -> float:
@@ -173,7 +186,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="results directory (default benchmarks/results/<date>[-quick])")
     ap.add_argument("--update-readme", choices=("auto", "yes", "no"), default="auto",
                     help="put the table into benchmarks/README.md (auto: full runs only)")
+    ap.add_argument("--report-from", type=Path, metavar="DIR",
+                    help="measure nothing: rebuild results.md, plots and the README section from DIR/results.json")
     args = ap.parse_args(argv)
+    if args.report_from:
+        import json
+
+        old = json.loads((args.report_from / "results.json").read_text())
+        result = report.build(old["meta"], old["runs"], old["scaling_runs"], old["profiles"])
+        report.write(result, args.report_from)
+        print((args.report_from / "results.md").read_text())
+        if args.update_readme == "yes" or (args.update_readme == "auto" and not old["meta"]["quick"]):
+            report.update_readme(HERE / "README.md", result, args.report_from)
+        return 0
 
     quick = args.quick
     names = args.workloads.split(",") if args.workloads else list(WORKLOADS)
@@ -189,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     warmup = args.warmup if args.warmup is not None else (0.5 if quick else 1.0)
 
     ensure_tools(install=not args.no_install)
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     out = args.out or HERE / "results" / (started.strftime("%Y-%m-%d") + ("-quick" if quick else ""))
     out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="oip-bench-"))
@@ -257,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         date=started.strftime("%Y-%m-%d %H:%M UTC"), quick=quick, duration_s=duration, rounds=rounds,
         max_duration_s=max_duration, warmup_s=warmup, concurrency=concurrency, workloads=names, loadgen=args.loadgen,
         nginx_workers=args.nginx_workers, scaling_routes=args.scaling_routes,
-        elapsed_s=round((datetime.now(timezone.utc) - started).total_seconds()),
+        elapsed_s=round((datetime.now(UTC) - started).total_seconds()),
         command="python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:]),
     )
     result = report.build(meta, runs, scaling, profiles)

@@ -19,7 +19,7 @@ from typing import Any
 from tests.support.gateway import GatewayProcess, gateway_config
 from tests.support.procs import terminate, wait_for
 
-__all__ = ["Target", "Nginx", "nginx_config", "gateway_routes_config", "start_gateway", "ensure_tools"]
+__all__ = ["Nginx", "Target", "ensure_tools", "gateway_routes_config", "nginx_config", "start_gateway"]
 
 TOOLS = {"nginx": "nginx", "h2load": "nghttp2-client", "wrk": "wrk"}
 APT_COMMAND = "apt-get update && apt-get install -y nginx nghttp2-client wrk"
@@ -129,7 +129,7 @@ class Nginx:
         self.proc: subprocess.Popen[bytes] | None = None
         self.http_port = self.grpc_port = 0
 
-    def start(self, attempts: int = 5) -> "Nginx":
+    def start(self, attempts: int = 5) -> Nginx:
         self.workdir.mkdir(parents=True, exist_ok=True)
         last = ""
         for _ in range(attempts):

@@ -20,6 +20,7 @@ minus the base (memory the allocator kept).
 from __future__ import annotations
 
 import asyncio
+import resource
 import statistics
 import time
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from typing import Any
 from tests.support.gateway import GatewayProcess, gateway_config
 from tests.support.procs import wait_for
 
+from .. import procstat  # the load benchmark's /proc helpers: CPU of a process tree
 from . import proc
 from .drive import Client, GrpcClient, HttpClient, check_answer, run_requests
 from .payloads import MODEL, Bodies
@@ -153,9 +155,15 @@ def make_client(path: Path, address: str) -> Client:
     return GrpcClient(address) if path.client == "grpc" else HttpClient(address, path.form)
 
 
+def _others(triton_pid: int | None) -> tuple[float, float]:
+    """CPU seconds so far of Triton's process tree (server + Python-backend stubs) and of this client."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return (procstat.cpu_seconds(triton_pid) if triton_pid else 0.0), ru.ru_utime + ru.ru_stime
+
+
 async def measure_case(
     client: Client, path: Path, bodies: Bodies, small: Bodies, pid: int | None, n: int, concurrency: int,
-    timeout: float,
+    timeout: float, triton_pid: int | None = None,
 ) -> dict[str, Any]:
     for _ in range(2):
         answers = await asyncio.gather(*(client.infer(small, timeout) for _ in range(concurrency)))
@@ -173,12 +181,16 @@ async def measure_case(
     row["answer_bytes"] = len(answer)
     del answer
     c0 = proc.counters(pid) if pid is not None else None
+    t0, k0 = _others(triton_pid)
     lat = await run_requests(lambda: client.infer(bodies, timeout), n, concurrency)
+    t1, k1 = _others(triton_pid)
     row.update(
         n=n,
         median_ms=statistics.median(lat) * 1e3,
         min_ms=min(lat) * 1e3,
         max_ms=max(lat) * 1e3,
+        triton_cpu_ms_per_req=(t1 - t0) * 1e3 / n if triton_pid else None,
+        client_cpu_ms_per_req=(k1 - k0) * 1e3 / n,
     )
     if pid is not None and c0 is not None:
         d = proc.counters(pid) - c0

@@ -57,36 +57,41 @@ def _verdict(met: bool | None) -> str:
 def _main_table(rows: list[dict[str, Any]], malloc: bool) -> list[str]:
     out = [
         "| path | MiB | c | n | median ms | min ms | first ms | CPU ms/req (usr+sys) | minflt/req "
-        "| peak growth MiB | ÷ in-flight ÷ payload | retained MiB | ≤1.5× |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| peak growth MiB | ÷ in-flight ÷ payload | retained MiB | ≤1.5× | Triton / client CPU ms/req |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in rows:
         if r["role"] == "direct" or r["malloc_env"] != malloc:
             continue
         head = f"| {r['path']} | {r['size_mib']} | {r['concurrency']} "
         if not _ok(r):
-            out.append(head + f"| {r.get('error') or 'skipped: ' + r['skipped']} |" + " |" * 9)
+            out.append(head + f"| {r.get('error') or 'skipped: ' + r['skipped']} |" + " |" * 10)
             continue
         mem_target = "–" if r["form"] == "json" else _verdict(r["x_payload"] <= MEMORY_TARGET)
         out.append(
             head + f"| {r['n']} | {_f(r['median_ms'])} | {_f(r['min_ms'])} | {_f(r['first_ms'])} "
             f"| {_f(r['cpu_ms_per_req'])} ({_f(r['user_ms_per_req'])}+{_f(r['sys_ms_per_req'])}) "
             f"| {r['minflt_per_req']:.0f} | {_f(r['peak_growth_mib'])} | {_f(r['x_payload'], 2)} "
-            f"| {_f(r['retained_mib'])} | {mem_target} |"
+            f"| {_f(r['retained_mib'])} | {mem_target} | {_others(r)} |"
         )
     return out
 
 
+def _others(r: dict[str, Any]) -> str:
+    return f"{_f(r.get('triton_cpu_ms_per_req'), 0)} / {_f(r.get('client_cpu_ms_per_req'), 0)}"
+
+
 def _direct_table(rows: list[dict[str, Any]]) -> list[str]:
-    out = ["| straight to Triton | MiB | n | median ms | min ms | first ms |", "|---|---:|---:|---:|---:|---:|"]
+    out = ["| straight to Triton | MiB | n | median ms | min ms | first ms | Triton / client CPU ms/req |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if r["role"] != "direct":
             continue
         if not _ok(r):
-            out.append(f"| {r['path']} | {r['size_mib']} | {r.get('error') or 'skipped'} | | | |")
+            out.append(f"| {r['path']} | {r['size_mib']} | {r.get('error') or 'skipped'} | | | | |")
             continue
         out.append(f"| {r['path']} | {r['size_mib']} | {r['n']} | {_f(r['median_ms'])} | {_f(r['min_ms'])} "
-                   f"| {_f(r['first_ms'])} |")
+                   f"| {_f(r['first_ms'])} | {_others(r)} |")
     return out
 
 

@@ -80,7 +80,7 @@ async def _run_case(
         try:
             row.update(await asyncio.wait_for(
                 measure_case(client, path, bodies, small, gw.proc.pid if gw and gw.proc else None,
-                             plan.count(path, size, c), c, plan.request_timeout_s),
+                             plan.count(path, size, c), c, plan.request_timeout_s, triton.proc.pid if triton.proc else None),
                 plan.case_timeout_s,
             ))
         finally:

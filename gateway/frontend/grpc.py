@@ -29,8 +29,9 @@ log = logging.getLogger("oip_gateway.grpc")
 SERVICE = "inference.GRPCInferenceService"
 
 
-def server_options(max_message_bytes: int) -> list[tuple[str, int]]:
+def server_options(max_message_bytes: int) -> list[tuple[str, int | str]]:
     return [
+        ("grpc.optimization_target", "throughput"),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.so_reuseport", 1),

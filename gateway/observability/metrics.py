@@ -23,6 +23,7 @@ class Metrics:
         # One line per finished request on logger "oip_gateway.access" (stderr), off by default:
         # at tens of thousands of requests per second a log line costs more than the proxying.
         self.access = logging.getLogger("oip_gateway.access") if access_log else None
+        self._children: dict[tuple[str, str, str, str | int], tuple[Counter, Histogram]] = {}
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -57,8 +58,16 @@ class Metrics:
     def observe(self, protocol: str, api: str, route: str, code: str | int, seconds: float,
                 model: str = "", version: str = "") -> None:
         """The one place a finished request is recorded: metrics and the access log."""
-        self.requests.labels(protocol, api, route, str(code)).inc()
-        self.request_seconds.labels(protocol, api).observe(seconds)
+        key = (protocol, api, route, code)
+        children = self._children.get(key)
+        if children is None:
+            # labels() takes a lock and builds a key per call; the label sets are
+            # bounded (routes × codes), so their children are cached here.
+            children = (self.requests.labels(protocol, api, route, str(code)),
+                        self.request_seconds.labels(protocol, api))
+            self._children[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
         if self.access is not None:
             self.access.info(
                 "%s %s model=%s version=%s route=%s code=%s ms=%.3f",
