@@ -52,10 +52,13 @@ class HealthChecker:
     """Keeps ``ready``, ``not_ready`` and each endpoint's ``healthy`` current.
 
     Cost is bounded for large route tables: every round checks each endpoint's
-    liveness, every route that is not (yet) known ready, and a rolling window
-    of ``recheck_per_round`` routes already known ready (to notice a model
-    being unloaded) — not every route every round. With 10,000 routes that is
-    hundreds of calls per round, not 10,000.
+    liveness; a route not known ready is checked with exponential backoff (every
+    round at first, then every 2, 4, … up to ``max_backoff_rounds`` rounds while
+    it stays unready); and a rolling window of ``recheck_per_round`` routes
+    already known ready is re-checked (to notice a model being unloaded). With
+    10,000 routes that is hundreds of calls per round, not 10,000 — the
+    benchmark measured 10,000 never-ready routes doubling gRPC CPU per request
+    when every one was probed every round.
     """
 
     def __init__(
@@ -68,6 +71,7 @@ class HealthChecker:
         on_round: Callable[[HealthChecker], None] | None = None,
         concurrency: int = 64,
         recheck_per_round: int = 256,
+        max_backoff_rounds: int = 32,
     ) -> None:
         self.pools = pools
         # (model, version or None, backend), deduplicated, in config order.
@@ -84,6 +88,9 @@ class HealthChecker:
         self._ready_on: list[object | None] = [None] * len(self.exact_routes)
         self._recheck = recheck_per_round
         self._cursor = 0
+        self._max_backoff = max_backoff_rounds
+        self._backoff = [1] * len(self.exact_routes)  # rounds between checks of an unready route
+        self._due = [0] * len(self.exact_routes)  # round at which an unready route is checked next
 
     async def _bounded(self, coro):
         async with self._sem:
@@ -101,8 +108,14 @@ class HealthChecker:
         for ep in candidates:
             if await self._bounded(endpoint_model_ready(pool, ep, model, version or "", self.timeout_s)):
                 self._ready_on[i] = ep
+                self._backoff[i] = 1
                 return
+        if self._ready_on[i] is not None:
+            self._backoff[i] = 1  # it just went away: look again next round
+        else:
+            self._backoff[i] = min(self._backoff[i] * 2, self._max_backoff)
         self._ready_on[i] = None
+        self._due[i] = self.rounds + self._backoff[i]
 
     async def check_once(self) -> bool:
         eps = [(pool, ep) for pool in self.pools.values() for ep in pool.endpoints]
@@ -111,7 +124,14 @@ class HealthChecker:
             ep.healthy = ok
 
         n = len(self.exact_routes)
-        todo = {i for i in range(n) if self._ready_on[i] is None or not self._ready_on[i].healthy}  # type: ignore[union-attr]
+        todo = set()
+        for i in range(n):
+            ep = self._ready_on[i]
+            if ep is None:
+                if self._due[i] <= self.rounds:
+                    todo.add(i)
+            elif not ep.healthy:  # type: ignore[attr-defined]
+                todo.add(i)
         window = min(self._recheck, n)
         todo.update((self._cursor + k) % n for k in range(window))
         self._cursor = (self._cursor + window) % n if n else 0
