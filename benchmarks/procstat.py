@@ -87,6 +87,7 @@ class Sampler:
     def __init__(self, proxy: int | None, backend: int | None, interval: float = 0.1) -> None:
         self.proxy, self.backend, self.interval = proxy, backend, interval
         self.peak_rss = 0
+        self.start_rss: int | None = None
         self.samples: list[tuple[float, float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -94,7 +95,10 @@ class Sampler:
     def _sample(self) -> None:
         self.samples.append((time.time(), cpu_seconds(self.proxy), cpu_seconds(self.backend)))
         if self.proxy is not None:
-            self.peak_rss = max(self.peak_rss, rss_bytes(self.proxy))
+            rss = rss_bytes(self.proxy)
+            self.peak_rss = max(self.peak_rss, rss)
+            if self.start_rss is None:
+                self.start_rss = rss
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

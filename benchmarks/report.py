@@ -235,6 +235,7 @@ def markdown(result: dict, *, profiles_dir: str = "profiles") -> str:
         f"{' (--quick)' if meta['quick'] else ''}; load generator: {meta['loadgen']} -t1 on the same machine "
         f"(with {meta['cpus']} cores it competes with the proxy and Triton for CPU, so absolute req/s are "
         "lower than on a dedicated client; the ratios are what to read).",
+        *(["", f"⚠ Note: {meta['note']}"] if meta.get("note") else []),
         "",
         "| workload | c | target | req/s | p50 ms | p99 ms | +p50 vs direct µs | proxy CPU µs/req | "
         "peak RSS MB | req/s ×nginx | req/s ×direct | CPU ×nginx |",

@@ -73,6 +73,8 @@ def measure(wl: Workload, target: Target, backend_pid: int, body: Path, headers,
         "loadgen_cpu_s": res.loadgen_cpu_s,
         "foreign_cpu_frac": max(0.0, foreign) / wall / (os.cpu_count() or 1),
         "peak_rss_mb": sampler.peak_rss / 1e6 if proxy else None,
+        # RSS when the run began: memory kept from earlier runs (allocators seldom return it) is in the peak.
+        "start_rss_mb": (sampler.start_rss or 0) / 1e6 if proxy else None,
         "error": res.error,
     }
 
@@ -186,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="results directory (default benchmarks/results/<date>[-quick])")
     ap.add_argument("--update-readme", choices=("auto", "yes", "no"), default="auto",
                     help="put the table into benchmarks/README.md (auto: full runs only)")
+    ap.add_argument("--note", help="a remark printed with the results (e.g. what else ran on the machine)")
     ap.add_argument("--report-from", type=Path, metavar="DIR",
                     help="measure nothing: rebuild results.md, plots and the README section from DIR/results.json")
     args = ap.parse_args(argv)
@@ -193,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         import json
 
         old = json.loads((args.report_from / "results.json").read_text())
+        if args.note is not None:
+            old["meta"]["note"] = args.note
         result = report.build(old["meta"], old["runs"], old["scaling_runs"], old["profiles"])
         report.write(result, args.report_from)
         print((args.report_from / "results.md").read_text())
@@ -280,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = report.machine_info()
     meta.update(
         date=started.strftime("%Y-%m-%d %H:%M UTC"), quick=quick, duration_s=duration, rounds=rounds,
-        max_duration_s=max_duration, warmup_s=warmup, concurrency=concurrency, workloads=names, loadgen=args.loadgen,
+        max_duration_s=max_duration, warmup_s=warmup, note=args.note, concurrency=concurrency,
+        workloads=names, loadgen=args.loadgen,
         nginx_workers=args.nginx_workers, scaling_routes=args.scaling_routes,
         elapsed_s=round((datetime.now(UTC) - started).total_seconds()),
         command="python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:]),
