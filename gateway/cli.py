@@ -15,8 +15,9 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__
-from .config import HostPort, load_config
+from .config import DEFAULT_MAX_MESSAGE_BYTES, HostPort, load_config
 from .errors import ConfigError
+from .malloc import tune_malloc
 
 __all__ = ["main"]
 
@@ -78,6 +79,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"error: {p}", file=sys.stderr)
         return 2
     workers = args.workers or config.workers
+    tune_malloc(config.max_message_bytes)
     _install_uvloop()
     if workers > 1:
         from .supervisor import supervise
@@ -90,6 +92,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     config = load_config(args.config)
+    tune_malloc(config.max_message_bytes)
     _install_uvloop()
     return asyncio.run(
         _serve_one(config, port_file=None, http_port=args.http_port, grpc_port=args.grpc_port, worker=True)
@@ -111,6 +114,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo.serve import run_demo
 
+    tune_malloc(DEFAULT_MAX_MESSAGE_BYTES)
     _install_uvloop()
     return asyncio.run(
         run_demo(
@@ -125,6 +129,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_reference(args: argparse.Namespace) -> int:
     from .demo.serve import run_reference
 
+    tune_malloc(DEFAULT_MAX_MESSAGE_BYTES)
     _install_uvloop()
     return asyncio.run(
         run_reference(http=HostPort.parse(args.http), grpc=HostPort.parse(args.grpc), port_file=args.port_file)

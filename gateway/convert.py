@@ -39,7 +39,10 @@ async def http_to_grpc(
     body = decode_content(body, headers.get("content-encoding"), limit)
     request = http_codec.decode_request(body, header_length(headers.get(HEADER_LENGTH), len(body)), model, version)
     default_binary, overrides = http_codec.binary_policy(request)
-    answer = await proxy._timed(pool, pool.infer(grpc_codec.encode_request(request), None))
+    message = grpc_codec.encode_request(request)
+    del body, request  # the HTTP body is not needed while the backend works
+    answer = await proxy._timed(pool, pool.infer(message, None))
+    del message
     try:
         response = grpc_codec.decode_response(answer)
     except InvalidRequest as exc:
@@ -58,7 +61,7 @@ async def grpc_to_http(
         pool,
         pool.request(
             "POST", model_path(model, version) + "/infer",
-            body=b"".join(chunks), headers=reply_headers(json_length), timeout=timeout,
+            body=chunks, headers=reply_headers(json_length), timeout=timeout,
         ),
     )
     if reply.status != 200:
@@ -70,4 +73,5 @@ async def grpc_to_http(
         response = http_codec.decode_response(body, header_length(reply.headers.get(HEADER_LENGTH), len(body)))
     except InvalidRequest as exc:
         raise BadUpstreamResponse(f"backend '{pool.name}' sent an unreadable response: {exc.message}") from exc
+    del reply, body
     return grpc_codec.encode_response(response)

@@ -138,7 +138,9 @@ class Proxy:
             )
             # Pass-through, errors included: the backend's status and body reach the client unchanged.
             return HttpReply(reply.status, reply.body, reply.headers)
-        return await convert.http_to_grpc(self, pool, model, version, body, headers)
+        call = convert.http_to_grpc(self, pool, model, version, body, headers)
+        del body  # freed once encoded, before the backend's answer arrives
+        return await call
 
     async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None) -> bytes:
         pool = self._pool(model, version)

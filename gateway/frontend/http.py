@@ -22,7 +22,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..dataplane import DataPlane
-from ..errors import GatewayError, PayloadTooLarge, UpstreamError
+from ..errors import GatewayError, InvalidRequest, PayloadTooLarge, UpstreamError
 from ..observability.metrics import UNROUTED, Metrics
 
 __all__ = ["build_http_app", "error_response"]
@@ -49,6 +49,33 @@ _INTERNAL = (500, orjson.dumps({"error": "internal gateway error"}), JSON)
 
 class _ClientGone(Exception):
     """The client disconnected before its request body arrived."""
+
+
+_PREALLOC = 1 << 20  # bodies above this are filled into one buffer sized by Content-Length
+
+
+async def _receive_into(receive: Receive, size: int) -> bytearray:
+    """The body, copied once into a buffer of its declared size: no chunk list held
+    beside a joined copy (2x the body at the join), and no fresh pages touched twice."""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    pos = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        chunk = message.get("body", b"")
+        if chunk:
+            end = pos + len(chunk)
+            if end > size:
+                raise InvalidRequest("request body is longer than its Content-Length")
+            view[pos:end] = chunk
+            pos = end
+        if not message.get("more_body", False):
+            break
+    if pos != size:
+        raise InvalidRequest("request body is shorter than its Content-Length")
+    return buf
 
 
 async def _receive_body(receive: Receive, limit: int) -> bytes:
@@ -139,25 +166,37 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             if declared is not None and declared.isdigit() and int(declared) > max_message_bytes:
                 raise PayloadTooLarge(
                     f"request body of {declared} bytes exceeds the limit of {max_message_bytes} bytes")
-            body = await _receive_body(receive, max_message_bytes)
+            if declared is not None and declared.isdigit() and int(declared) > _PREALLOC:
+                body: bytes | bytearray = await _receive_into(receive, int(declared))
+            else:
+                body = await _receive_body(receive, max_message_bytes)
             if metrics is not None:
                 metrics.request_bytes.labels("http").observe(len(body))
-            reply = await plane.infer_http(model, version, body, headers)
+            call = plane.infer_http(model, version, body, headers)
+            del body  # the data plane owns it now: freed as soon as it is encoded/sent upstream
+            reply = await call
             status = reply.status
-            content = reply.body if isinstance(reply.body, bytes) else b"".join(reply.body)
+            parts = [reply.body] if isinstance(reply.body, (bytes, bytearray)) else list(reply.body)
             out_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers.items()]
         except _ClientGone:
             return
         except GatewayError as err:
             status, content, ctype = error_parts(err)
+            parts = [content]
             out_headers = [(b"content-type", ctype.encode("latin-1"))]
         except Exception:
             log.exception("unhandled error in infer")
             status, content, ctype = _INTERNAL
+            parts = [content]
             out_headers = [(b"content-type", ctype.encode("latin-1"))]
-        out_headers.append((b"content-length", str(len(content)).encode("latin-1")))
+        # Each part goes to the transport as it is (uvloop queues a memoryview without
+        # copying it): the tensor bytes are not joined into one more copy of the answer.
+        parts = [p if isinstance(p, (bytes, bytearray)) else memoryview(p).cast("B") for p in parts]
+        out_headers.append((b"content-length", str(sum(len(p) for p in parts)).encode("latin-1")))
         await send({"type": "http.response.start", "status": status, "headers": out_headers})
-        await send({"type": "http.response.body", "body": content})
+        last = len(parts) - 1
+        for i, part in enumerate(parts):
+            await send({"type": "http.response.body", "body": part, "more_body": i < last})
         if metrics is not None:
             metrics.observe("http", "infer", route_label(model, version), status, time.perf_counter() - start,
                             model, version)

@@ -48,12 +48,14 @@ class H1Response:
 class _Connection(asyncio.Protocol):
     __slots__ = (
         "_body",
+        "_buf",
         "_complete",
         "_fut",
         "_got_bytes",
         "_headers",
         "_loop",
         "_parser",
+        "_pos",
         "_transport",
         "closed",
         "keep_alive",
@@ -66,6 +68,8 @@ class _Connection(asyncio.Protocol):
         self._fut: asyncio.Future[H1Response] | None = None
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
+        self._buf: memoryview | None = None
+        self._pos = 0
         self._got_bytes = False
         self._complete = False
         self.keep_alive = True
@@ -105,13 +109,30 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
+    def on_headers_complete(self) -> None:
+        length = self._headers.get("content-length", "")
+        if length.isdigit() and int(length) > 1 << 20:
+            # One buffer of the announced size, filled as chunks arrive: no chunk list
+            # beside a joined copy (2x the answer), no second set of fresh pages.
+            self._buf = memoryview(bytearray(int(length)))
+            self._pos = 0
+
     def on_body(self, body: bytes) -> None:
-        self._body.append(body)
+        if self._buf is not None:
+            end = self._pos + len(body)
+            self._buf[self._pos : end] = body
+            self._pos = end
+        else:
+            self._body.append(body)
 
     def on_message_complete(self) -> None:
         self._complete = True
         self.keep_alive = self._parser.should_keep_alive()
-        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        if self._buf is not None:
+            body = self._buf.obj[: self._pos] if self._pos != len(self._buf) else self._buf.obj
+            self._buf = None
+        else:
+            body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         fut = self._fut
         if fut is not None and not fut.done():
             fut.set_result(H1Response(self._parser.get_status_code(), self._headers, body))
@@ -138,9 +159,12 @@ class _Connection(asyncio.Protocol):
         timer = self._loop.call_later(timeout, self._timed_out)
         self._headers = {}
         self._body = []
+        self._buf = None
         self._got_bytes = False
         self._complete = False
-        if body is not None and len(body) <= 65536:
+        if isinstance(body, list):
+            self._transport.writelines([head, *body])  # each part as it is: no joined copy
+        elif body is not None and len(body) <= 65536:
             self._transport.write(head + body)  # one segment for small requests
         else:
             self._transport.write(head)
@@ -196,7 +220,12 @@ class H1ConnectionPool:
         timeout: float,
     ) -> H1Response:
         """One exchange; raises ConnectFailed, ConnectionDropped or asyncio.TimeoutError."""
-        head = self._head(method, path, headers, len(body) if body is not None else None)
+        if isinstance(body, list):
+            body = [b if isinstance(b, (bytes, bytearray)) else memoryview(b).cast("B") for b in body]
+            length: int | None = sum(len(b) for b in body)
+        else:
+            length = len(body) if body is not None else None
+        head = self._head(method, path, headers, length)
         while self._idle:
             conn = self._idle.pop()
             if conn.closed:
