@@ -14,12 +14,11 @@ import time
 from collections.abc import Awaitable, Callable
 
 import aiohttp
-import grpc
 from grpc import aio
 
 from .payloads import MODEL, Bodies
 
-__all__ = ["Client", "HttpClient", "GrpcClient", "run_requests", "check_answer"]
+__all__ = ["Client", "GrpcClient", "HttpClient", "check_answer", "run_requests"]
 
 _MAX = 512 * 1024 * 1024
 INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -104,10 +103,3 @@ async def run_requests(
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return latencies
 
-
-def grpc_ready(address: str, timeout: float) -> None:
-    ch = grpc.insecure_channel(address)
-    try:
-        grpc.channel_ready_future(ch).result(timeout=timeout)
-    finally:
-        ch.close()

@@ -34,7 +34,7 @@ class Counters:
     def cpu_s(self) -> float:
         return self.user_s + self.sys_s
 
-    def __sub__(self, other: "Counters") -> "Counters":
+    def __sub__(self, other: Counters) -> Counters:
         return Counters(self.user_s - other.user_s, self.sys_s - other.sys_s, self.minflt - other.minflt)
 
 

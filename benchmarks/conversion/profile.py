@@ -24,7 +24,7 @@ from typing import Any
 
 from . import proc
 
-__all__ = ["py_spy", "perf", "ThreadCpu", "Recorder", "summarize", "perf_summary"]
+__all__ = ["Recorder", "ThreadCpu", "perf", "perf_summary", "perf_text", "py_spy", "summarize"]
 
 _ADDR = re.compile(r"^0x[0-9a-f]+ \((.+)\)$")
 _PY = re.compile(r"^(.*) \((.+\.py):(\d+)\)$")
@@ -84,12 +84,12 @@ class Recorder:
             self.proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT)
 
     @classmethod
-    def py_spy(cls, exe: str, pid: int, out: Path, rate: int = 100) -> "Recorder":
+    def py_spy(cls, exe: str, pid: int, out: Path, rate: int = 100) -> Recorder:
         return cls([exe, "record", "--pid", str(pid), "--rate", str(rate), "--native", "--full-filenames",
                     "--format", "raw", "--output", str(out)], out.with_suffix(".log"))
 
     @classmethod
-    def perf(cls, exe: str, pid: int, out: Path, freq: int = 499) -> "Recorder":
+    def perf(cls, exe: str, pid: int, out: Path, freq: int = 499) -> Recorder:
         return cls([exe, "record", "-e", "cpu-clock", "-F", str(freq), "-g", "-p", str(pid), "-o", str(out)],
                    out.with_suffix(".log"))
 
@@ -185,3 +185,11 @@ def perf_summary(exe: str, data: Path, top: int = 15) -> dict[str, Any]:
             if kind == "." and ("memmove" in sym or "memcpy" in sym):
                 memcpy += float(children) / 100
     return {"self": flat[:top], "threads": by_comm, "page_fault_share": page_fault, "memcpy_share": memcpy}
+
+
+def perf_text(exe: str, data: Path, out: Path) -> None:
+    """The flat report as text beside the results (the binary perf.data is not kept)."""
+    res = subprocess.run([exe, "report", "-i", str(data), "--stdio", "-g", "none", "--no-children",
+                          "--sort", "comm,dso,sym", "--percent-limit", "0.2"], capture_output=True, text=True,
+                         timeout=300)
+    out.write_text(res.stdout)

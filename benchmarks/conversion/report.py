@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MEMORY_TARGET", "targets", "markdown", "write"]
+__all__ = ["MEMORY_TARGET", "markdown", "targets", "write"]
 
 MEMORY_TARGET = 1.5  # peak growth per in-flight request ≤ 1.5 × payload (binary / raw paths)
 JSON_SIZES = (16, 64)  # the JSON → gRPC vs Triton-HTTP latency target
@@ -108,7 +108,7 @@ def _malloc_table(rows: list[dict[str, Any]]) -> list[str]:
         if base is None:
             continue
 
-        def pair(key: str, digits: int = 1) -> str:
+        def pair(key: str, digits: int = 1, base: dict[str, Any] = base, r: dict[str, Any] = r) -> str:
             return f"{_f(base[key], digits)} → {_f(r[key], digits)}"
 
         out.append(

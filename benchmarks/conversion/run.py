@@ -1,6 +1,7 @@
-"""The run: one Triton, then every case in order within the plan's budget; then the report.
-
-Also the ``--profile`` run: py-spy on a fresh gateway during the large conversions.
+"""Conversion benchmark: the gateway's CPU, peak memory and latency per conversion path,
+against one real Triton (benchmarks/conversion/README.md). Cases run in order within the
+plan's time budget; ``--profile`` instead profiles the large conversions and measures the
+floors of the gateway's stack.
 """
 from __future__ import annotations
 
@@ -22,12 +23,25 @@ from typing import Any
 
 from tests.support.triton import TritonServer, triton_available
 
-from . import report
-from .cases import CONVERSIONS, DIRECT, FULL, MALLOC_ENV, PATHS, QUICK, MiB, Path, Plan, make_client, \
-    measure_case, start_gateway
+from . import proc, report
+from .cases import (
+    CONVERSIONS,
+    DIRECT,
+    FULL,
+    MALLOC_ENV,
+    PATHS,
+    QUICK,
+    MiB,
+    Path,
+    Plan,
+    make_client,
+    measure_case,
+    start_gateway,
+)
+from .floor import markdown as floor_markdown
+from .floor import measure_floors
 from .payloads import Bodies, build
-from . import proc
-from .profile import Recorder, ThreadCpu, perf, perf_summary, py_spy, summarize
+from .profile import Recorder, ThreadCpu, perf, perf_summary, perf_text, py_spy, summarize
 
 __all__ = ["main"]
 
@@ -80,12 +94,13 @@ async def _run_case(
         try:
             row.update(await asyncio.wait_for(
                 measure_case(client, path, bodies, small, gw.proc.pid if gw and gw.proc else None,
-                             plan.count(path, size, c), c, plan.request_timeout_s, triton.proc.pid if triton.proc else None),
+                             plan.count(path, size, c), c, plan.request_timeout_s,
+                             triton.proc.pid if triton.proc else None),
                 plan.case_timeout_s,
             ))
         finally:
             await client.close()
-    except Exception as exc:  # noqa: BLE001 - one failed case is reported, the run goes on
+    except Exception as exc:
         row["error"] = f"{type(exc).__name__}: {exc}"[:400]
         if gw is not None:
             row["gateway_log"] = gw.log_tail(10)
@@ -96,7 +111,8 @@ async def _run_case(
 
 
 def _summary(row: dict[str, Any]) -> str:
-    head = f"{row['path']:<18} {row['size_mib']:>3} MiB c={row['concurrency']}{' malloc-env' if row['malloc_env'] else ''}"
+    env = " malloc-env" if row["malloc_env"] else ""
+    head = f"{row['path']:<18} {row['size_mib']:>3} MiB c={row['concurrency']}{env}"
     if "skipped" in row or "error" in row:
         return f"{head}: {row.get('error') or 'skipped (' + row['skipped'] + ')'}"
     text = f"{head}: median {row['median_ms']:.1f} ms (n={row['n']})"
@@ -136,7 +152,7 @@ def _meta(plan: Plan, triton: TritonServer, wall: float) -> dict[str, Any]:
         "wall_s": wall,
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
-        "glibc": os.confstr("CS_GNU_LIBC_VERSION").split()[-1] if hasattr(os, "confstr") else "?",
+        "glibc": (os.confstr("CS_GNU_LIBC_VERSION") or "? ?").split()[-1],
         "kernel": platform.release(),
         "versions": versions,
         "malloc_env": MALLOC_ENV,
@@ -165,9 +181,10 @@ async def _profile(plan: Plan, triton: TritonServer, workdir: FsPath, out_dir: F
                 client = make_client(path, gw.http_url if path.client == "http" else gw.grpc_url)
                 try:
                     count = max(2, n // 3) if path.json else n
-                    # Warm up (connections, imports, one full-size request) before sampling.
+                    # Warm up (connections, imports, full-size requests) before sampling.
                     await measure_case(client, path, small, small, None, 2, 1, plan.request_timeout_s)
-                    await client.infer(bodies, plan.request_timeout_s)
+                    for _ in range(1 if path.json else 3):
+                        await client.infer(bodies, plan.request_timeout_s)
                     recorders = [Recorder.py_spy(spy, pid, out_dir / f"{name}.pyspy.txt")]
                     if perf_exe is not None:
                         recorders.append(Recorder.perf(perf_exe, pid, out_dir / f"{name}.perf.data"))
@@ -191,13 +208,25 @@ async def _profile(plan: Plan, triton: TritonServer, workdir: FsPath, out_dir: F
             }
             if (out_dir / f"{name}.pyspy.txt").exists():
                 summary["py_spy"] = summarize(out_dir / f"{name}.pyspy.txt", REPO)
-            if perf_exe is not None and (out_dir / f"{name}.perf.data").exists():
-                summary["perf"] = await asyncio.to_thread(perf_summary, perf_exe, out_dir / f"{name}.perf.data")
+            data = out_dir / f"{name}.perf.data"
+            if perf_exe is not None and data.exists():
+                summary["perf"] = await asyncio.to_thread(perf_summary, perf_exe, data)
+                await asyncio.to_thread(perf_text, perf_exe, data, out_dir / f"{name}.perf.txt")
+                data.unlink()
+            for log in out_dir.glob(f"{name}.*.log"):
+                log.unlink()
             found[name] = summary
             _log(f"profiled {name}: {summary['wall_ms_per_req']:.0f} ms/req, CPU {summary['cpu_ms_per_req']:.0f} "
                  f"ms/req, page faults {summary.get('perf', {}).get('page_fault_share', 0) * 100:.0f}% of samples")
-    (out_dir / "profile.json").write_text(json.dumps(found, indent=1))
-    (out_dir / "profile.md").write_text(_profile_markdown(size, found))
+    _log("floors: bare grpc.aio and uvicorn echo servers")
+    floors = await measure_floors(workdir, MALLOC_ENV, size * MiB)
+    (out_dir / "profile.json").write_text(json.dumps({"profiles": found, "floors": floors}, indent=1))
+    (out_dir / "profile.md").write_text(
+        _profile_markdown(size, found)
+        + f"\n## Floors: the same stack echoing {size} MiB with no gateway logic\n\n"
+        + "See benchmarks/conversion/floor.py. Any gateway path on these libraries costs at least this.\n\n"
+        + floor_markdown(floors)
+    )
     return found
 
 
@@ -230,9 +259,11 @@ def _profile_markdown(size: int, found: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.conversion", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="1 and 16 MiB only, fewer requests (≤ 2 min)")
-    ap.add_argument("--out", type=FsPath, default=None, help="results directory (default: results/<date>[/quick])")
+    ap.add_argument("--out", type=FsPath, default=None,
+                    help="results directory (default: results/<date>[/quick|/profile])")
     ap.add_argument("--profile", action="store_true",
-                    help="instead of the table: py-spy on the gateway during the large conversion paths")
+                    help="instead of the table: py-spy and perf on the gateway during the large conversion "
+                         "paths, and the floors of its stack (bare grpc.aio / uvicorn echo servers)")
     ap.add_argument("--profile-size", type=int, default=64, help="tensor MiB for --profile (default 64)")
     ap.add_argument("--profile-requests", type=int, default=8, help="binary requests sampled per path")
     ap.add_argument("--paths", default=None,

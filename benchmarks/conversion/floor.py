@@ -1,0 +1,175 @@
+"""Floors (``--floor``): the gateway's own stack with no gateway logic, echoing a 64 MiB body.
+
+What grpc.aio and uvicorn cost by themselves bounds what any code on top of them can
+reach: a bare grpc.aio generic-handler echo and a bare uvicorn ASGI echo, each in a fresh
+process measured like a gateway row (peak growth over one body, CPU and faults per
+request). The uvicorn echo runs three ways: joining the received chunks and sending one
+bytes object (what a straightforward handler does), filling one buffer sized by
+Content-Length instead, and that plus sending the answer as memoryview parts (no copy).
+
+Run the servers with ``python -m benchmarks.conversion.floor MODE PORTFILE``.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.support.procs import terminate, wait_for
+
+from . import proc
+
+__all__ = ["MODES", "measure_floors"]
+
+MODES = ("grpc-echo", "asgi-join", "asgi-prealloc", "asgi-prealloc-parts")
+_MAX = 512 * 1024 * 1024
+_METHOD = "/floor.Echo/Echo"
+
+
+# ------------------------------------------------------------------------------------ servers
+def _asgi_app(prealloc: bool, parts: bool):
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        size = int(dict(scope["headers"]).get(b"content-length", b"0"))
+        body: bytes | bytearray
+        if prealloc:
+            body = bytearray(size)
+            view, pos = memoryview(body), 0
+            while True:
+                m = await receive()
+                chunk = m.get("body", b"")
+                view[pos : pos + len(chunk)] = chunk
+                pos += len(chunk)
+                if not m.get("more_body"):
+                    break
+        else:
+            chunks = []
+            while True:
+                m = await receive()
+                chunks.append(m.get("body", b""))
+                if not m.get("more_body"):
+                    break
+            body = b"".join(chunks)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(body)).encode())]})
+        if parts:
+            view = memoryview(body)
+            await send({"type": "http.response.body", "body": view[:1024], "more_body": True})
+            await send({"type": "http.response.body", "body": view[1024:]})
+        else:
+            await send({"type": "http.response.body", "body": bytes(body) if prealloc else body})
+
+    return app
+
+
+async def _serve(mode: str, port_file: Path) -> None:
+    if mode == "grpc-echo":
+        import grpc
+        from grpc import aio
+
+        server = aio.server(options=[("grpc.max_send_message_length", _MAX),
+                                     ("grpc.max_receive_message_length", _MAX)])
+
+        async def echo(request: bytes, context: Any) -> bytes:
+            return request
+
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "floor.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo)}),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        port_file.write_text(str(port))
+        await server.wait_for_termination()
+        return
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    cfg = uvicorn.Config(_asgi_app(mode != "asgi-join", mode == "asgi-prealloc-parts"), loop="none",
+                         http="httptools", lifespan="off", log_level="warning")
+    port_file.write_text(str(sock.getsockname()[1]))
+    await uvicorn.Server(cfg).serve(sockets=[sock])
+
+
+# ------------------------------------------------------------------------------------ measuring
+async def _measure(mode: str, workdir: Path, env: dict[str, str] | None, size: int, n: int) -> dict[str, Any]:
+    import aiohttp
+    from grpc import aio
+
+    port_file = workdir / f"floor-{mode}.port"
+    port_file.unlink(missing_ok=True)
+    server = subprocess.Popen([sys.executable, "-m", "benchmarks.conversion.floor", mode, str(port_file)],
+                              env=dict(os.environ, **(env or {})))
+    try:
+        port = int(wait_for(lambda: port_file.exists() and port_file.read_text(), timeout=30, what=mode))
+        payload = os.urandom(size)
+        if mode == "grpc-echo":
+            channel = aio.insecure_channel(f"127.0.0.1:{port}", options=[
+                ("grpc.max_send_message_length", _MAX), ("grpc.max_receive_message_length", _MAX)])
+            call = channel.unary_unary(_METHOD)
+
+            async def one(body: bytes) -> bytes:
+                return await call(body, timeout=60)
+        else:
+            session = aiohttp.ClientSession()
+
+            async def one(body: bytes) -> bytes:
+                async with session.post(f"http://127.0.0.1:{port}/", data=body,
+                                        timeout=aiohttp.ClientTimeout(total=60)) as resp:
+                    return await resp.read()
+        try:
+            for _ in range(2):
+                await one(b"x" * 1024)
+            reset = proc.reset_peak(server.pid)
+            base = proc.memory(server.pid)["rss"]
+            for _ in range(3):
+                await one(payload)
+            c0, lat = proc.counters(server.pid), []
+            for _ in range(n):
+                t = time.perf_counter()
+                answer = await one(payload)
+                lat.append(time.perf_counter() - t)
+                if len(answer) != size:
+                    raise RuntimeError(f"{mode}: echo of {len(answer)} bytes, sent {size}")
+            d, mem = proc.counters(server.pid) - c0, proc.memory(server.pid)
+        finally:
+            await (channel.close() if mode == "grpc-echo" else session.close())
+        return {"mode": mode, "malloc_env": env is not None, "size_mib": size >> 20, "n": n, "peak_reset": reset,
+                "x_payload": (mem["hwm"] - base) / size, "cpu_ms_per_req": d.cpu_s * 1e3 / n,
+                "sys_ms_per_req": d.sys_s * 1e3 / n, "minflt_per_req": d.minflt / n,
+                "median_ms": statistics.median(lat) * 1e3}
+    finally:
+        terminate(server)
+
+
+async def measure_floors(workdir: Path, malloc_env: dict[str, str], size: int = 64 << 20,
+                         n: int = 5) -> list[dict[str, Any]]:
+    rows = []
+    for mode in MODES:
+        for env in (None, malloc_env):
+            rows.append(await _measure(mode, workdir, env, size, n))
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| echo server (no gateway logic) | allocator | peak growth ÷ payload | CPU ms/req (sys) "
+             "| minflt/req | median ms |", "|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['mode']} | {'tuned' if r['malloc_env'] else 'default'} | {r['x_payload']:.2f} "
+                     f"| {r['cpu_ms_per_req']:.0f} ({r['sys_ms_per_req']:.0f}) | {r['minflt_per_req']:.0f} "
+                     f"| {r['median_ms']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    import uvloop
+
+    uvloop.install()
+    asyncio.run(_serve(sys.argv[1], Path(sys.argv[2])))
