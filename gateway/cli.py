@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 
@@ -40,17 +39,9 @@ def _install_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-async def _wait_for_signal() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-
-
 async def _serve_one(config, *, port_file: str | None, http_port: int | None, grpc_port: int | None,
                      worker: bool) -> int:
-    from .server import Gateway
+    from .server import Gateway, wait_for_signal
     from .supervisor import announce
 
     gw = Gateway(config)
@@ -65,7 +56,7 @@ async def _serve_one(config, *, port_file: str | None, http_port: int | None, gr
     else:
         announce(ports, port_file)
     try:
-        await _wait_for_signal()
+        await wait_for_signal()
     finally:
         await gw.stop()
     return 0

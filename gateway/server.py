@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,6 +31,15 @@ from .upstream.health import HealthChecker
 __all__ = ["Gateway", "Listeners", "Ports", "bind_socket"]
 
 log = logging.getLogger("oip_gateway")
+
+
+async def wait_for_signal() -> None:
+    """Return on SIGTERM or SIGINT: the process owner's cue to drain and stop."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
 
 
 def bind_socket(addr: HostPort, *, listen: bool = True) -> socket.socket:

@@ -7,12 +7,10 @@ server alone (tests use it as a second real backend).
 """
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
 
 from ..config.schema import Backend, GatewayConfig, Health, HostPort, Listen, Route
-from ..server import Gateway, Listeners, Ports
+from ..server import Gateway, Listeners, Ports, wait_for_signal
 from ..supervisor import announce
 from .models import default_repository
 from .plane import DemoPlane
@@ -25,14 +23,6 @@ log = logging.getLogger("oip_gateway.demo")
 # shows pass-through and conversion: add_sub lives in the HTTP pool, every
 # other model in the gRPC pool, so each client protocol meets both paths.
 _LOOPBACK = HostPort("127.0.0.1", 0)
-
-
-async def _until_signal() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
 
 
 async def start_reference(http: HostPort | None, grpc: HostPort | None, max_message_bytes: int) -> Listeners:
@@ -62,7 +52,7 @@ async def run_reference(*, http: HostPort, grpc: HostPort, port_file: str | None
     ref = await start_reference(http, grpc, max_message_bytes)
     announce(ref.ports, port_file)
     try:
-        await _until_signal()
+        await wait_for_signal()
     finally:
         await ref.stop()
     return 0
@@ -78,7 +68,7 @@ async def run_demo(*, http: HostPort, grpc: HostPort, metrics: HostPort, port_fi
     log.warning("demo models: %s", ", ".join(default_repository()))
     announce(ports, port_file)
     try:
-        await _until_signal()
+        await wait_for_signal()
     finally:
         await gw.stop()
         await ref.stop()
