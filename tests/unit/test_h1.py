@@ -32,7 +32,7 @@ async def test_keep_alive_reuses_one_connection():
         connections += 1
         while True:
             try:
-                head, body = await read_request(reader)
+                _, body = await read_request(reader)
             except asyncio.IncompleteReadError:
                 return
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
