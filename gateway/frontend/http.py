@@ -133,7 +133,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                 response = error_response(err)
             except Exception:
                 log.exception("unhandled error in %s", api)
-                response = Response(orjson.dumps({"error": "internal gateway error"}), 500, media_type=JSON)
+                response = Response(_INTERNAL[1], _INTERNAL[0], media_type=_INTERNAL[2])
             if metrics is not None:
                 label = route_label(model, version) if model else ""
                 metrics.observe("http", api, label, response.status_code, time.perf_counter() - start,
