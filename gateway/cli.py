@@ -3,7 +3,7 @@
     oip-gateway serve --config FILE [--workers N] [--port-file PATH]
     oip-gateway check FILE
     oip-gateway demo [--http HOST:PORT] [--grpc HOST:PORT] [--metrics HOST:PORT]
-    oip-gateway reference [--http HOST:PORT] [--grpc HOST:PORT]
+    oip-gateway reference [--http HOST:PORT] [--grpc HOST:PORT] [--metrics HOST:PORT]
 """
 from __future__ import annotations
 
@@ -123,7 +123,8 @@ def cmd_reference(args: argparse.Namespace) -> int:
     tune_malloc(DEFAULT_MAX_MESSAGE_BYTES)
     _install_uvloop()
     return asyncio.run(
-        run_reference(http=HostPort.parse(args.http), grpc=HostPort.parse(args.grpc), port_file=args.port_file)
+        run_reference(http=HostPort.parse(args.http), grpc=HostPort.parse(args.grpc), port_file=args.port_file,
+                      metrics=HostPort.parse(args.metrics) if args.metrics else None)
     )
 
 
@@ -153,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     ref = sub.add_parser("reference", help="run only the built-in reference V2 server (the demo's backend)")
     ref.add_argument("--http", default="127.0.0.1:0")
     ref.add_argument("--grpc", default="127.0.0.1:0")
+    ref.add_argument("--metrics", default=None, help="also serve Prometheus metrics here (off by default)")
     ref.add_argument("--port-file", help="write the bound ports as JSON here once serving")
     ref.set_defaults(func=cmd_reference)
 

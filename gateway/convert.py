@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING
 
 from .codec import grpc as grpc_codec
 from .codec import http as http_codec
-from .codec.content import HEADER_LENGTH, decode_content, encode_content, header_length, reply_headers
+from .codec.content import (
+    HEADER_LENGTH,
+    decode_content,
+    encode_content,
+    header_length,
+    reply_headers,
+    sequence_key,
+)
 from .dataplane import HttpReply
 from .errors import BadUpstreamResponse, InvalidRequest
 from .upstream.http import error_from_reply, model_path
@@ -40,8 +47,9 @@ async def http_to_grpc(
     request = http_codec.decode_request(body, header_length(headers.get(HEADER_LENGTH), len(body)), model, version)
     default_binary, overrides = http_codec.binary_policy(request)
     message = grpc_codec.encode_request(request)
+    affinity = sequence_key(request.parameters.get("sequence_id"))
     del body, request  # the HTTP body is not needed while the backend works
-    answer = await proxy._timed(pool, pool.infer(message, None))
+    answer = await proxy._timed(pool, pool.infer(message, None, affinity))
     del message
     try:
         response = grpc_codec.decode_response(answer)
@@ -53,7 +61,8 @@ async def http_to_grpc(
 
 
 async def grpc_to_http(
-    proxy: Proxy, pool: HttpPool, model: str, version: str, message: bytes, timeout: float | None
+    proxy: Proxy, pool: HttpPool, model: str, version: str, message: bytes, timeout: float | None,
+    affinity: str | None = None,
 ) -> bytes:
     request = grpc_codec.decode_request(message)
     chunks, json_length = http_codec.encode_request(request, binary=pool.backend.binary_extension)
@@ -61,7 +70,7 @@ async def grpc_to_http(
         pool,
         pool.request(
             "POST", model_path(model, version) + "/infer",
-            body=chunks, headers=reply_headers(json_length), timeout=timeout,
+            body=chunks, headers=reply_headers(json_length), timeout=timeout, affinity=affinity,
         ),
     )
     if reply.status != 200:

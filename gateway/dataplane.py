@@ -50,7 +50,9 @@ class DataPlane(Protocol):
         ...
 
     async def infer_grpc(
-        self, message: bytes, model: str, version: str, timeout: float | None
+        self, message: bytes, model: str, version: str, timeout: float | None, affinity: str | None = None
     ) -> bytes:
-        """``message`` is a serialized ModelInferRequest; return a serialized ModelInferResponse."""
+        """``message`` is a serialized ModelInferRequest; return a serialized ModelInferResponse.
+        ``affinity`` is the request's ``sequence_id`` (None outside sequences): requests that
+        share one must reach the same backend endpoint."""
         ...

@@ -15,6 +15,7 @@ import orjson
 
 from . import __version__, convert
 from ._pb import grpc_predict_v2_pb2 as pb
+from .codec.content import HEADER_LENGTH, sequence_of_json
 from .config.schema import GatewayConfig
 from .dataplane import HttpReply
 from .errors import ModelNotFound
@@ -134,7 +135,8 @@ class Proxy:
         if isinstance(pool, HttpPool):
             fwd = {k: v for k in _FORWARDED if (v := headers.get(k)) is not None}
             reply = await self._timed(
-                pool, pool.request("POST", model_path(model, version) + "/infer", body=body, headers=fwd)
+                pool, pool.request("POST", model_path(model, version) + "/infer", body=body, headers=fwd,
+                                   affinity=sequence_of_json(body, headers.get(HEADER_LENGTH)))
             )
             # Pass-through, errors included: the backend's status and body reach the client unchanged.
             return HttpReply(reply.status, reply.body, reply.headers)
@@ -142,8 +144,9 @@ class Proxy:
         del body  # freed once encoded, before the backend's answer arrives
         return await call
 
-    async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None) -> bytes:
+    async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
+                         affinity: str | None = None) -> bytes:
         pool = self._pool(model, version)
         if isinstance(pool, GrpcPool):
-            return await self._timed(pool, pool.infer(message, timeout))
-        return await convert.grpc_to_http(self, pool, model, version, message, timeout)
+            return await self._timed(pool, pool.infer(message, timeout, affinity))
+        return await convert.grpc_to_http(self, pool, model, version, message, timeout, affinity)

@@ -6,12 +6,12 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import settings
 
+from tests.support.gateway import GatewayProcess, ReferenceServer, gateway_config
+from tests.support.procs import wait_for
+
 # No per-example deadline: the machine is shared and noisy; correctness is what is asserted here.
 settings.register_profile("oip", deadline=None)
 settings.load_profile("oip")
-
-from tests.support.gateway import GatewayProcess, ReferenceServer, gateway_config
-from tests.support.procs import wait_for
 
 # Every model both test backends serve (tests/models/triton and gateway/demo).
 MODELS = ["add_sub", "string_reverse"]

@@ -13,6 +13,8 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 
+import orjson
+
 from ..errors import InvalidRequest, PayloadTooLarge, Unsupported
 
 __all__ = [
@@ -23,6 +25,8 @@ __all__ = [
     "encode_content",
     "header_length",
     "reply_headers",
+    "sequence_key",
+    "sequence_of_json",
 ]
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -107,3 +111,38 @@ def reply_headers(json_length: int | None, content_encoding: str | None = None) 
     if content_encoding:
         headers["content-encoding"] = content_encoding
     return headers
+
+
+def sequence_key(value: object) -> str | None:
+    """A ``sequence_id`` parameter as an affinity key; None for absent, 0, "" or other types
+    (Triton: 0 means "not part of a sequence")."""
+    if isinstance(value, bool) or value in (None, 0, ""):
+        return None
+    if isinstance(value, (int, str)):
+        return str(value)
+    return None
+
+
+_SEQUENCE = b'"sequence_id"'
+
+
+def sequence_of_json(body: bytes | bytearray, header_length_value: str | None) -> str | None:
+    """``parameters.sequence_id`` of a pass-through JSON (or binary-extension) request.
+
+    The body is not parsed unless its JSON part mentions ``"sequence_id"`` at all (one
+    C-speed ``find``), so requests outside sequences cost next to nothing. Compressed
+    bodies are not looked into: they are spread like any other request.
+    """
+    end = len(body)
+    if header_length_value is not None:
+        text = header_length_value.strip()
+        if text.isdigit():
+            end = min(int(text), end)
+    if body.find(_SEQUENCE, 0, end) < 0:
+        return None
+    try:
+        doc = orjson.loads(memoryview(body)[:end])
+    except orjson.JSONDecodeError:
+        return None  # malformed: the backend will say so
+    params = doc.get("parameters") if isinstance(doc, dict) else None
+    return sequence_key(params.get("sequence_id")) if isinstance(params, dict) else None

@@ -13,7 +13,14 @@ from collections.abc import Iterator
 
 from ..errors import InvalidRequest
 
-__all__ = ["encode_len_field", "encode_varint", "iter_fields", "read_varint", "scan_name_version"]
+__all__ = [
+    "encode_len_field",
+    "encode_varint",
+    "iter_fields",
+    "read_varint",
+    "scan_infer_routing",
+    "scan_name_version",
+]
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 
@@ -89,6 +96,56 @@ def scan_name_version(buf: bytes | memoryview) -> tuple[str, str]:
                 version = bytes(value)  # type: ignore[arg-type]
     try:
         return name.decode("utf-8"), version.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest("model name or version is not valid UTF-8") from exc
+
+
+def _sequence_of_entry(entry: memoryview) -> str | None:
+    """The value of a ``parameters`` map entry (key 1, InferParameter 2) when its key is
+    ``sequence_id``: int64 (2), string (3) or uint64 (5) as Triton's sequence batcher takes it."""
+    key = b""
+    param: memoryview | None = None
+    for fnum, wtype, value in iter_fields(entry):
+        if wtype == _LEN and fnum == 1:
+            key = bytes(value)  # type: ignore[arg-type]
+        elif wtype == _LEN and fnum == 2:
+            param = value  # type: ignore[assignment]
+    if key != b"sequence_id" or param is None:
+        return None
+    found: str | None = None
+    for fnum, wtype, value in iter_fields(param):
+        if wtype == _VARINT and fnum in (2, 5):
+            number = int(value)  # type: ignore[arg-type]
+            if fnum == 2 and number >= 1 << 63:  # int64 is two's complement on the wire
+                number -= 1 << 64
+            found = str(number) if number else None
+        elif wtype == _LEN and fnum == 3:
+            found = bytes(value).decode("utf-8", "replace") or None  # type: ignore[arg-type]
+    return found
+
+
+def scan_infer_routing(buf: bytes | memoryview) -> tuple[str, str, str | None]:
+    """(model_name, model_version, sequence_id) of a serialized ModelInferRequest, in one walk.
+
+    ``sequence_id`` (request parameter, field 4 map entries) is None when absent or 0
+    (Triton: 0 means "not part of a sequence"); it pins a sequence to one endpoint.
+    """
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    name = version = b""
+    sequence: str | None = None
+    for fnum, wtype, value in iter_fields(view):
+        if wtype != _LEN:
+            continue
+        if fnum == 1:
+            name = bytes(value)  # type: ignore[arg-type]
+        elif fnum == 2:
+            version = bytes(value)  # type: ignore[arg-type]
+        elif fnum == 4:
+            found = _sequence_of_entry(value)  # type: ignore[arg-type]
+            if found is not None:
+                sequence = found
+    try:
+        return name.decode("utf-8"), version.decode("utf-8"), sequence
     except UnicodeDecodeError as exc:
         raise InvalidRequest("model name or version is not valid UTF-8") from exc
 

@@ -77,7 +77,7 @@ class DemoPlane:
         return HttpReply(200, chunks, reply_headers(json_length, coding))
 
     async def infer_grpc(
-        self, message: bytes, model: str, version: str, timeout: float | None
+        self, message: bytes, model: str, version: str, timeout: float | None, affinity: str | None = None
     ) -> bytes:
         # ``timeout`` is moot: the models answer in microseconds, inline.
         target = self.repository.resolve(model, version)

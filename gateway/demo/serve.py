@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from ..config.schema import Backend, GatewayConfig, Health, HostPort, Listen, Route
+from ..observability.metrics import Metrics
 from ..server import Gateway, Listeners, Ports, wait_for_signal
 from ..supervisor import announce
 from .models import default_repository
@@ -25,9 +26,12 @@ log = logging.getLogger("oip_gateway.demo")
 _LOOPBACK = HostPort("127.0.0.1", 0)
 
 
-async def start_reference(http: HostPort | None, grpc: HostPort | None, max_message_bytes: int) -> Listeners:
-    listeners = Listeners(DemoPlane(default_repository()), max_message_bytes)
-    await listeners.start(http=http, grpc=grpc)
+async def start_reference(http: HostPort | None, grpc: HostPort | None, max_message_bytes: int,
+                          metrics: HostPort | None = None) -> Listeners:
+    observed = Metrics() if metrics is not None else None
+    listeners = Listeners(DemoPlane(default_repository()), max_message_bytes, observed)
+    await listeners.start(http=http, grpc=grpc, metrics_addr=metrics,
+                          metrics_registry=observed.registry if observed else None)
     return listeners
 
 
@@ -48,8 +52,8 @@ def demo_config(ref: Ports, *, http: HostPort, grpc: HostPort, metrics: HostPort
 
 
 async def run_reference(*, http: HostPort, grpc: HostPort, port_file: str | None,
-                        max_message_bytes: int = 256 * 1024 * 1024) -> int:
-    ref = await start_reference(http, grpc, max_message_bytes)
+                        metrics: HostPort | None = None, max_message_bytes: int = 256 * 1024 * 1024) -> int:
+    ref = await start_reference(http, grpc, max_message_bytes, metrics)
     announce(ref.ports, port_file)
     try:
         await wait_for_signal()

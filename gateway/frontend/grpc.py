@@ -17,7 +17,7 @@ import grpc
 from grpc import aio
 
 from .._pb import grpc_predict_v2_pb2 as pb
-from ..codec.wire import scan_name_version
+from ..codec.wire import scan_infer_routing
 from ..dataplane import DataPlane
 from ..errors import GatewayError, InvalidRequest
 from ..observability.metrics import UNROUTED, Metrics
@@ -106,13 +106,14 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
         return _metadata_message(meta), route_label(req.name, req.version), req.name, req.version
 
     async def model_infer(message: bytes, ctx: aio.ServicerContext):
-        model, version = scan_name_version(message)
+        model, version, sequence = scan_infer_routing(message)
         if not model:
             raise InvalidRequest("ModelInferRequest.model_name is required")
         if metrics is not None:
             metrics.request_bytes.labels("grpc").observe(len(message))
         label = route_label(model, version)
-        return await plane.infer_grpc(message, model, version, ctx.time_remaining()), label, model, version
+        answer = await plane.infer_grpc(message, model, version, ctx.time_remaining(), sequence)
+        return answer, label, model, version
 
     def typed(fn, req_type, resp_type):
         return grpc.unary_unary_rpc_method_handler(

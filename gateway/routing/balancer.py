@@ -3,9 +3,15 @@
 Round robin over the endpoints currently believed healthy; when none is,
 round robin over all of them (a pool never refuses to try — the health state
 may be stale, and the upstream call reports the real failure).
+
+A request with an affinity key (Triton's ``sequence_id``: every request of a
+stateful sequence must reach the server holding its state) goes to the
+endpoint that rendezvous hashing picks for the key. When that endpoint is
+unhealthy only its own sequences move; the others keep their endpoint.
 """
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Generic, Protocol, TypeVar
 
@@ -14,6 +20,7 @@ __all__ = ["HasHealth", "RoundRobin"]
 
 class HasHealth(Protocol):
     healthy: bool
+    address: object
 
 
 E = TypeVar("E", bound=HasHealth)
@@ -28,11 +35,14 @@ class RoundRobin(Generic[E]):
         self._endpoints = tuple(endpoints)
         self._next = 0
 
-    def order(self) -> list[E]:
+    def order(self, affinity: str | None = None) -> list[E]:
         """All endpoints, the chosen one first, healthy ones before unhealthy ones.
 
         The caller tries them in this order when an attempt fails to connect.
         """
+        if affinity is not None and len(self._endpoints) > 1:
+            ranked = sorted(self._endpoints, key=lambda e: _weight(affinity, e), reverse=True)
+            return [e for e in ranked if e.healthy] + [e for e in ranked if not e.healthy]
         n = len(self._endpoints)
         start = self._next
         self._next = (start + 1) % n
@@ -43,3 +53,8 @@ class RoundRobin(Generic[E]):
         if len(healthy) == n:
             return list(rotated)
         return healthy + [e for e in rotated if not e.healthy]
+
+
+def _weight(key: str, endpoint: HasHealth) -> int:
+    digest = hashlib.blake2b(f"{key}|{endpoint.address}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")

@@ -87,18 +87,18 @@ class GrpcPool:
             await ep.channel.close()
         self.endpoints.clear()
 
-    async def infer(self, message: bytes, timeout: float | None) -> bytes:
+    async def infer(self, message: bytes, timeout: float | None, affinity: str | None = None) -> bytes:
         """Forward a serialized ModelInferRequest; return the serialized response."""
-        return await self._call(lambda ep: ep.infer, message, timeout)
+        return await self._call(lambda ep: ep.infer, message, timeout, affinity=affinity)
 
     async def call(self, rpc: str, request: Any, timeout: float | None = None,
                    endpoint: GrpcEndpoint | None = None) -> Any:
         return await self._call(lambda ep: ep.typed[rpc], request, timeout, endpoint)
 
     async def _call(self, pick, request: Any, timeout: float | None,
-                    endpoint: GrpcEndpoint | None = None) -> Any:
+                    endpoint: GrpcEndpoint | None = None, affinity: str | None = None) -> Any:
         assert self.balancer is not None, "pool not started"
-        order = [endpoint] if endpoint is not None else self.balancer.order()
+        order = [endpoint] if endpoint is not None else self.balancer.order(affinity)
         tmo = self.backend.timeout_s if timeout is None else min(timeout, self.backend.timeout_s)
         failures: list[str] = []
         for ep in order:

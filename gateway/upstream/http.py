@@ -90,15 +90,16 @@ class HttpPool:
         method: str,
         path: str,
         *,
-        body: bytes | None = None,
+        body: bytes | bytearray | list[bytes | memoryview] | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
         endpoint: HttpEndpoint | None = None,
+        affinity: str | None = None,
     ) -> UpstreamReply:
         """Send to the pool (or to one ``endpoint``); fail over to the next endpoint
         only when no answer could have been produced (connection refused, or closed
         before a byte of the answer), so a request that a backend answered never runs twice."""
-        order = [endpoint] if endpoint is not None else self.balancer.order()
+        order = [endpoint] if endpoint is not None else self.balancer.order(affinity)
         tmo = self.backend.timeout_s if timeout is None else min(timeout, self.backend.timeout_s)
         failures: list[str] = []
         for ep in order:

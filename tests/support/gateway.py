@@ -85,8 +85,9 @@ class _PortFileProcess:
 class ReferenceServer(_PortFileProcess):
     """The built-in reference V2 server (``oip-gateway reference``)."""
 
-    def __init__(self, workdir: Path, name: str = "reference") -> None:
-        super().__init__(["reference", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"], workdir, name)
+    def __init__(self, workdir: Path, name: str = "reference", *, metrics: bool = False) -> None:
+        extra = ["--metrics", "127.0.0.1:0"] if metrics else []
+        super().__init__(["reference", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", *extra], workdir, name)
 
 
 def gateway_config(
