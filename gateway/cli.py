@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from . import __version__
 from .config import DEFAULT_MAX_MESSAGE_BYTES, HostPort, load_config
-from .errors import ConfigError
+from .errors import ConfigError, ListenError
 from .malloc import tune_malloc
 
 __all__ = ["main"]
@@ -44,7 +44,7 @@ async def _serve_one(config, *, port_file: str | None, http_port: int | None, gr
     from .server import Gateway, wait_for_signal
     from .supervisor import announce
 
-    gw = Gateway(config)
+    gw = Gateway(config, reuse_port=worker)
     listen = config.listen
     http = HostPort(listen.http.host, http_port) if (listen.http and http_port is not None) else None
     grpc = HostPort(listen.grpc.host, grpc_port) if (listen.grpc and grpc_port is not None) else None
@@ -172,7 +172,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve" and args.workers is not None and args.workers < 1:
         print("error: --workers must be >= 1", file=sys.stderr)
         return 2
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ListenError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ __all__ = [
     "ConfigError",
     "GatewayError",
     "InvalidRequest",
+    "ListenError",
     "ModelNotFound",
     "NoEndpointAvailable",
     "PayloadTooLarge",
@@ -145,6 +146,10 @@ class UpstreamError(GatewayError):
         self.grpc_code = grpc_code
         self.body = body
         self.content_type = content_type
+
+
+class ListenError(Exception):
+    """A listener could not be bound (port taken, address not local). Not a GatewayError."""
 
 
 class ConfigError(Exception):

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, make_asgi_app
 
 from .config.schema import GatewayConfig, HostPort
 from .dataplane import DataPlane
+from .errors import ListenError
 from .frontend.grpc import build_grpc_handler, server_options
 from .frontend.http import build_http_app
 from .observability.metrics import Metrics
@@ -42,13 +43,20 @@ async def wait_for_signal() -> None:
     await stop.wait()
 
 
-def bind_socket(addr: HostPort, *, listen: bool = True) -> socket.socket:
-    """A TCP socket bound to ``addr`` with SO_REUSEPORT (so workers can share the port)."""
+def bind_socket(addr: HostPort, *, listen: bool = True, reuse_port: bool = False) -> socket.socket:
+    """A TCP socket bound to ``addr``. ``reuse_port`` (SO_REUSEPORT) lets the workers of one
+    gateway share a port; a single process leaves it off, so a port already taken — say by
+    another gateway — is an error instead of a silent share."""
     family = socket.AF_INET6 if ":" in addr.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((addr.host, addr.port))
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((addr.host, addr.port))
+    except OSError as exc:
+        sock.close()
+        raise ListenError(f"cannot listen on {addr}: {exc.strerror or exc}") from exc
     if listen:
         sock.listen(2048)
         sock.setblocking(False)
@@ -99,6 +107,7 @@ class Listeners:
     plane: DataPlane
     max_message_bytes: int
     metrics: Metrics | None = None
+    reuse_port: bool = False
     ports: Ports = field(default_factory=Ports)
     _servers: list[tuple[_Uvicorn, asyncio.Task[None]]] = field(default_factory=list)
     _grpc: aio.Server | None = None
@@ -128,14 +137,14 @@ class Listeners:
     ) -> Ports:
         if http is not None:
             app = build_http_app(self.plane, self.metrics, max_message_bytes=self.max_message_bytes)
-            self.ports.http = await self._serve_http(app, bind_socket(http))
+            self.ports.http = await self._serve_http(app, bind_socket(http, reuse_port=self.reuse_port))
         if grpc is not None:
-            self._grpc = aio.server(options=server_options(self.max_message_bytes))
+            self._grpc = aio.server(options=server_options(self.max_message_bytes, reuse_port=self.reuse_port))
             self._grpc.add_generic_rpc_handlers((build_grpc_handler(self.plane, self.metrics),))
             target = f"[{grpc.host}]:{grpc.port}" if ":" in grpc.host else f"{grpc.host}:{grpc.port}"
             port = self._grpc.add_insecure_port(target)
             if port == 0:
-                raise RuntimeError(f"could not bind the gRPC listener to {target}")
+                raise ListenError(f"cannot listen on {target} (gRPC)")
             await self._grpc.start()
             self.ports.grpc = port
         if metrics_addr is not None and metrics_registry is not None:
@@ -157,7 +166,8 @@ class Listeners:
 class Gateway:
     """One gateway process: pools, health checks, proxy and listeners."""
 
-    def __init__(self, config: GatewayConfig, *, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, config: GatewayConfig, *, registry: CollectorRegistry | None = None,
+                 reuse_port: bool = False) -> None:
         self.config = config
         self.metrics = Metrics(registry, access_log=config.access_log)
         self.table = RouteTable(config.routes)
@@ -171,7 +181,7 @@ class Gateway:
             on_round=self._record_health,
         )
         self.proxy = Proxy(config, self.pools, self.table, self.health, self.metrics)
-        self.listeners = Listeners(self.proxy, config.max_message_bytes, self.metrics)
+        self.listeners = Listeners(self.proxy, config.max_message_bytes, self.metrics, reuse_port=reuse_port)
 
     def _record_health(self, checker: HealthChecker) -> None:
         for pool in self.pools.values():

@@ -49,11 +49,11 @@ async def supervise(
     held = []
     ports = Ports()
     if listen.http is not None:
-        s = bind_socket(listen.http, listen=False)
+        s = bind_socket(listen.http, listen=False, reuse_port=True)
         held.append(s)
         ports.http = s.getsockname()[1]
     if listen.grpc is not None:
-        s = bind_socket(listen.grpc, listen=False)
+        s = bind_socket(listen.grpc, listen=False, reuse_port=True)
         held.append(s)
         ports.grpc = s.getsockname()[1]
 

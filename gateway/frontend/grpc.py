@@ -29,12 +29,12 @@ log = logging.getLogger("oip_gateway.grpc")
 SERVICE = "inference.GRPCInferenceService"
 
 
-def server_options(max_message_bytes: int) -> list[tuple[str, int | str]]:
+def server_options(max_message_bytes: int, *, reuse_port: bool = False) -> list[tuple[str, int | str]]:
     return [
         ("grpc.optimization_target", "throughput"),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.so_reuseport", 1),
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ]

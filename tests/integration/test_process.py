@@ -122,3 +122,19 @@ def test_check_command_exit_codes(tmp_path):
     r = run(bad)
     assert r.returncode == 1
     assert "backends.t.colour" in r.stderr and "routes" in r.stderr
+
+
+def test_port_taken_is_a_clear_error(reference, tmp_path):
+    """A single-process gateway does not silently share a port someone else listens on."""
+    backends = {"ref": {"protocol": "http", "endpoints": [reference.http_url]}}
+    with GatewayProcess(gateway_config(backends, [{"model": "add_sub", "backend": "ref"}]), tmp_path, "gw-a") as a:
+        cfg = gateway_config(backends, [{"model": "add_sub", "backend": "ref"}])
+        cfg["listen"]["http"] = a.http_url
+        path = tmp_path / "b.yaml"
+        import yaml
+
+        path.write_text(yaml.safe_dump(cfg))
+        r = subprocess.run([sys.executable, "-m", "gateway", "serve", "--config", str(path)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2
+        assert f"cannot listen on {a.http_url}" in r.stderr and "Traceback" not in r.stderr
