@@ -49,7 +49,7 @@ async def http_to_grpc(
     message = grpc_codec.encode_request(request)
     affinity = sequence_key(request.parameters.get("sequence_id"))
     del body, request  # the HTTP body is not needed while the backend works
-    answer = await proxy._timed(pool, pool.infer(message, None, affinity))
+    answer = await proxy.timed(pool, pool.infer(message, None, affinity))
     del message
     try:
         response = grpc_codec.decode_response(answer)
@@ -66,7 +66,7 @@ async def grpc_to_http(
 ) -> bytes:
     request = grpc_codec.decode_request(message)
     chunks, json_length = http_codec.encode_request(request, binary=pool.backend.binary_extension)
-    reply = await proxy._timed(
+    reply = await proxy.timed(
         pool,
         pool.request(
             "POST", model_path(model, version) + "/infer",

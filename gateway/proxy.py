@@ -93,7 +93,8 @@ class Proxy:
     def _pool(self, model: str, version: str) -> Pool:
         return self.pools[self.table.resolve(model, version).backend]
 
-    async def _timed(self, pool: Pool, coro):
+    async def timed(self, pool: Pool, coro):
+        """Await a backend call, recording its duration and any failure under the pool's name."""
         start = time.perf_counter()
         try:
             return await coro
@@ -112,19 +113,19 @@ class Proxy:
             # does not have (HTTP 400, gRPC ready=false) — not an error.
             return False
         if isinstance(pool, HttpPool):
-            reply = await self._timed(pool, pool.request("GET", model_path(model, version) + "/ready"))
+            reply = await self.timed(pool, pool.request("GET", model_path(model, version) + "/ready"))
             return reply.status == 200
-        resp = await self._timed(pool, pool.call("ModelReady", pb.ModelReadyRequest(name=model, version=version)))
+        resp = await self.timed(pool, pool.call("ModelReady", pb.ModelReadyRequest(name=model, version=version)))
         return bool(resp.ready)
 
     async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
         pool = self._pool(model, version)
         if isinstance(pool, HttpPool):
-            reply = await self._timed(pool, pool.request("GET", model_path(model, version)))
+            reply = await self.timed(pool, pool.request("GET", model_path(model, version)))
             if reply.status != 200:
                 raise error_from_reply(reply)
             return orjson.loads(reply.body)
-        resp = await self._timed(
+        resp = await self.timed(
             pool, pool.call("ModelMetadata", pb.ModelMetadataRequest(name=model, version=version))
         )
         return _metadata_to_dict(resp)
@@ -134,7 +135,7 @@ class Proxy:
         pool = self._pool(model, version)
         if isinstance(pool, HttpPool):
             fwd = {k: v for k in _FORWARDED if (v := headers.get(k)) is not None}
-            reply = await self._timed(
+            reply = await self.timed(
                 pool, pool.request("POST", model_path(model, version) + "/infer", body=body, headers=fwd,
                                    affinity=sequence_of_json(body, headers.get(HEADER_LENGTH)))
             )
@@ -148,5 +149,5 @@ class Proxy:
                          affinity: str | None = None) -> bytes:
         pool = self._pool(model, version)
         if isinstance(pool, GrpcPool):
-            return await self._timed(pool, pool.infer(message, timeout, affinity))
+            return await self.timed(pool, pool.infer(message, timeout, affinity))
         return await convert.grpc_to_http(self, pool, model, version, message, timeout, affinity)
