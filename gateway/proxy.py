@@ -73,13 +73,15 @@ class Proxy:
         self.table = table
         self.health = health
         self.metrics = metrics
+        # Set on SIGTERM when drain_s > 0: "not ready" while still serving.
+        self.draining = False
 
     # -- server-level answers are the gateway's own ------------------------------
     def server_live(self) -> bool:
         return True
 
     def server_ready(self) -> bool:
-        return self.health.ready
+        return self.health.ready and not self.draining
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": "oip-gateway", "version": __version__, "extensions": list(EXTENSIONS)}

@@ -209,6 +209,13 @@ class Gateway:
         )
 
     async def stop(self) -> None:
+        if self.config.drain_s > 0:
+            # Readiness goes false first; requests keep being served until the load
+            # balancer has noticed, then the listeners close (in-flight ones finish).
+            self.proxy.draining = True
+            self.metrics.ready.set(0)
+            log.warning("draining: not ready, serving for %.1f s more", self.config.drain_s)
+            await asyncio.sleep(self.config.drain_s)
         await self.listeners.stop()
         await self.health.stop()
         for pool in self.pools.values():

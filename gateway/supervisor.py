@@ -116,7 +116,7 @@ async def supervise(
             p.send_signal(signal.SIGTERM)
     for p in procs:
         try:
-            await asyncio.wait_for(p.wait(), 15)
+            await asyncio.wait_for(p.wait(), 15 + config.drain_s)
         except TimeoutError:
             p.kill()
             await p.wait()

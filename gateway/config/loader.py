@@ -19,7 +19,7 @@ __all__ = ["load_config", "parse_config"]
 
 T = TypeVar("T")
 
-_TOP_KEYS = {"listen", "backends", "routes", "health", "max_message_bytes", "workers", "access_log"}
+_TOP_KEYS = {"listen", "backends", "routes", "health", "max_message_bytes", "workers", "access_log", "drain_s"}
 _LISTEN_KEYS = {"http", "grpc", "metrics"}
 _HEALTH_KEYS = {"interval_s", "timeout_s"}
 _BACKEND_KEYS = {"protocol", "endpoints", "timeout_s", "connect_timeout_s", "max_message_bytes", "binary_extension"}
@@ -196,6 +196,8 @@ def parse_config(raw: Any) -> GatewayConfig:
         extra["max_message_bytes"] = _number(p, "max_message_bytes", raw["max_message_bytes"], int)
     if "workers" in raw:
         extra["workers"] = _number(p, "workers", raw["workers"], int)
+    if "drain_s" in raw:
+        extra["drain_s"] = _number(p, "drain_s", raw["drain_s"])
     if "access_log" in raw:
         if isinstance(raw["access_log"], bool):
             extra["access_log"] = raw["access_log"]

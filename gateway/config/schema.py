@@ -132,12 +132,17 @@ class GatewayConfig:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     workers: int = 1
     access_log: bool = False
+    # On SIGTERM: answer "not ready" but keep serving this long, so a load balancer
+    # (a Kubernetes Service) stops sending new requests before the listeners close.
+    drain_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError("workers must be >= 1")
         if self.max_message_bytes <= 0:
             raise ValueError("max_message_bytes must be > 0")
+        if not 0 <= self.drain_s <= 3600:
+            raise ValueError("drain_s must be between 0 and 3600")
         for i, route in enumerate(self.routes):
             if route.backend not in self.backends:
                 raise ValueError(f"routes[{i}].backend: no backend named {route.backend!r}")

@@ -138,3 +138,17 @@ def test_port_taken_is_a_clear_error(reference, tmp_path):
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2
         assert f"cannot listen on {a.http_url}" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_sigterm_drains_when_configured(reference, tmp_path):
+    """drain_s: after SIGTERM the gateway says 'not ready' yet still serves, then exits cleanly."""
+    backends = {"ref": {"protocol": "http", "endpoints": [reference.http_url]}}
+    # A drain long enough that the checks below run inside it even on a slow machine.
+    cfg = gateway_config(backends, [{"model": "add_sub", "backend": "ref"}], drain_s=8)
+    gw = GatewayProcess(cfg, tmp_path, "gw-drain").start()
+    wait_for(lambda: readiness("http", gw.http_url, "add_sub")[1], timeout=20, what="ready")
+    gw.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: not readiness("http", gw.http_url, "add_sub")[1], timeout=5, what="not ready")
+    add_sub_ok("http", gw.http_url)  # new requests are still served while draining
+    add_sub_ok("grpc", gw.grpc_url)
+    assert gw.proc.wait(timeout=30) == 0
