@@ -22,7 +22,8 @@ T = TypeVar("T")
 _TOP_KEYS = {"listen", "backends", "routes", "health", "max_message_bytes", "workers", "access_log", "drain_s"}
 _LISTEN_KEYS = {"http", "grpc", "metrics"}
 _HEALTH_KEYS = {"interval_s", "timeout_s"}
-_BACKEND_KEYS = {"protocol", "endpoints", "timeout_s", "connect_timeout_s", "max_message_bytes", "binary_extension"}
+_BACKEND_KEYS = {"protocol", "endpoints", "timeout_s", "connect_timeout_s", "max_message_bytes", "binary_extension",
+                 "max_connections"}
 _ROUTE_KEYS = {"model", "version", "backend"}
 
 
@@ -119,9 +120,9 @@ def _backend(p: _Problems, name: str, raw: Any) -> Backend | None:
             else:
                 endpoints.append(hp)
     kwargs: dict[str, Any] = {}
-    for k in ("timeout_s", "connect_timeout_s", "max_message_bytes"):
+    for k in ("timeout_s", "connect_timeout_s", "max_message_bytes", "max_connections"):
         if k in data:
-            kwargs[k] = _number(p, f"{key}.{k}", data[k], int if k == "max_message_bytes" else float)
+            kwargs[k] = _number(p, f"{key}.{k}", data[k], int if k.startswith("max_") else float)
             ok = ok and kwargs[k] is not None
     if "binary_extension" in data:
         if not isinstance(data["binary_extension"], bool):

@@ -92,6 +92,8 @@ class Backend:
     # HTTP pools only: whether the backend speaks the binary data extension
     # (Triton, OVMS do; MLServer does not, so requests to it are sent as JSON).
     binary_extension: bool = True
+    # HTTP pools only: open connections per endpoint; more concurrent requests wait.
+    max_connections: int = 512
 
     def __post_init__(self) -> None:
         if self.protocol not in ("http", "grpc"):
@@ -104,6 +106,8 @@ class Backend:
             raise ValueError("timeouts must be > 0")
         if self.max_message_bytes <= 0:
             raise ValueError("max_message_bytes must be > 0")
+        if self.max_connections < 1:
+            raise ValueError("max_connections must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ import asyncio
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import httptools
 
@@ -182,9 +183,15 @@ class _Connection(asyncio.Protocol):
 class H1ConnectionPool:
     """Keep-alive connections to one endpoint (host, port)."""
 
-    def __init__(self, host: str, port: int, *, connect_timeout: float, max_idle: int = 256) -> None:
+    def __init__(self, host: str, port: int, *, connect_timeout: float, max_idle: int = 256,
+                 max_connections: int = 512) -> None:
         self.host = host
         self.port = port
+        # At most this many exchanges (= open connections) at once; the rest wait for a
+        # free one within their timeout, so a burst of clients cannot open thousands of
+        # connections to one backend.
+        self.max_connections = max_connections
+        self._slots = asyncio.Semaphore(max_connections)
         self._host_header = (f"[{host}]:{port}" if ":" in host else f"{host}:{port}").encode("latin-1")
         self._connect_timeout = connect_timeout
         self._idle: list[_Connection] = []
@@ -226,6 +233,20 @@ class H1ConnectionPool:
         else:
             length = len(body) if body is not None else None
         head = self._head(method, path, headers, length)
+        if self._slots.locked():
+            try:
+                await asyncio.wait_for(self._slots.acquire(), timeout)
+            except TimeoutError:
+                raise TimeoutError(
+                    f"all {self.max_connections} connections to {self.host}:{self.port} stayed busy") from None
+        else:
+            await self._slots.acquire()  # free slot: returns at once, no task, no timer
+        try:
+            return await self._exchange(head, body, timeout)
+        finally:
+            self._slots.release()
+
+    async def _exchange(self, head: bytes, body: Any, timeout: float) -> H1Response:
         while self._idle:
             conn = self._idle.pop()
             if conn.closed:

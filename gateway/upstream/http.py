@@ -73,7 +73,8 @@ class HttpPool:
         self.backend = backend
         self.name = backend.name
         self.endpoints = [
-            HttpEndpoint(ep, H1ConnectionPool(ep.host, ep.port, connect_timeout=backend.connect_timeout_s))
+            HttpEndpoint(ep, H1ConnectionPool(ep.host, ep.port, connect_timeout=backend.connect_timeout_s,
+                                              max_connections=backend.max_connections))
             for ep in backend.endpoints
         ]
         self.balancer: RoundRobin[HttpEndpoint] = RoundRobin(self.endpoints)
@@ -106,9 +107,8 @@ class HttpPool:
             try:
                 resp = await ep.connections.request(method, path, body=body, headers=headers, timeout=tmo)
             except TimeoutError as exc:
-                raise UpstreamTimeout(
-                    f"backend '{self.name}' endpoint {ep.address} did not answer within {tmo}s"
-                ) from exc
+                detail = str(exc) or f"did not answer within {tmo}s"
+                raise UpstreamTimeout(f"backend '{self.name}' endpoint {ep.address}: {detail}") from exc
             except ConnectFailed as exc:
                 ep.healthy = False
                 failures.append(f"{ep.address}: {exc}")

@@ -145,3 +145,48 @@ async def test_malformed_response():
         await pool.request("GET", "/", timeout=2)
     pool.close()
     server.close()
+
+
+async def test_max_connections_queues_instead_of_opening_more():
+    open_now = 0
+    most = 0
+
+    async def handler(reader, writer):
+        nonlocal open_now, most
+        open_now += 1
+        most = max(most, open_now)
+        try:
+            while True:
+                try:
+                    await read_request(reader)
+                except asyncio.IncompleteReadError:
+                    return
+                await asyncio.sleep(0.01)  # a backend that takes a moment per request
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+        finally:
+            open_now -= 1
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2, max_connections=2)
+    results = await asyncio.gather(*(pool.request("GET", "/", timeout=10) for _ in range(12)))
+    assert [r.body for r in results] == [b"ok"] * 12
+    assert most <= 2
+    pool.close()
+    server.close()
+
+
+async def test_waiting_for_a_connection_times_out():
+    async def handler(reader, writer):
+        await read_request(reader)
+        await asyncio.sleep(10)
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2, max_connections=1)
+    first = asyncio.ensure_future(pool.request("GET", "/", timeout=5))
+    await asyncio.sleep(0)  # let the first request take the only connection
+    with pytest.raises(TimeoutError, match="busy"):
+        await pool.request("GET", "/", timeout=0.2)
+    first.cancel()
+    pool.close()
+    server.close()
