@@ -1,7 +1,7 @@
 """identity_<DT>: OUTPUT0 is INPUT0 (same datatype, same shape, including 0-sized dims).
 
-The same file serves every identity_* model (each identity_*/1/model.py is a symlink to it). BF16 has no numpy dtype, so that tensor is
-passed through DLPack instead of numpy.
+The same file serves every identity_* model (each identity_*/1/model.py is a symlink to it).
+BF16 has no numpy dtype, so that tensor is passed through DLPack instead of numpy.
 """
 
 import json
