@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -54,25 +54,31 @@ class _ClientGone(Exception):
 _PREALLOC = 1 << 20  # bodies above this are filled into one buffer sized by Content-Length
 
 
-async def _receive_into(receive: Receive, size: int) -> bytearray:
-    """The body, copied once into a buffer of its declared size: no chunk list held
-    beside a joined copy (2x the body at the join), and no fresh pages touched twice."""
-    buf = bytearray(size)
-    view = memoryview(buf)
-    pos = 0
+async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
+    """The request body's chunks as the server hands them over (ASGI ``http.request``)."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise _ClientGone
         chunk = message.get("body", b"")
         if chunk:
-            end = pos + len(chunk)
-            if end > size:
-                raise InvalidRequest("request body is longer than its Content-Length")
-            view[pos:end] = chunk
-            pos = end
+            yield chunk
         if not message.get("more_body", False):
-            break
+            return
+
+
+async def _receive_into(receive: Receive, size: int) -> bytearray:
+    """The body, copied once into a buffer of its declared size: no chunk list held
+    beside a joined copy (2x the body at the join), and no fresh pages touched twice."""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    pos = 0
+    async for chunk in _chunks(receive):
+        end = pos + len(chunk)
+        if end > size:
+            raise InvalidRequest("request body is longer than its Content-Length")
+        view[pos:end] = chunk
+        pos = end
     if pos != size:
         raise InvalidRequest("request body is shorter than its Content-Length")
     return buf
@@ -81,21 +87,12 @@ async def _receive_into(receive: Receive, size: int) -> bytearray:
 async def _receive_body(receive: Receive, limit: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _ClientGone
-        chunk = message.get("body", b"")
-        if chunk:
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-            chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    if len(chunks) == 1:
-        return chunks[0]
-    return b"".join(chunks)
+    async for chunk in _chunks(receive):
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _infer_target(path: str) -> tuple[str, str] | None:
