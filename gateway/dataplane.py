@@ -12,19 +12,33 @@ raised as :class:`gateway.errors.GatewayError`.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["DataPlane", "HttpReply"]
+__all__ = ["DataPlane", "HttpReply", "StreamedBody"]
+
+
+@runtime_checkable
+class StreamedBody(Protocol):
+    """A body of known ``length`` that arrives while it is being sent (``async for``
+    chunks; iteration raises a GatewayError if it breaks off). ``close()`` is called
+    once the sender is done with it, at its end or not."""
+
+    length: int
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
 class HttpReply:
-    """An HTTP answer: status, body (bytes or chunks joined once on send), headers."""
+    """An HTTP answer: status, body, headers. The body is bytes, parts sent one after
+    the other without a join, or a StreamedBody (large pass-through answers)."""
 
     status: int
-    body: bytes | Sequence[bytes | memoryview]
+    body: bytes | Sequence[bytes | memoryview] | StreamedBody
     headers: Mapping[str, str] = field(default_factory=dict)
 
 

@@ -37,6 +37,12 @@ EXTENSIONS = ["binary_tensor_data"]
 # content-length, connection) belongs to the hop and is not forwarded.
 _FORWARDED = ("content-type", "inference-header-content-length", "content-encoding", "accept-encoding")
 
+# Pass-through answers at least this large are relayed chunk by chunk as they
+# arrive instead of being held whole: with the request body (held until the
+# answer's head arrives, for the keep-alive retry) that keeps a large request in
+# flight near 1x its payload instead of 2x (issue 3's memory target).
+STREAM_MIN = 256 * 1024
+
 
 def build_pools(config: GatewayConfig) -> dict[str, Pool]:
     return {
@@ -139,7 +145,8 @@ class Proxy:
             fwd = {k: v for k in _FORWARDED if (v := headers.get(k)) is not None}
             reply = await self.timed(
                 pool, pool.request("POST", model_path(model, version) + "/infer", body=body, headers=fwd,
-                                   affinity=sequence_of_json(body, headers.get(HEADER_LENGTH)))
+                                   affinity=sequence_of_json(body, headers.get(HEADER_LENGTH)),
+                                   stream_min=STREAM_MIN)
             )
             # Pass-through, errors included: the backend's status and body reach the client unchanged.
             return HttpReply(reply.status, reply.body, reply.headers)

@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..dataplane import DataPlane
+from ..dataplane import DataPlane, StreamedBody
 from ..errors import GatewayError, InvalidRequest, PayloadTooLarge, UpstreamError
 from ..observability.metrics import UNROUTED, Metrics
 
@@ -95,6 +95,23 @@ async def _receive_body(receive: Receive, limit: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+async def _send_streamed(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: StreamedBody) -> None:
+    """Relay a body as it arrives. If it breaks off after the head went out there is
+    no way to send an error any more: the answer is left incomplete, uvicorn closes
+    the connection, and the client sees a truncated answer (as behind any proxy)."""
+    headers.append((b"content-length", str(body.length).encode("latin-1")))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    try:
+        async for chunk in body:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except GatewayError as err:
+        log.warning("answer cut off after its head was sent: %s", err.message)
+        return
+    finally:
+        body.close()
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
 def _infer_target(path: str) -> tuple[str, str] | None:
     """(model, version) of ``/v2/models/{m}[/versions/{v}]/infer``, else None."""
     if not (path.startswith("/v2/models/") and path.endswith("/infer")):
@@ -156,6 +173,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
 
     async def infer(scope: Scope, receive: Receive, send: Send, model: str, version: str) -> None:
         start = time.perf_counter()
+        streamed: StreamedBody | None = None
         try:
             # uvicorn hands header names lower-cased (ASGI spec); the data plane relies on it.
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
@@ -173,8 +191,14 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             del body  # the data plane owns it now: freed as soon as it is encoded/sent upstream
             reply = await call
             status = reply.status
-            parts = [reply.body] if isinstance(reply.body, (bytes, bytearray)) else list(reply.body)
             out_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers.items()]
+            if isinstance(reply.body, (bytes, bytearray)):
+                parts = [reply.body]
+            elif isinstance(reply.body, StreamedBody):
+                streamed = reply.body
+                parts = []
+            else:
+                parts = list(reply.body)
         except _ClientGone:
             return
         except GatewayError as err:
@@ -186,6 +210,12 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             status, content, ctype = _INTERNAL
             parts = [content]
             out_headers = [(b"content-type", ctype.encode("latin-1"))]
+        if streamed is not None:
+            await _send_streamed(send, status, out_headers, streamed)
+            if metrics is not None:
+                metrics.observe("http", "infer", route_label(model, version), status, time.perf_counter() - start,
+                                model, version)
+            return
         # Each part goes to the transport as it is (uvloop queues a memoryview without
         # copying it): the tensor bytes are not joined into one more copy of the answer.
         parts = [p if isinstance(p, (bytes, bytearray)) else memoryview(p).cast("B") for p in parts]

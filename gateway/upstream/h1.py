@@ -13,18 +13,26 @@ Connections are pooled per endpoint. A request on a *reused* connection that
 the server closed before sending a single byte of the answer is retried once
 on a fresh connection: that is the keep-alive race (the server timed the idle
 connection out as we sent), not a failed request.
+
+An answer whose Content-Length is at least ``stream_min`` (when the caller
+asks) is handed over as a :class:`BodyStream` once its head has arrived: the
+body's chunks pass through as the socket delivers them, so a pass-through
+proxy never holds a whole large answer (issue 3's memory target). The request
+body is still sent from one buffer and kept until the answer's head arrives,
+which keeps the keep-alive-race retry possible.
 """
 from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import httptools
 
-__all__ = ["ConnectFailed", "ConnectionDropped", "H1ConnectionPool", "H1Response"]
+__all__ = ["BodyStream", "ConnectFailed", "ConnectionDropped", "H1ConnectionPool", "H1Response"]
 
 
 class ConnectFailed(Exception):
@@ -39,11 +47,96 @@ class ConnectionDropped(Exception):
         self.before_response = before_response
 
 
+class BodyStream:
+    """A large answer's body, chunk by chunk as it arrives (``async for``).
+
+    Backpressure: above ``_HIGH`` queued bytes the connection stops reading
+    from the socket (the backend's TCP window closes), below ``_LOW`` it reads
+    again, so a slow client never makes the gateway hold the whole answer.
+    ``close()`` abandons it (the connection is closed if the body is unfinished).
+    Errors surface from the iteration: ConnectionDropped or TimeoutError, passed
+    through ``map_error`` (set by the pool to its own error tree).
+    """
+
+    _HIGH = 4 << 20
+    _LOW = 1 << 20
+
+    __slots__ = ("_chunks", "_conn", "_error", "_finished", "_paused", "_queued", "_waiter", "length", "map_error")
+
+    def __init__(self, conn: _Connection, length: int) -> None:
+        self.length = length
+        self.map_error: Callable[[Exception], Exception] = lambda exc: exc
+        self._conn: _Connection | None = conn
+        self._chunks: deque[bytes] = deque()
+        self._queued = 0
+        self._finished = False
+        self._error: Exception | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._paused = False
+
+    # -- producer side (the connection) --------------------------------------
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _push(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._queued += len(chunk)
+        if self._queued > self._HIGH and not self._paused and self._conn is not None:
+            self._paused = True
+            self._conn.pause_reading()
+        self._wake()
+
+    def _finish(self) -> None:
+        self._finished = True
+        self._conn = None
+        self._wake()
+
+    def _fail(self, exc: Exception) -> None:
+        if not self._finished and self._error is None:
+            self._error = exc
+            self._conn = None
+            self._wake()
+
+    # -- consumer side -------------------------------------------------------
+    def __aiter__(self) -> BodyStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        while not self._chunks:
+            if self._error is not None:
+                raise self.map_error(self._error)
+            if self._finished:
+                raise StopAsyncIteration
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        chunk = self._chunks.popleft()
+        self._queued -= len(chunk)
+        if self._paused and self._queued < self._LOW:
+            self._paused = False
+            if self._conn is not None:
+                self._conn.resume_reading()
+        return chunk
+
+    def close(self) -> None:
+        """Stop reading: an unfinished body closes its connection (it cannot be reused)."""
+        self._chunks.clear()
+        self._queued = 0
+        conn, self._conn = self._conn, None
+        if conn is not None and not self._finished:
+            self._error = self._error or ConnectionDropped("answer abandoned", before_response=False)
+            conn.abandon()
+
+
 @dataclass(frozen=True, slots=True)
 class H1Response:
     status: int
     headers: dict[str, str]  # lower-case names; a repeated header keeps its last value
-    body: bytes
+    body: bytes | BodyStream
 
 
 class _Connection(asyncio.Protocol):
@@ -55,8 +148,12 @@ class _Connection(asyncio.Protocol):
         "_got_bytes",
         "_headers",
         "_loop",
+        "_on_end",
         "_parser",
         "_pos",
+        "_stream",
+        "_stream_min",
+        "_timer",
         "_transport",
         "closed",
         "keep_alive",
@@ -73,6 +170,12 @@ class _Connection(asyncio.Protocol):
         self._pos = 0
         self._got_bytes = False
         self._complete = False
+        self._stream: BodyStream | None = None
+        self._stream_min: int | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        # Called once when a streamed exchange ends (complete, failed or abandoned):
+        # the pool takes the connection back and frees its slot.
+        self._on_end: Callable[[_Connection], None] | None = None
         self.keep_alive = True
         self.closed = False
 
@@ -88,7 +191,7 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._got_bytes = True
-        if self._fut is None:
+        if self._fut is None and self._on_end is None:
             # Bytes nobody asked for (a server talking out of turn): this connection is unusable.
             self.close()
             return
@@ -100,11 +203,15 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        error = ConnectionDropped(
+            f"connection closed by the backend{': ' + str(exc) if exc else ''}",
+            before_response=not self._got_bytes,
+        )
         if self._fut is not None and not self._fut.done():
-            self._fail(ConnectionDropped(
-                f"connection closed by the backend{': ' + str(exc) if exc else ''}",
-                before_response=not self._got_bytes,
-            ))
+            self._fail(error)
+        if self._stream is not None and not self._complete:
+            self._stream._fail(error)
+            self._end_stream()
 
     # -- httptools callbacks --------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -112,6 +219,12 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         length = self._headers.get("content-length", "")
+        if self._stream_min is not None and length.isdigit() and int(length) >= self._stream_min:
+            self._stream = BodyStream(self, int(length))
+            fut = self._fut
+            if fut is not None and not fut.done():
+                fut.set_result(H1Response(self._parser.get_status_code(), self._headers, self._stream))
+            return
         if length.isdigit() and int(length) > 1 << 20:
             # One buffer of the announced size, filled as chunks arrive: no chunk list
             # beside a joined copy (2x the answer), no second set of fresh pages.
@@ -119,7 +232,9 @@ class _Connection(asyncio.Protocol):
             self._pos = 0
 
     def on_body(self, body: bytes) -> None:
-        if self._buf is not None:
+        if self._stream is not None:
+            self._stream._push(body)
+        elif self._buf is not None:
             end = self._pos + len(body)
             self._buf[self._pos : end] = body
             self._pos = end
@@ -129,6 +244,10 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self._complete = True
         self.keep_alive = self._parser.should_keep_alive()
+        if self._stream is not None:
+            self._stream._finish()
+            self._end_stream()
+            return
         if self._buf is not None:
             body = self._buf.obj[: self._pos] if self._pos != len(self._buf) else self._buf.obj
             self._buf = None
@@ -148,19 +267,59 @@ class _Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
+    @property
+    def streaming(self) -> bool:
+        """A streamed answer is still arriving (its end will call ``on_end``)."""
+        return self._on_end is not None
+
+    def pause_reading(self) -> None:
+        if self._transport is not None and not self.closed:
+            self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._transport is not None and not self.closed:
+            self._transport.resume_reading()
+
+    def abandon(self) -> None:
+        """The consumer of a streamed body stopped before its end."""
+        self.close()
+        self._end_stream()
+
+    def _end_stream(self) -> None:
+        """A streamed exchange is over: stop its timer, hand the connection back (once)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None:
+            if not self._complete:
+                self.close()
+            on_end(self)
+
     def _timed_out(self) -> None:
         if self._fut is not None and not self._fut.done():
             self._fut.set_exception(TimeoutError())
+        elif self._stream is not None and not self._complete:
+            # The head came in time, the rest of the body did not.
+            self._stream._fail(TimeoutError())
+            self.close()
+            self._end_stream()
 
-    async def exchange(self, head: bytes, body: bytes | memoryview | None, timeout: float) -> H1Response:
+    async def exchange(self, head: bytes, body: bytes | memoryview | None, timeout: float,
+                       stream_min: int | None = None,
+                       on_end: Callable[[_Connection], None] | None = None) -> H1Response:
         """Send one request and wait for its answer. A timer (not ``asyncio.wait_for``,
-        which costs a task per call in Python 3.11) bounds the whole exchange."""
+        which costs a task per call in Python 3.11) bounds the whole exchange, a
+        streamed body included. When the answer is streamed and not yet complete,
+        ``on_end`` is called once it ends; otherwise the exchange is over on return."""
         assert self._transport is not None
         self._fut = self._loop.create_future()
         timer = self._loop.call_later(timeout, self._timed_out)
         self._headers = {}
         self._body = []
         self._buf = None
+        self._stream = None
+        self._stream_min = stream_min
         self._got_bytes = False
         self._complete = False
         if isinstance(body, list):
@@ -172,12 +331,21 @@ class _Connection(asyncio.Protocol):
             if body is not None:
                 self._transport.write(body)
         try:
-            return await self._fut
-        finally:
+            response = await self._fut
+        except BaseException:
             timer.cancel()
             self._fut = None
-            if not self._complete or not self.keep_alive:
-                self.close()
+            self.close()
+            raise
+        self._fut = None
+        if self._stream is not None and not self._complete and not self.closed:
+            self._timer = timer
+            self._on_end = on_end
+            return response
+        timer.cancel()
+        if not self._complete or not self.keep_alive:
+            self.close()
+        return response
 
 
 class H1ConnectionPool:
@@ -225,8 +393,11 @@ class H1ConnectionPool:
         body: bytes | memoryview | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: float,
+        stream_min: int | None = None,
     ) -> H1Response:
-        """One exchange; raises ConnectFailed, ConnectionDropped or asyncio.TimeoutError."""
+        """One exchange; raises ConnectFailed, ConnectionDropped or asyncio.TimeoutError.
+        An answer with a Content-Length of at least ``stream_min`` comes back as a
+        :class:`BodyStream`; its connection stays taken until the body has arrived."""
         if isinstance(body, list):
             body = [b if isinstance(b, (bytes, bytearray)) else memoryview(b).cast("B") for b in body]
             length: int | None = sum(len(b) for b in body)
@@ -242,27 +413,42 @@ class H1ConnectionPool:
         else:
             await self._slots.acquire()  # free slot: returns at once, no task, no timer
         try:
-            return await self._exchange(head, body, timeout)
-        finally:
+            response, ongoing = await self._exchange(head, body, timeout, stream_min)
+        except BaseException:
             self._slots.release()
+            raise
+        if not ongoing:
+            self._slots.release()
+        return response
 
-    async def _exchange(self, head: bytes, body: Any, timeout: float) -> H1Response:
+    def _stream_ended(self, conn: _Connection) -> None:
+        self._release(conn)
+        self._slots.release()
+
+    async def _exchange(self, head: bytes, body: Any, timeout: float,
+                        stream_min: int | None) -> tuple[H1Response, bool]:
         while self._idle:
             conn = self._idle.pop()
             if conn.closed:
                 continue
             try:
-                response = await conn.exchange(head, body, timeout)
+                response = await conn.exchange(head, body, timeout, stream_min, self._stream_ended)
             except ConnectionDropped as exc:
                 if exc.before_response:
                     continue  # the keep-alive race: retry on another (or a fresh) connection
                 raise
-            self._release(conn)
-            return response
+            return response, self._settle(conn)
         conn = await self._connect()
-        response = await conn.exchange(head, body, timeout)
+        response = await conn.exchange(head, body, timeout, stream_min, self._stream_ended)
+        return response, self._settle(conn)
+
+    def _settle(self, conn: _Connection) -> bool:
+        """Back to the pool now, unless a streamed body is still arriving (its end does it
+        then): True while the exchange goes on."""
+        if conn.streaming:
+            return True
         self._release(conn)
-        return response
+        return False
 
     def _release(self, conn: _Connection) -> None:
         if conn.closed or not conn.keep_alive:

@@ -16,9 +16,9 @@ import orjson
 from ..config.schema import Backend, HostPort
 from ..errors import BadUpstreamResponse, NoEndpointAvailable, UpstreamError, UpstreamTimeout
 from ..routing.balancer import RoundRobin
-from .h1 import ConnectFailed, ConnectionDropped, H1ConnectionPool
+from .h1 import BodyStream, ConnectFailed, ConnectionDropped, H1ConnectionPool
 
-__all__ = ["HttpEndpoint", "HttpPool", "UpstreamReply", "error_from_reply", "model_path"]
+__all__ = ["BodyStream", "HttpEndpoint", "HttpPool", "UpstreamReply", "error_from_reply", "model_path"]
 
 
 @dataclass(slots=True)
@@ -31,7 +31,7 @@ class HttpEndpoint:
 @dataclass(frozen=True, slots=True)
 class UpstreamReply:
     status: int
-    body: bytes
+    body: bytes | BodyStream  # a BodyStream only when the caller passed ``stream_min``
     headers: Mapping[str, str]
 
 
@@ -96,16 +96,20 @@ class HttpPool:
         timeout: float | None = None,
         endpoint: HttpEndpoint | None = None,
         affinity: str | None = None,
+        stream_min: int | None = None,
     ) -> UpstreamReply:
         """Send to the pool (or to one ``endpoint``); fail over to the next endpoint
         only when no answer could have been produced (connection refused, or closed
-        before a byte of the answer), so a request that a backend answered never runs twice."""
+        before a byte of the answer), so a request that a backend answered never runs twice.
+        Answers of at least ``stream_min`` bytes come back as a BodyStream whose
+        errors are this module's (BadUpstreamResponse, UpstreamTimeout)."""
         order = [endpoint] if endpoint is not None else self.balancer.order(affinity)
         tmo = self.backend.timeout_s if timeout is None else min(timeout, self.backend.timeout_s)
         failures: list[str] = []
         for ep in order:
             try:
-                resp = await ep.connections.request(method, path, body=body, headers=headers, timeout=tmo)
+                resp = await ep.connections.request(method, path, body=body, headers=headers, timeout=tmo,
+                                                    stream_min=stream_min)
             except TimeoutError as exc:
                 detail = str(exc) or f"did not answer within {tmo}s"
                 raise UpstreamTimeout(f"backend '{self.name}' endpoint {ep.address}: {detail}") from exc
@@ -120,7 +124,18 @@ class HttpPool:
                     continue
                 raise BadUpstreamResponse(f"backend '{self.name}' endpoint {ep.address}: {exc}") from exc
             relayed = {k: v for k in _RELAYED if (v := resp.headers.get(k)) is not None}
+            if isinstance(resp.body, BodyStream):
+                resp.body.map_error = self._stream_error(ep, tmo)
             return UpstreamReply(resp.status, resp.body, relayed)
         raise NoEndpointAvailable(
             f"no endpoint of backend '{self.name}' is reachable ({'; '.join(failures)})"
         )
+
+    def _stream_error(self, ep: HttpEndpoint, tmo: float):
+        def mapped(exc: Exception) -> Exception:
+            if isinstance(exc, TimeoutError):
+                return UpstreamTimeout(f"backend '{self.name}' endpoint {ep.address}: "
+                                       f"answer not complete within {tmo}s")
+            return BadUpstreamResponse(f"backend '{self.name}' endpoint {ep.address}: {exc}")
+
+        return mapped

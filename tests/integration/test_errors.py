@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import socket
+import threading
 
 import aiohttp
 import grpc
@@ -42,8 +43,61 @@ def refused():
     sock.close()
 
 
+BROKEN_LENGTH = 8 << 20  # what the broken backend announces; it sends 1 MiB of it
+
+
 @pytest.fixture(scope="module")
-def gw(reference, black_hole, refused, tmp_path_factory):
+def broken():
+    """A scripted HTTP backend (real socket, own thread) whose inference answers break
+    off: the head announces 8 MiB, 1 MiB follows, then ``/cutoff`` models close the
+    connection and ``/stall`` models go silent. Health GETs answer 200."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    stop = threading.Event()
+
+    def handle(conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(30)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            head, _, rest = data.partition(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            while len(rest) < length:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                rest += chunk
+            if head.startswith(b"GET"):
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                return
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+                         b"Inference-Header-Content-Length: 2\r\nContent-Length: %d\r\n\r\n{}" % BROKEN_LENGTH)
+            conn.sendall(b"\0" * (1 << 20))
+            if b"/stall" in head.split(b"\r\n")[0]:
+                stop.wait(30)
+
+    def accept_loop() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept_loop, daemon=True).start()
+    yield f"127.0.0.1:{sock.getsockname()[1]}"
+    stop.set()
+    sock.close()
+
+
+@pytest.fixture(scope="module")
+def gw(reference, black_hole, refused, broken, tmp_path_factory):
     backends = {
         "ref-http": {"protocol": "http", "endpoints": [reference.http_url]},
         "ref-grpc": {"protocol": "grpc", "endpoints": [reference.grpc_url]},
@@ -51,6 +105,7 @@ def gw(reference, black_hole, refused, tmp_path_factory):
         "down-grpc": {"protocol": "grpc", "endpoints": [refused]},
         "hole-http": {"protocol": "http", "endpoints": [black_hole], "timeout_s": 0.5},
         "hole-grpc": {"protocol": "grpc", "endpoints": [black_hole], "timeout_s": 0.5},
+        "broken-http": {"protocol": "http", "endpoints": [broken], "timeout_s": 1.0},
     }
     routes = [
         {"model": "add_sub", "backend": "ref-http"},
@@ -60,6 +115,8 @@ def gw(reference, black_hole, refused, tmp_path_factory):
         {"model": "down_grpc*", "backend": "down-grpc"},
         {"model": "slow_http*", "backend": "hole-http"},
         {"model": "slow_grpc*", "backend": "hole-grpc"},
+        {"model": "cutoff*", "backend": "broken-http"},
+        {"model": "stall*", "backend": "broken-http"},
     ]
     proc = GatewayProcess(
         gateway_config(backends, routes, max_message_bytes=LIMIT), tmp_path_factory.mktemp("errors"), "gateway-errors"
@@ -243,6 +300,31 @@ def test_backend_timeout(gw):
     assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     status, body, _ = post(gw.http_url, "/v2/models/slow_grpc/infer", GOOD_JSON)
     assert status == 504
+
+
+@pytest.mark.parametrize("model", ["cutoff", "stall"])
+def test_answer_breaking_off_after_its_head(gw, model):
+    """A large pass-through answer is relayed as it arrives, so its head is already
+    out when the backend breaks off: the client gets a truncated answer (connection
+    closed, as behind any proxy), never a hang or a 500, and the gateway logs one
+    line, not a traceback."""
+    import asyncio
+
+    async def run() -> tuple[int, int]:
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"http://{gw.http_url}/v2/models/{model}/infer", data=GOOD_JSON,
+                              timeout=aiohttp.ClientTimeout(total=20)) as r:
+                got = 0
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    async for chunk in r.content.iter_any():
+                        got += len(chunk)
+                return r.status, got
+
+    status, got = asyncio.run(run())
+    assert status == 200 and got < BROKEN_LENGTH
+    wait_for(lambda: "answer cut off after its head was sent" in gw.log_tail(200), timeout=10,
+             what="the cut-off log line")
+    assert "Traceback" not in gw.log_tail(200)
 
 
 def test_unknown_path_and_method(gw):

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from gateway.upstream.h1 import ConnectFailed, ConnectionDropped, H1ConnectionPool
+from gateway.upstream.h1 import BodyStream, ConnectFailed, ConnectionDropped, H1ConnectionPool
 
 
 async def serve(handler):
@@ -188,5 +188,156 @@ async def test_waiting_for_a_connection_times_out():
     with pytest.raises(TimeoutError, match="busy"):
         await pool.request("GET", "/", timeout=0.2)
     first.cancel()
+    pool.close()
+    server.close()
+
+
+# -- streamed answers (BodyStream) ------------------------------------------------------------
+BIG = bytes(range(256)) * 32_768  # 8 MiB
+
+
+async def wait_until(cond, what: str, timeout: float = 5.0) -> None:
+    """Poll a condition on the running loop, bounded."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not cond():
+        if loop.time() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+async def collect(stream) -> bytes:
+    return b"".join([chunk async for chunk in stream])
+
+
+async def test_large_answer_is_streamed_and_the_connection_reused():
+    connections = 0
+
+    async def handler(reader, writer):
+        nonlocal connections
+        connections += 1
+        while True:
+            try:
+                await read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BIG))
+            for i in range(0, len(BIG), 1 << 20):
+                writer.write(BIG[i:i + (1 << 20)])
+                await writer.drain()
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2, max_connections=1)
+    for _ in range(3):
+        r = await pool.request("POST", "/", body=b"x", timeout=10, stream_min=1 << 20)
+        assert isinstance(r.body, BodyStream) and r.body.length == len(BIG)
+        assert await collect(r.body) == BIG
+        r.body.close()
+    # Small answers below stream_min stay plain bytes; the one connection was reused throughout
+    # (max_connections=1 also proves each stream gave its slot back).
+    assert connections == 1 and pool._slots._value == 1
+    pool.close()
+    server.close()
+
+
+async def test_small_answer_is_not_streamed():
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2)
+    r = await pool.request("GET", "/", timeout=2, stream_min=1 << 20)
+    assert r.body == b"ok"
+    pool.close()
+    server.close()
+
+
+async def test_slow_reader_pauses_the_backend():
+    """Nobody reads the stream: the client stops reading the socket at the high mark
+    instead of queueing the whole 32 MiB answer, and resumes when it is drained."""
+    big = BIG * 4
+
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(big))
+        for i in range(0, len(big), 1 << 20):
+            writer.write(big[i:i + (1 << 20)])
+            await writer.drain()
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2)
+    r = await pool.request("GET", "/", timeout=20, stream_min=1 << 20)
+    stream = r.body
+    await wait_until(lambda: stream._paused, "the stream to pause reading")
+    assert stream._queued <= BodyStream._HIGH + (1 << 20)
+    assert await collect(stream) == big
+    pool.close()
+    server.close()
+
+
+async def test_backend_dies_mid_stream():
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BIG))
+        writer.write(BIG[: 2 << 20])
+        await writer.drain()
+        writer.close()
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2, max_connections=1)
+    r = await pool.request("GET", "/", timeout=5, stream_min=1 << 20)
+    got = 0
+    with pytest.raises(ConnectionDropped) as info:
+        async for chunk in r.body:
+            got += len(chunk)
+    assert not info.value.before_response and got <= 2 << 20
+    assert pool._idle == [] and pool._slots._value == 1
+    pool.close()
+    server.close()
+
+
+async def test_stalled_stream_times_out_and_frees_the_slot():
+    release = asyncio.Event()
+
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BIG))
+        writer.write(BIG[: 1 << 20])
+        await writer.drain()
+        await release.wait()
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2, max_connections=1)
+    r = await pool.request("GET", "/", timeout=0.3, stream_min=1 << 20)
+    with pytest.raises(TimeoutError):
+        await collect(r.body)
+    assert pool._idle == [] and pool._slots._value == 1
+    release.set()
+    pool.close()
+    server.close()
+
+
+async def test_abandoned_stream_closes_its_connection():
+    async def handler(reader, writer):
+        try:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BIG))
+            for i in range(0, len(BIG), 1 << 20):
+                writer.write(BIG[i:i + (1 << 20)])
+                await writer.drain()
+        except ConnectionError:
+            pass
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2, max_connections=1)
+    r = await pool.request("GET", "/", timeout=5, stream_min=1 << 20)
+    await anext(aiter(r.body))
+    r.body.close()
+    assert pool._idle == [] and pool._slots._value == 1
+    # The next request gets a fresh connection and a whole answer.
+    r = await pool.request("GET", "/", timeout=5, stream_min=1 << 20)
+    assert await collect(r.body) == BIG
     pool.close()
     server.close()
