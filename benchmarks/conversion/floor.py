@@ -39,7 +39,8 @@ from . import proc
 
 __all__ = ["MODES", "measure_floors"]
 
-MODES = ("grpc-echo", "grpc-sink", "grpc-fetch", "grpc-push", "asgi-sink", "asgi-join", "asgi-prealloc", "asgi-prealloc-parts")
+MODES = ("grpc-echo", "grpc-sink", "grpc-fetch", "grpc-push",
+         "asgi-sink", "asgi-join", "asgi-prealloc", "asgi-prealloc-parts")
 _OPTIONS = [("grpc.max_send_message_length", 512 * 1024 * 1024),
             ("grpc.max_receive_message_length", 512 * 1024 * 1024)]
 _METHOD = "/floor.Echo/Echo"
@@ -125,8 +126,8 @@ async def _serve(mode: str, port_file: Path) -> None:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
-    cfg = uvicorn.Config(_asgi_app(mode != "asgi-join", mode == "asgi-prealloc-parts", mode == "asgi-sink"), loop="none",
-                         http="httptools", lifespan="off", log_level="warning")
+    app = _asgi_app(mode != "asgi-join", mode == "asgi-prealloc-parts", mode == "asgi-sink")
+    cfg = uvicorn.Config(app, loop="none", http="httptools", lifespan="off", log_level="warning")
     port_file.write_text(str(sock.getsockname()[1]))
     await uvicorn.Server(cfg).serve(sockets=[sock])
 
