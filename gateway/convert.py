@@ -27,7 +27,7 @@ from .codec.content import (
     reply_headers,
     sequence_key,
 )
-from .dataplane import HttpReply
+from .dataplane import HttpReply, IncomingBody
 from .errors import BadUpstreamResponse, InvalidRequest
 from .upstream.http import error_from_reply, model_path
 
@@ -40,9 +40,12 @@ __all__ = ["grpc_to_http", "http_to_grpc"]
 
 
 async def http_to_grpc(
-    proxy: Proxy, pool: GrpcPool, model: str, version: str, body: bytes, headers: Mapping[str, str]
+    proxy: Proxy, pool: GrpcPool, model: str, version: str, body: bytes | IncomingBody,
+    headers: Mapping[str, str],
 ) -> HttpReply:
     limit = proxy.config.max_message_bytes
+    if not isinstance(body, (bytes, bytearray)):
+        body = await body.read()
     body = decode_content(body, headers.get("content-encoding"), limit)
     request = http_codec.decode_request(body, header_length(headers.get(HEADER_LENGTH), len(body)), model, version)
     default_binary, overrides = http_codec.binary_policy(request)

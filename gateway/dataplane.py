@@ -16,7 +16,33 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["DataPlane", "HttpReply", "StreamedBody"]
+__all__ = ["ClientDisconnected", "DataPlane", "HttpReply", "IncomingBody", "StreamedBody"]
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its request body arrived: there is no one to answer."""
+
+
+@runtime_checkable
+class IncomingBody(Protocol):
+    """A large request body of known ``length`` that the front end has not read yet.
+
+    The data plane either reads it whole (``read()``) or forwards it as it arrives
+    (``async for``, after an optional ``prefix(n)``), once. Iteration repeats the
+    prefix, so the body can be sent again while ``consumed`` is False (nothing past
+    the prefix handed out yet). Raises ClientDisconnected, or InvalidRequest when the
+    body does not match its Content-Length."""
+
+    length: int
+    consumed: bool
+
+    async def read(self) -> bytes | bytearray: ...
+
+    async def prefix(self, n: int) -> bytes:
+        """The first ``n`` bytes (fewer if the body is shorter), kept for the iteration."""
+        ...
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
 
 
 @runtime_checkable
@@ -58,9 +84,10 @@ class DataPlane(Protocol):
         ...
 
     async def infer_http(
-        self, model: str, version: str, body: bytes, headers: Mapping[str, str]
+        self, model: str, version: str, body: bytes | IncomingBody, headers: Mapping[str, str]
     ) -> HttpReply:
-        """``body`` is the HTTP request body as received; ``headers`` lower-cased names."""
+        """``body`` is the HTTP request body as received, or (large bodies with a
+        Content-Length) an IncomingBody still to be read; ``headers`` lower-cased names."""
         ...
 
     async def infer_grpc(

@@ -17,7 +17,7 @@ from . import __version__, convert
 from ._pb import grpc_predict_v2_pb2 as pb
 from .codec.content import HEADER_LENGTH, sequence_of_json
 from .config.schema import GatewayConfig
-from .dataplane import HttpReply
+from .dataplane import HttpReply, IncomingBody
 from .errors import ModelNotFound
 from .observability.metrics import UNROUTED, Metrics
 from .routing.table import RouteTable
@@ -38,9 +38,9 @@ EXTENSIONS = ["binary_tensor_data"]
 _FORWARDED = ("content-type", "inference-header-content-length", "content-encoding", "accept-encoding")
 
 # Pass-through answers at least this large are relayed chunk by chunk as they
-# arrive instead of being held whole: with the request body (held until the
-# answer's head arrives, for the keep-alive retry) that keeps a large request in
-# flight near 1x its payload instead of 2x (issue 3's memory target).
+# arrive instead of being held whole; large binary-extension requests stream to
+# the backend the same way (the front end hands them over unread). A request in
+# flight then holds a few chunks, not 2x its payload (issue 3's memory target).
 STREAM_MIN = 256 * 1024
 
 
@@ -139,14 +139,26 @@ class Proxy:
         return _metadata_to_dict(resp)
 
     # -- inference --------------------------------------------------------------
-    async def infer_http(self, model: str, version: str, body: bytes, headers: Mapping[str, str]) -> HttpReply:
+    async def infer_http(self, model: str, version: str, body: bytes | IncomingBody,
+                         headers: Mapping[str, str]) -> HttpReply:
         pool = self._pool(model, version)
         if isinstance(pool, HttpPool):
             fwd = {k: v for k in _FORWARDED if (v := headers.get(k)) is not None}
+            json_length = headers.get(HEADER_LENGTH)
+            if isinstance(body, (bytes, bytearray)):
+                affinity = sequence_of_json(body, json_length)
+            elif "content-encoding" in headers:
+                affinity = None  # compressed bodies are not looked into; it streams as it is
+            elif json_length is not None and json_length.strip().isdigit():
+                # Binary extension: the JSON part comes first and holds any sequence_id;
+                # the tensor bytes behind it stream to the backend as they arrive.
+                affinity = sequence_of_json(await body.prefix(int(json_length)), json_length)
+            else:
+                body = await body.read()  # all JSON: a sequence_id could be anywhere in it
+                affinity = sequence_of_json(body, None)
             reply = await self.timed(
                 pool, pool.request("POST", model_path(model, version) + "/infer", body=body, headers=fwd,
-                                   affinity=sequence_of_json(body, headers.get(HEADER_LENGTH)),
-                                   stream_min=STREAM_MIN)
+                                   affinity=affinity, stream_min=STREAM_MIN)
             )
             # Pass-through, errors included: the backend's status and body reach the client unchanged.
             return HttpReply(reply.status, reply.body, reply.headers)

@@ -21,7 +21,7 @@ from ..codec import grpc as grpc_codec
 from ..codec import http as http_codec
 from ..codec.content import HEADER_LENGTH, decode_content, encode_content, header_length, reply_headers
 from ..config import DEFAULT_MAX_MESSAGE_BYTES
-from ..dataplane import HttpReply
+from ..dataplane import HttpReply, IncomingBody
 from .models import ModelRepository, default_repository
 
 __all__ = ["EXTENSIONS", "SERVER_NAME", "DemoPlane"]
@@ -62,9 +62,11 @@ class DemoPlane:
         return self.repository.metadata(model, version)
 
     async def infer_http(
-        self, model: str, version: str, body: bytes, headers: Mapping[str, str]
+        self, model: str, version: str, body: bytes | IncomingBody, headers: Mapping[str, str]
     ) -> HttpReply:
         target = self.repository.resolve(model, version)
+        if not isinstance(body, (bytes, bytearray)):
+            body = await body.read()
         body = decode_content(body, headers.get("content-encoding"), self.max_message_bytes)
         json_length = header_length(headers.get(HEADER_LENGTH), len(body))
         request = http_codec.decode_request(body, json_length, model, version)

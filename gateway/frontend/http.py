@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..dataplane import DataPlane, StreamedBody
+from ..dataplane import ClientDisconnected, DataPlane, StreamedBody
 from ..errors import GatewayError, InvalidRequest, PayloadTooLarge, UpstreamError
 from ..observability.metrics import UNROUTED, Metrics
 
@@ -47,11 +47,10 @@ def error_response(err: GatewayError) -> Response:
 _INTERNAL = (500, orjson.dumps({"error": "internal gateway error"}), JSON)
 
 
-class _ClientGone(Exception):
-    """The client disconnected before its request body arrived."""
-
-
-_PREALLOC = 1 << 20  # bodies above this are filled into one buffer sized by Content-Length
+# Bodies with a Content-Length above this are not read before the data plane is
+# called: it gets an IncomingBody and reads it into one buffer of that size, or
+# forwards it as it arrives (HTTP pass-through), never holding it whole.
+_LARGE = 1 << 20
 
 
 async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
@@ -59,7 +58,7 @@ async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise _ClientGone
+            raise ClientDisconnected
         chunk = message.get("body", b"")
         if chunk:
             yield chunk
@@ -67,21 +66,53 @@ async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
             return
 
 
-async def _receive_into(receive: Receive, size: int) -> bytearray:
-    """The body, copied once into a buffer of its declared size: no chunk list held
-    beside a joined copy (2x the body at the join), and no fresh pages touched twice."""
-    buf = bytearray(size)
-    view = memoryview(buf)
+class _IncomingBody:
+    """:class:`gateway.dataplane.IncomingBody` over the ASGI ``receive`` channel."""
+
+    __slots__ = ("_chunks", "_prefix", "consumed", "length")
+
+    def __init__(self, receive: Receive, length: int) -> None:
+        self.length = length
+        self.consumed = False
+        self._chunks = _checked(receive, length)
+        self._prefix: list[bytes] = []  # chunks read by prefix(), replayed by every iteration
+
+    async def read(self) -> bytearray:
+        buf = bytearray(self.length)
+        view = memoryview(buf)
+        pos = 0
+        async for chunk in self:
+            view[pos : pos + len(chunk)] = chunk
+            pos += len(chunk)
+        return buf
+
+    async def prefix(self, n: int) -> bytes:
+        have = sum(map(len, self._prefix))
+        async for chunk in self._chunks:
+            self._prefix.append(chunk)
+            have += len(chunk)
+            if have >= n:
+                break
+        return b"".join(self._prefix)[:n]
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self._prefix:
+            yield chunk
+        async for chunk in self._chunks:
+            self.consumed = True
+            yield chunk
+
+
+async def _checked(receive: Receive, size: int) -> AsyncIterator[bytes]:
+    """The body's chunks, checked against its declared size."""
     pos = 0
     async for chunk in _chunks(receive):
-        end = pos + len(chunk)
-        if end > size:
+        pos += len(chunk)
+        if pos > size:
             raise InvalidRequest("request body is longer than its Content-Length")
-        view[pos:end] = chunk
-        pos = end
+        yield chunk
     if pos != size:
         raise InvalidRequest("request body is shorter than its Content-Length")
-    return buf
 
 
 async def _receive_body(receive: Receive, limit: int) -> bytes:
@@ -181,12 +212,14 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             if declared is not None and declared.isdigit() and int(declared) > max_message_bytes:
                 raise PayloadTooLarge(
                     f"request body of {declared} bytes exceeds the limit of {max_message_bytes} bytes")
-            if declared is not None and declared.isdigit() and int(declared) > _PREALLOC:
-                body: bytes | bytearray = await _receive_into(receive, int(declared))
+            if declared is not None and declared.isdigit() and int(declared) > _LARGE:
+                body: bytes | _IncomingBody = _IncomingBody(receive, int(declared))
+                size = int(declared)
             else:
                 body = await _receive_body(receive, max_message_bytes)
+                size = len(body)
             if metrics is not None:
-                metrics.request_bytes.labels("http").observe(len(body))
+                metrics.request_bytes.labels("http").observe(size)
             call = plane.infer_http(model, version, body, headers)
             del body  # the data plane owns it now: freed as soon as it is encoded/sent upstream
             reply = await call
@@ -199,7 +232,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                 parts = []
             else:
                 parts = list(reply.body)
-        except _ClientGone:
+        except ClientDisconnected:
             return
         except GatewayError as err:
             status, content, ctype = error_parts(err)

@@ -14,12 +14,16 @@ the server closed before sending a single byte of the answer is retried once
 on a fresh connection: that is the keep-alive race (the server timed the idle
 connection out as we sent), not a failed request.
 
-An answer whose Content-Length is at least ``stream_min`` (when the caller
-asks) is handed over as a :class:`BodyStream` once its head has arrived: the
-body's chunks pass through as the socket delivers them, so a pass-through
-proxy never holds a whole large answer (issue 3's memory target). The request
-body is still sent from one buffer and kept until the answer's head arrives,
-which keeps the keep-alive-race retry possible.
+Large bodies stream both ways, so a pass-through proxy never holds one whole
+(issue 3's memory target):
+- a request body can be a *source* (an object with ``length``, ``consumed`` and
+  ``async for`` chunks, e.g. the front end's IncomingBody): chunks are written as
+  they come, waiting whenever the socket's write buffer is full. Once a chunk has
+  been handed out it cannot be sent again, so a source only goes out on a fresh
+  connection or one that finished an exchange less than ``FRESH_S`` ago — far
+  inside any server's keep-alive timeout, which is what the retry above is for;
+- an answer whose Content-Length is at least ``stream_min`` (when the caller
+  asks) is handed over as a :class:`BodyStream` once its head has arrived.
 """
 from __future__ import annotations
 
@@ -32,7 +36,10 @@ from typing import Any
 
 import httptools
 
-__all__ = ["BodyStream", "ConnectFailed", "ConnectionDropped", "H1ConnectionPool", "H1Response"]
+__all__ = ["FRESH_S", "BodyStream", "ConnectFailed", "ConnectionDropped", "H1ConnectionPool", "H1Response"]
+
+# A streamed request body reuses a connection only if it was idle for less than this.
+FRESH_S = 1.0
 
 
 class ConnectFailed(Exception):
@@ -144,6 +151,7 @@ class _Connection(asyncio.Protocol):
         "_body",
         "_buf",
         "_complete",
+        "_drain",
         "_fut",
         "_got_bytes",
         "_headers",
@@ -156,7 +164,10 @@ class _Connection(asyncio.Protocol):
         "_timer",
         "_transport",
         "closed",
+        "idle_since",
         "keep_alive",
+        "sent_all",
+        "write_paused",
     )
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -178,6 +189,10 @@ class _Connection(asyncio.Protocol):
         self._on_end: Callable[[_Connection], None] | None = None
         self.keep_alive = True
         self.closed = False
+        self.sent_all = True  # False when an answer came before the whole request went out
+        self.write_paused = False
+        self._drain: asyncio.Future[None] | None = None
+        self.idle_since = 0.0
 
     # -- asyncio.Protocol -----------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -201,8 +216,20 @@ class _Connection(asyncio.Protocol):
             self._fail(ConnectionDropped(f"malformed HTTP response: {exc}", before_response=False))
             self.close()
 
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._wake_drain()
+
+    def _wake_drain(self, *_: object) -> None:
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._wake_drain()
         error = ConnectionDropped(
             f"connection closed by the backend{': ' + str(exc) if exc else ''}",
             before_response=not self._got_bytes,
@@ -305,6 +332,25 @@ class _Connection(asyncio.Protocol):
             self.close()
             self._end_stream()
 
+    async def _pump(self, source: Any) -> None:
+        """Write a streamed request body as it arrives, pausing while the socket's
+        write buffer is full. Stops early if the answer (or a failure) comes first:
+        the connection then cannot carry another request."""
+        fut = self._fut
+        assert fut is not None and self._transport is not None
+        fut.add_done_callback(self._wake_drain)
+        async for chunk in source:
+            if fut.done() or self.closed:
+                self.sent_all = False
+                return
+            self._transport.write(chunk)
+            while self.write_paused and not fut.done() and not self.closed:
+                self._drain = self._loop.create_future()
+                try:
+                    await self._drain
+                finally:
+                    self._drain = None
+
     async def exchange(self, head: bytes, body: bytes | memoryview | None, timeout: float,
                        stream_min: int | None = None,
                        on_end: Callable[[_Connection], None] | None = None) -> H1Response:
@@ -322,7 +368,17 @@ class _Connection(asyncio.Protocol):
         self._stream_min = stream_min
         self._got_bytes = False
         self._complete = False
-        if isinstance(body, list):
+        self.sent_all = True
+        if hasattr(body, "__aiter__"):
+            self._transport.write(head)
+            try:
+                await self._pump(body)
+            except BaseException:
+                timer.cancel()
+                self._fut = None
+                self.close()
+                raise
+        elif isinstance(body, list):
             self._transport.writelines([head, *body])  # each part as it is: no joined copy
         elif body is not None and len(body) <= 65536:
             self._transport.write(head + body)  # one segment for small requests
@@ -343,7 +399,7 @@ class _Connection(asyncio.Protocol):
             self._on_end = on_end
             return response
         timer.cancel()
-        if not self._complete or not self.keep_alive:
+        if not self._complete or not self.keep_alive or not self.sent_all:
             self.close()
         return response
 
@@ -401,6 +457,8 @@ class H1ConnectionPool:
         if isinstance(body, list):
             body = [b if isinstance(b, (bytes, bytearray)) else memoryview(b).cast("B") for b in body]
             length: int | None = sum(len(b) for b in body)
+        elif hasattr(body, "__aiter__"):
+            length = body.length
         else:
             length = len(body) if body is not None else None
         head = self._head(method, path, headers, length)
@@ -427,20 +485,33 @@ class H1ConnectionPool:
 
     async def _exchange(self, head: bytes, body: Any, timeout: float,
                         stream_min: int | None) -> tuple[H1Response, bool]:
+        source = hasattr(body, "__aiter__")
         while self._idle:
+            if source and asyncio.get_running_loop().time() - self._idle[-1].idle_since > FRESH_S:
+                break  # a streamed body goes out on a fresh connection rather than risk the race
             conn = self._idle.pop()
             if conn.closed:
                 continue
             try:
-                response = await conn.exchange(head, body, timeout, stream_min, self._stream_ended)
+                response = await self._once(conn, head, body, timeout, stream_min)
             except ConnectionDropped as exc:
                 if exc.before_response:
                     continue  # the keep-alive race: retry on another (or a fresh) connection
                 raise
             return response, self._settle(conn)
         conn = await self._connect()
-        response = await conn.exchange(head, body, timeout, stream_min, self._stream_ended)
+        response = await self._once(conn, head, body, timeout, stream_min)
         return response, self._settle(conn)
+
+    async def _once(self, conn: _Connection, head: bytes, body: Any, timeout: float,
+                    stream_min: int | None) -> H1Response:
+        try:
+            return await conn.exchange(head, body, timeout, stream_min, self._stream_ended)
+        except ConnectionDropped as exc:
+            if exc.before_response and getattr(body, "consumed", False):
+                # Part of a streamed body is gone: it cannot be sent again, here or elsewhere.
+                raise ConnectionDropped(str(exc), before_response=False) from exc
+            raise
 
     def _settle(self, conn: _Connection) -> bool:
         """Back to the pool now, unless a streamed body is still arriving (its end does it
@@ -451,9 +522,10 @@ class H1ConnectionPool:
         return False
 
     def _release(self, conn: _Connection) -> None:
-        if conn.closed or not conn.keep_alive:
+        if conn.closed or not conn.keep_alive or not conn.sent_all:
             conn.close()
         elif len(self._idle) < self._max_idle:
+            conn.idle_since = asyncio.get_running_loop().time()
             self._idle.append(conn)
         else:
             conn.close()

@@ -14,6 +14,7 @@ from urllib.parse import quote
 import orjson
 
 from ..config.schema import Backend, HostPort
+from ..dataplane import IncomingBody
 from ..errors import BadUpstreamResponse, NoEndpointAvailable, UpstreamError, UpstreamTimeout
 from ..routing.balancer import RoundRobin
 from .h1 import BodyStream, ConnectFailed, ConnectionDropped, H1ConnectionPool
@@ -91,7 +92,7 @@ class HttpPool:
         method: str,
         path: str,
         *,
-        body: bytes | bytearray | list[bytes | memoryview] | None = None,
+        body: bytes | bytearray | list[bytes | memoryview] | IncomingBody | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
         endpoint: HttpEndpoint | None = None,

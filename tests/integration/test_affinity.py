@@ -40,13 +40,17 @@ def gw(refs, tmp_path_factory):
 
 CASES = [  # (client, model): HTTP→HTTP, gRPC→gRPC pass-through; HTTP→gRPC, gRPC→HTTP conversion
     ("http", "add_sub"), ("grpc", "identity_FP32"), ("http", "identity_FP32"), ("grpc", "add_sub"),
+    # A large binary-extension body: streamed to the backend, sequence_id read from its JSON part.
+    ("http-large", "add_sub"),
 ]
 
 
 @pytest.mark.parametrize("client, model", CASES)
 def test_one_sequence_one_endpoint(refs, gw, client, model):
-    a = np.arange(4, dtype=np.float32)
-    ins = [In("INPUT0", a, "FP32", False), In("INPUT1", a, "FP32", False)] if model == "add_sub" \
+    large = client == "http-large"
+    client = client.removesuffix("-large")
+    a = np.arange(400_000 if large else 4, dtype=np.float32)
+    ins = [In("INPUT0", a, "FP32", large), In("INPUT1", a, "FP32", large)] if model == "add_sub" \
         else [In("INPUT0", a.reshape(1, 4), "FP32", False)]
     url = gw.http_url if client == "http" else gw.grpc_url
     served_by = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import socket
 import threading
+from types import SimpleNamespace
 
 import aiohttp
 import grpc
@@ -50,11 +51,14 @@ BROKEN_LENGTH = 8 << 20  # what the broken backend announces; it sends 1 MiB of 
 def broken():
     """A scripted HTTP backend (real socket, own thread) whose inference answers break
     off: the head announces 8 MiB, 1 MiB follows, then ``/cutoff`` models close the
-    connection and ``/stall`` models go silent. Health GETs answer 200."""
+    connection and ``/stall`` models go silent. Health GETs answer 200. A request
+    whose body ends early (its sender closed the connection) is counted in ``aborted``."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
     stop = threading.Event()
+    aborted: list[int] = []
+    progress: list[int] = [0]  # body bytes received so far by the latest request
 
     def handle(conn: socket.socket) -> None:
         with conn:
@@ -66,13 +70,20 @@ def broken():
                     return
                 data += chunk
             head, _, rest = data.partition(b"\r\n\r\n")
+            post = head.startswith(b"POST")
             length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
                            if line.lower().startswith(b"content-length:")), 0)
             while len(rest) < length:
-                chunk = conn.recv(65536)
+                try:
+                    chunk = conn.recv(1 << 20)
+                except OSError:
+                    chunk = b""
                 if not chunk:
+                    aborted.append(len(rest))
                     return
                 rest += chunk
+                if post:
+                    progress[0] = len(rest)
             if head.startswith(b"GET"):
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
                 return
@@ -91,7 +102,7 @@ def broken():
             threading.Thread(target=handle, args=(conn,), daemon=True).start()
 
     threading.Thread(target=accept_loop, daemon=True).start()
-    yield f"127.0.0.1:{sock.getsockname()[1]}"
+    yield SimpleNamespace(address=f"127.0.0.1:{sock.getsockname()[1]}", aborted=aborted, progress=progress)
     stop.set()
     sock.close()
 
@@ -105,7 +116,7 @@ def gw(reference, black_hole, refused, broken, tmp_path_factory):
         "down-grpc": {"protocol": "grpc", "endpoints": [refused]},
         "hole-http": {"protocol": "http", "endpoints": [black_hole], "timeout_s": 0.5},
         "hole-grpc": {"protocol": "grpc", "endpoints": [black_hole], "timeout_s": 0.5},
-        "broken-http": {"protocol": "http", "endpoints": [broken], "timeout_s": 1.0},
+        "broken-http": {"protocol": "http", "endpoints": [broken.address], "timeout_s": 1.0},
     }
     routes = [
         {"model": "add_sub", "backend": "ref-http"},
@@ -325,6 +336,38 @@ def test_answer_breaking_off_after_its_head(gw, model):
     wait_for(lambda: "answer cut off after its head was sent" in gw.log_tail(200), timeout=10,
              what="the cut-off log line")
     assert "Traceback" not in gw.log_tail(200)
+
+
+@pytest.fixture(scope="module")
+def roomy(broken, tmp_path_factory):
+    """A gateway with the default 256 MiB body limit in front of the scripted backend."""
+    config = gateway_config({"broken-http": {"protocol": "http", "endpoints": [broken.address]}},
+                            [{"model": "upload*", "backend": "broken-http"}])
+    with GatewayProcess(config, tmp_path_factory.mktemp("roomy"), "gateway-roomy") as g:
+        yield g
+
+
+def test_client_leaving_mid_upload_aborts_the_streamed_request(roomy, broken):
+    """A large binary-extension body streams to the backend as it arrives; when its
+    client disconnects halfway, the backend's connection is closed too (it never
+    receives a complete request) and the gateway keeps serving."""
+    gw = roomy
+    header = b'{"inputs":[{"name":"INPUT0","shape":[1,2097152],"datatype":"FP32"}]}'
+    length = len(header) + (8 << 20)
+    before = len(broken.aborted)
+    with socket.create_connection(tuple(gw.http_url.rsplit(":", 1))) as client:
+        client.sendall(b"POST /v2/models/upload/infer HTTP/1.1\r\nHost: x\r\n"
+                       b"Content-Type: application/octet-stream\r\n"
+                       b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n%s"
+                       % (len(header), length, header))
+        client.sendall(b"\0" * (2 << 20))
+        # The backend receives the first part while the client is still sending: it streams
+        # (a buffering gateway would send nothing before all 8 MiB had arrived).
+        wait_for(lambda: broken.progress[0] > (1 << 20), timeout=10, what="the body's first MiB at the backend")
+        assert len(broken.aborted) == before
+    wait_for(lambda: len(broken.aborted) > before, timeout=10, what="the backend to see the request cut off")
+    assert 0 < broken.aborted[-1] < length
+    assert gw.proc.poll() is None and "Traceback" not in gw.log_tail(200)
 
 
 def test_unknown_path_and_method(gw):
