@@ -97,6 +97,11 @@ class BodyStream:
 
     def _finish(self) -> None:
         self._finished = True
+        if self._paused and self._conn is not None:
+            # The chunk that crossed the high mark also ended the answer: the connection
+            # goes back to its pool and must read again (its next answer would never arrive).
+            self._conn.resume_reading()
+        self._paused = False
         self._conn = None
         self._wake()
 

@@ -473,3 +473,27 @@ async def test_early_answer_stops_the_upload_and_retires_the_connection():
     assert source.handed < len(BIG) >> 20 and pool._idle == []  # stopped early; connection not reused
     pool.close()
     server.close()
+
+
+async def test_stream_ending_while_paused_leaves_the_connection_readable():
+    """The chunk that crosses the high mark also ends the answer (it is HIGH + 1 bytes):
+    reading was paused and must be resumed for the connection's next exchange."""
+    body = b"y" * (BodyStream._HIGH + 1)
+
+    async def handler(reader, writer):
+        while True:
+            try:
+                await read_request(reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2, max_connections=1)
+    for _ in range(3):
+        r = await pool.request("GET", "/", timeout=5, stream_min=1 << 20)
+        await wait_until(lambda: r.body._finished, "the whole answer to arrive unread")
+        assert await collect(r.body) == body
+    pool.close()
+    server.close()
