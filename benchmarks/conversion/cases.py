@@ -35,7 +35,8 @@ from . import proc
 from .drive import Client, GrpcClient, HttpClient, check_answer, run_requests
 from .payloads import MODEL, Bodies
 
-__all__ = ["DIRECT", "FULL", "MALLOC_ENV", "PATHS", "QUICK", "Path", "Plan", "measure_case", "start_gateway"]
+__all__ = ["DIRECT", "FULL", "MALLOC_ENV", "PATHS", "QUICK", "UNTUNED_ENV", "Path", "Plan", "measure_case",
+           "start_gateway"]
 
 MiB = 1024 * 1024
 
@@ -44,7 +45,11 @@ MiB = 1024 * 1024
 # and up to 512 MiB of freed heap top stays mapped, so the next message reuses touched
 # pages instead of page-faulting a new mapping in. Setting either also turns off glibc's
 # dynamic mmap threshold.
+# The gateway applies the same settings itself at start-up (gateway/malloc.py), so these
+# are what the floors' bare servers get for their "tuned" rows.
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(256 * 1024 * 1024), "MALLOC_TRIM_THRESHOLD_": str(512 * 1024 * 1024)}
+# The allocator comparison of gateway rows: the gateway as shipped vs its tuning turned off.
+UNTUNED_ENV = {"OIP_GATEWAY_MALLOC_TUNING": "0"}
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,7 @@ def _direct_table(rows: list[dict[str, Any]]) -> list[str]:
 
 def _malloc_table(rows: list[dict[str, Any]]) -> list[str]:
     out = [
-        "| path | MiB | c | median ms (default → env) | CPU ms/req | minflt/req | ÷ in-flight ÷ payload "
+        "| path | MiB | c | median ms (shipped → untuned) | CPU ms/req | minflt/req | ÷ in-flight ÷ payload "
         "| retained MiB |",
         "|---|---:|---:|---|---|---|---|---|",
     ]
@@ -131,7 +131,7 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], verdicts: dict[st
         "(/proc); every row is a fresh gateway. `÷ in-flight ÷ payload` = (VmHWM − RSS after "
         "warm-up) / c / tensor bytes. See benchmarks/conversion/README.md.",
         "",
-        "## Gateway paths (default allocator)",
+        "## Gateway paths (as shipped: allocator tuned by gateway/malloc.py)",
         "",
         *_main_table(rows, False),
         "",
@@ -141,7 +141,7 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], verdicts: dict[st
         "",
         "## Targets",
         "",
-        f"Memory growth per in-flight request ≤ {MEMORY_TARGET} × payload (binary / raw paths, default allocator):",
+        f"Memory growth per in-flight request ≤ {MEMORY_TARGET} × payload (binary / raw paths, gateway as shipped):",
         "",
     ]
     for m in verdicts["memory"]:
@@ -158,7 +158,7 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], verdicts: dict[st
                          f"{t['triton_http_ms']:.0f} ms ({t['ratio']:.2f}×) — {_verdict(t['met'])}")
     if any(r["malloc_env"] for r in rows):
         env = " ".join(f"{k}={v}" for k, v in meta["malloc_env"].items())
-        lines += ["", f"## Allocator settings: default → `{env}`", "", *_malloc_table(rows)]
+        lines += ["", f"## Allocator: as shipped → `{env}` (glibc's defaults)", "", *_malloc_table(rows)]
     return "\n".join(lines) + "\n"
 
 

@@ -31,6 +31,7 @@ from .cases import (
     MALLOC_ENV,
     PATHS,
     QUICK,
+    UNTUNED_ENV,
     MiB,
     Path,
     Plan,
@@ -86,7 +87,7 @@ async def _run_case(
     try:
         if path.pool is not None:
             gw = await asyncio.to_thread(start_gateway, triton, path, workdir, f"gw{index:02d}",
-                                         MALLOC_ENV if malloc else None)
+                                         UNTUNED_ENV if malloc else None)
             address = gw.http_url if path.client == "http" else gw.grpc_url
         else:
             address = triton.http_url if path.client == "http" else triton.grpc_url
@@ -111,7 +112,7 @@ async def _run_case(
 
 
 def _summary(row: dict[str, Any]) -> str:
-    env = " malloc-env" if row["malloc_env"] else ""
+    env = " untuned-allocator" if row["malloc_env"] else ""
     head = f"{row['path']:<18} {row['size_mib']:>3} MiB c={row['concurrency']}{env}"
     if "skipped" in row or "error" in row:
         return f"{head}: {row.get('error') or 'skipped (' + row['skipped'] + ')'}"
@@ -155,7 +156,7 @@ def _meta(plan: Plan, triton: TritonServer, wall: float) -> dict[str, Any]:
         "glibc": (os.confstr("CS_GNU_LIBC_VERSION") or "? ?").split()[-1],
         "kernel": platform.release(),
         "versions": versions,
-        "malloc_env": MALLOC_ENV,
+        "malloc_env": UNTUNED_ENV,
         "triton_startup_s": triton.startup_seconds,
         "plan_detail": {k: v for k, v in vars(plan).items() if k != "name"},
     }
@@ -173,9 +174,9 @@ async def _profile(plan: Plan, triton: TritonServer, workdir: FsPath, out_dir: F
     found: dict[str, Any] = {}
     for malloc in (False, True):
         for path in CONVERSIONS:
-            name = path.name.replace(">", "-to-") + ("-malloc-env" if malloc else "")
+            name = path.name.replace(">", "-to-") + ("-untuned" if malloc else "")
             gw = await asyncio.to_thread(start_gateway, triton, path, workdir, f"prof-{name}",
-                                         MALLOC_ENV if malloc else None)
+                                         UNTUNED_ENV if malloc else None)
             try:
                 pid = gw.proc.pid  # type: ignore[union-attr]
                 client = make_client(path, gw.http_url if path.client == "http" else gw.grpc_url)
