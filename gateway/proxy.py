@@ -17,7 +17,7 @@ from . import __version__, convert
 from ._pb import grpc_predict_v2_pb2 as pb
 from .codec.content import HEADER_LENGTH, sequence_of_json
 from .config.schema import GatewayConfig
-from .dataplane import HttpReply, IncomingBody
+from .dataplane import ClientDisconnected, HttpReply, IncomingBody
 from .errors import ModelNotFound
 from .observability.metrics import UNROUTED, Metrics
 from .routing.table import RouteTable
@@ -106,6 +106,8 @@ class Proxy:
         start = time.perf_counter()
         try:
             return await coro
+        except ClientDisconnected:
+            raise  # the client left while its body streamed upstream: not the backend's failure
         except Exception as exc:
             self.metrics.upstream_errors.labels(pool.name, type(exc).__name__).inc()
             raise
