@@ -71,6 +71,13 @@ class NoEndpointAvailable(GatewayError):
     grpc_code = "UNAVAILABLE"
 
 
+class RequestTimeout(GatewayError):
+    """The client stopped sending its request body (a streamed upload stalled)."""
+
+    http_status = 408
+    grpc_code = "DEADLINE_EXCEEDED"
+
+
 class UpstreamTimeout(GatewayError):
     http_status = 504
     grpc_code = "DEADLINE_EXCEEDED"

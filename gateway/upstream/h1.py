@@ -36,7 +36,8 @@ from typing import Any
 
 import httptools
 
-__all__ = ["FRESH_S", "BodyStream", "ConnectFailed", "ConnectionDropped", "H1ConnectionPool", "H1Response"]
+__all__ = ["FRESH_S", "BodyStream", "ConnectFailed", "ConnectionDropped", "H1ConnectionPool", "H1Response",
+           "SourceStalled"]
 
 # A streamed request body reuses a connection only if it was idle for less than this.
 FRESH_S = 1.0
@@ -44,6 +45,10 @@ FRESH_S = 1.0
 
 class ConnectFailed(Exception):
     """No TCP connection could be made (refused, unreachable, connect timeout)."""
+
+
+class SourceStalled(Exception):
+    """A streamed request body stopped arriving from its client (idle past the timeout)."""
 
 
 class ConnectionDropped(Exception):
@@ -337,35 +342,68 @@ class _Connection(asyncio.Protocol):
             self.close()
             self._end_stream()
 
-    async def _pump(self, source: Any) -> None:
+    async def _pump(self, source: Any, idle_s: float) -> None:
         """Write a streamed request body as it arrives, pausing while the socket's
         write buffer is full. Stops early if the answer (or a failure) comes first:
-        the connection then cannot carry another request."""
+        the connection then cannot carry another request.
+
+        Each wait — for the client's next chunk, or for the backend to take what was
+        written — is bounded by ``idle_s`` (nginx's client_body_timeout, by analogy):
+        a stalled client raises SourceStalled, a backend that stopped reading TimeoutError.
+        """
         fut = self._fut
         assert fut is not None and self._transport is not None
         fut.add_done_callback(self._wake_drain)
-        async for chunk in source:
-            if fut.done() or self.closed:
-                self.sent_all = False
-                return
-            self._transport.write(chunk)
-            while self.write_paused and not fut.done() and not self.closed:
-                self._drain = self._loop.create_future()
+        task = asyncio.current_task()
+        assert task is not None
+        stalled: list[str] = []
+
+        def stall(side: str) -> None:
+            stalled.append(side)
+            task.cancel()
+
+        chunks = source.__aiter__()
+        try:
+            while True:
+                handle = self._loop.call_later(idle_s, stall, "client")
                 try:
-                    await self._drain
+                    chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    return
                 finally:
-                    self._drain = None
+                    handle.cancel()
+                if fut.done() or self.closed:
+                    self.sent_all = False
+                    return
+                self._transport.write(chunk)
+                if self.write_paused:
+                    handle = self._loop.call_later(idle_s, stall, "backend")
+                    try:
+                        while self.write_paused and not fut.done() and not self.closed:
+                            self._drain = self._loop.create_future()
+                            await self._drain
+                    finally:
+                        self._drain = None
+                        handle.cancel()
+        except asyncio.CancelledError:
+            if not stalled:
+                raise
+            task.uncancel()
+            if stalled[0] == "client":
+                raise SourceStalled(f"the request body stalled: no bytes from the client for {idle_s}s") from None
+            raise TimeoutError(f"the backend took no request body bytes for {idle_s}s") from None
 
     async def exchange(self, head: bytes, body: bytes | memoryview | None, timeout: float,
                        stream_min: int | None = None,
                        on_end: Callable[[_Connection], None] | None = None) -> H1Response:
         """Send one request and wait for its answer. A timer (not ``asyncio.wait_for``,
-        which costs a task per call in Python 3.11) bounds the whole exchange, a
-        streamed body included. When the answer is streamed and not yet complete,
-        ``on_end`` is called once it ends; otherwise the exchange is over on return."""
+        which costs a task per call in Python 3.11) bounds the exchange from the end of
+        the request (as Envoy's route timeout) to the end of the answer, a streamed
+        answer included; while a streamed request body goes out, each wait is bounded by
+        ``timeout`` instead. When the answer is streamed and not yet complete, ``on_end``
+        is called once it ends; otherwise the exchange is over on return."""
         assert self._transport is not None
         self._fut = self._loop.create_future()
-        timer = self._loop.call_later(timeout, self._timed_out)
         self._headers = {}
         self._body = []
         self._buf = None
@@ -377,9 +415,8 @@ class _Connection(asyncio.Protocol):
         if hasattr(body, "__aiter__"):
             self._transport.write(head)
             try:
-                await self._pump(body)
+                await self._pump(body, timeout)
             except BaseException:
-                timer.cancel()
                 self._fut = None
                 self.close()
                 raise
@@ -391,6 +428,7 @@ class _Connection(asyncio.Protocol):
             self._transport.write(head)
             if body is not None:
                 self._transport.write(body)
+        timer = self._loop.call_later(timeout, self._timed_out)
         try:
             response = await self._fut
         except BaseException:

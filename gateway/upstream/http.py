@@ -15,9 +15,9 @@ import orjson
 
 from ..config.schema import Backend, HostPort
 from ..dataplane import IncomingBody
-from ..errors import BadUpstreamResponse, NoEndpointAvailable, UpstreamError, UpstreamTimeout
+from ..errors import BadUpstreamResponse, NoEndpointAvailable, RequestTimeout, UpstreamError, UpstreamTimeout
 from ..routing.balancer import RoundRobin
-from .h1 import BodyStream, ConnectFailed, ConnectionDropped, H1ConnectionPool
+from .h1 import BodyStream, ConnectFailed, ConnectionDropped, H1ConnectionPool, SourceStalled
 
 __all__ = ["BodyStream", "HttpEndpoint", "HttpPool", "UpstreamReply", "error_from_reply", "model_path"]
 
@@ -111,6 +111,8 @@ class HttpPool:
             try:
                 resp = await ep.connections.request(method, path, body=body, headers=headers, timeout=tmo,
                                                     stream_min=stream_min)
+            except SourceStalled as exc:
+                raise RequestTimeout(str(exc)) from exc
             except TimeoutError as exc:
                 detail = str(exc) or f"did not answer within {tmo}s"
                 raise UpstreamTimeout(f"backend '{self.name}' endpoint {ep.address}: {detail}") from exc

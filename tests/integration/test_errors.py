@@ -341,7 +341,7 @@ def test_answer_breaking_off_after_its_head(gw, model):
 @pytest.fixture(scope="module")
 def roomy(broken, tmp_path_factory):
     """A gateway with the default 256 MiB body limit in front of the scripted backend."""
-    config = gateway_config({"broken-http": {"protocol": "http", "endpoints": [broken.address]}},
+    config = gateway_config({"broken-http": {"protocol": "http", "endpoints": [broken.address], "timeout_s": 1.0}},
                             [{"model": "upload*", "backend": "broken-http"}])
     with GatewayProcess(config, tmp_path_factory.mktemp("roomy"), "gateway-roomy") as g:
         yield g
@@ -368,6 +368,33 @@ def test_client_leaving_mid_upload_aborts_the_streamed_request(roomy, broken):
     wait_for(lambda: len(broken.aborted) > before, timeout=10, what="the backend to see the request cut off")
     assert 0 < broken.aborted[-1] < length
     assert gw.proc.poll() is None and "Traceback" not in gw.log_tail(200)
+
+
+def test_stalled_upload_gets_408(roomy, broken):
+    """A client that stops sending its (streamed) body for timeout_s gets 408 and the
+    backend's connection is closed; a slow but steady upload is not cut (h1 unit tests)."""
+    header = b'{"inputs":[{"name":"INPUT0","shape":[1,2097152],"datatype":"FP32"}]}'
+    before = len(broken.aborted)
+    with socket.create_connection(tuple(roomy.http_url.rsplit(":", 1)), timeout=20) as client:
+        client.sendall(b"POST /v2/models/upload/infer HTTP/1.1\r\nHost: x\r\n"
+                       b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n%s"
+                       % (len(header), len(header) + (8 << 20), header))
+        client.sendall(b"\0" * (2 << 20))  # then silence, connection open
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = client.recv(65536)
+            assert chunk, "connection closed without an answer"
+            answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:")))
+        while len(body) < length:
+            chunk = client.recv(65536)
+            assert chunk, "connection closed mid-answer"
+            body += chunk
+    assert head.startswith(b"HTTP/1.1 408"), head
+    assert "stalled" in error_of(body)
+    wait_for(lambda: len(broken.aborted) > before, timeout=10, what="the backend's connection to close")
 
 
 def test_unknown_path_and_method(gw):

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from gateway.upstream.h1 import BodyStream, ConnectFailed, ConnectionDropped, H1ConnectionPool
+from gateway.upstream.h1 import BodyStream, ConnectFailed, ConnectionDropped, H1ConnectionPool, SourceStalled
 
 
 async def serve(handler):
@@ -495,5 +495,59 @@ async def test_stream_ending_while_paused_leaves_the_connection_readable():
         r = await pool.request("GET", "/", timeout=5, stream_min=1 << 20)
         await wait_until(lambda: r.body._finished, "the whole answer to arrive unread")
         assert await collect(r.body) == body
+    pool.close()
+    server.close()
+
+
+class SlowSource(Source):
+    """A client uploading steadily but slowly: ``gap`` seconds between chunks (the
+    behaviour under test, not synchronisation)."""
+
+    def __init__(self, data: bytes, chunk: int, gap: float, stall_after: int | None = None) -> None:
+        super().__init__(data, chunk)
+        self.gap, self.stall_after = gap, stall_after
+
+    async def __aiter__(self):
+        for n, i in enumerate(range(0, len(self.data), self.chunk)):
+            if self.stall_after is not None and n == self.stall_after:
+                await asyncio.Event().wait()  # the client goes silent, connection open
+            if i:
+                await asyncio.sleep(self.gap)
+            self.consumed = True
+            self.handed += 1
+            yield self.data[i:i + self.chunk]
+
+
+async def test_slow_upload_is_bounded_per_wait_not_in_total():
+    """The exchange timeout starts once the body is out (as Envoy's route timeout): an
+    upload that takes 4x the timeout but never pauses longer than it succeeds."""
+    server, port = await serve(echo_handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2)
+    data = bytes(range(256)) * 64
+    r = await pool.request("POST", "/", body=SlowSource(data, 2048, gap=0.15), timeout=0.3)
+    assert r.body == data
+    pool.close()
+    server.close()
+
+
+async def test_stalled_upload_raises_source_stalled():
+    server, port = await serve(echo_handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2, max_connections=1)
+    with pytest.raises(SourceStalled):
+        await pool.request("POST", "/", body=SlowSource(BIG, 1 << 20, gap=0, stall_after=2), timeout=0.3)
+    assert pool._idle == [] and pool._slots._value == 1
+    pool.close()
+    server.close()
+
+
+async def test_backend_not_reading_the_upload_times_out():
+    async def handler(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        await asyncio.sleep(30)  # reads nothing more: the socket's buffers fill up
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2)
+    with pytest.raises(TimeoutError, match="took no request body"):
+        await pool.request("POST", "/", body=Source(BIG * 8), timeout=0.3)
     pool.close()
     server.close()
