@@ -69,7 +69,7 @@ class HealthChecker:
         interval_s: float,
         timeout_s: float,
         on_round: Callable[[HealthChecker], None] | None = None,
-        concurrency: int = 64,
+        concurrency: int = 16,
         recheck_per_round: int = 256,
         max_backoff_rounds: int = 32,
     ) -> None:

@@ -370,6 +370,27 @@ def test_client_leaving_mid_upload_aborts_the_streamed_request(roomy, broken):
     assert gw.proc.poll() is None and "Traceback" not in gw.log_tail(200)
 
 
+def test_large_body_for_an_unknown_model_is_refused_unread(roomy):
+    """Routing happens before a large body is read: 404 at once, the connection stays usable."""
+    import asyncio
+
+    header = b'{"inputs":[{"name":"INPUT0","shape":[1,1048576],"datatype":"FP32"}]}'
+    body = header + b"\0" * (4 << 20)
+
+    async def run() -> list[tuple[int, bytes]]:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as s:
+            out = []
+            for path in ("/v2/models/nope/infer", "/v2/health/live"):
+                async with s.post(f"http://{roomy.http_url}{path}", data=body,
+                                  headers={"Inference-Header-Content-Length": str(len(header))}) if "infer" in path \
+                        else s.get(f"http://{roomy.http_url}{path}") as r:
+                    out.append((r.status, await r.read()))
+            return out
+
+    (status, answer), (live, _) = asyncio.run(run())
+    assert status == 404 and "nope" in error_of(answer) and live == 200
+
+
 def test_stalled_upload_gets_408(roomy, broken):
     """A client that stops sending its (streamed) body for timeout_s gets 408 and the
     backend's connection is closed; a slow but steady upload is not cut (h1 unit tests)."""
