@@ -66,25 +66,59 @@ async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
             return
 
 
+class _Budget:
+    """Bytes of request bodies preallocated at their declared Content-Length, summed over
+    the requests in flight. A client can declare 256 MiB and then send a trickle; without
+    a bound, a few hundred such connections would make the gateway allocate (and zero)
+    their declared sizes. Past the budget a body is gathered as it arrives — memory
+    follows the bytes actually received — and joined once it is complete."""
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, n: int) -> bool:
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.used -= n
+
+
 class _IncomingBody:
     """:class:`gateway.dataplane.IncomingBody` over the ASGI ``receive`` channel."""
 
-    __slots__ = ("_chunks", "_prefix", "consumed", "length")
+    __slots__ = ("_budget", "_chunks", "_prefix", "_taken", "consumed", "length")
 
-    def __init__(self, receive: Receive, length: int) -> None:
+    def __init__(self, receive: Receive, length: int, budget: _Budget) -> None:
         self.length = length
         self.consumed = False
         self._chunks = _checked(receive, length)
         self._prefix: list[bytes] = []  # chunks read by prefix(), replayed by every iteration
+        self._budget = budget
+        self._taken = 0
 
-    async def read(self) -> bytearray:
-        buf = bytearray(self.length)
+    async def read(self) -> bytes | bytearray:
+        if not self._budget.take(self.length):
+            parts = [chunk async for chunk in self]
+            return b"".join(parts)
+        self._taken = self.length
+        buf = bytearray(self.length)  # one buffer of the declared size: no list beside a joined copy
         view = memoryview(buf)
         pos = 0
         async for chunk in self:
             view[pos : pos + len(chunk)] = chunk
             pos += len(chunk)
         return buf
+
+    def release(self) -> None:
+        """The request is over: its preallocation no longer counts against the budget."""
+        self._budget.give(self._taken)
+        self._taken = 0
 
     async def prefix(self, n: int) -> bytes:
         have = sum(map(len, self._prefix))
@@ -159,12 +193,17 @@ def _json(obj: Any) -> Response:
     return Response(orjson.dumps(obj), 200, media_type=JSON)
 
 
+# Preallocated request bodies in flight may add up to this many max-size messages.
+_PREALLOC_BUDGET_MESSAGES = 4
+
+
 def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_bytes: int) -> ASGIApp:
     """The V2 HTTP app. Inference (the hot path) is served by a plain ASGI handler
     — no Request/Response objects, no middleware stack, one string split to find
     the model — and everything else by a Starlette app; measured, Starlette's
     layers were a third of the pass-through proxy's own CPU per request."""
     route_label: Callable[[str, str], str] = getattr(plane, "route_label", lambda m, v: UNROUTED)
+    budget = _Budget(_PREALLOC_BUDGET_MESSAGES * max_message_bytes)
 
     def endpoint(api: str, handler: Callable[[Request, str, str], Awaitable[Response]]):
         async def run(request: Request) -> Response:
@@ -205,6 +244,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
     async def infer(scope: Scope, receive: Receive, send: Send, model: str, version: str) -> None:
         start = time.perf_counter()
         streamed: StreamedBody | None = None
+        incoming: _IncomingBody | None = None
         try:
             # uvicorn hands header names lower-cased (ASGI spec); the data plane relies on it.
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
@@ -213,7 +253,8 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                 raise PayloadTooLarge(
                     f"request body of {declared} bytes exceeds the limit of {max_message_bytes} bytes")
             if declared is not None and declared.isdigit() and int(declared) > _LARGE:
-                body: bytes | _IncomingBody = _IncomingBody(receive, int(declared))
+                incoming = _IncomingBody(receive, int(declared), budget)
+                body: bytes | _IncomingBody = incoming
                 size = int(declared)
             else:
                 body = await _receive_body(receive, max_message_bytes)
@@ -243,6 +284,9 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             status, content, ctype = _INTERNAL
             parts = [content]
             out_headers = [(b"content-type", ctype.encode("latin-1"))]
+        finally:
+            if incoming is not None:
+                incoming.release()  # the data plane is done with the body's buffer
         if streamed is not None:
             await _send_streamed(send, status, out_headers, streamed)
             if metrics is not None:

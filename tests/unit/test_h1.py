@@ -493,7 +493,8 @@ async def test_stream_ending_while_paused_leaves_the_connection_readable():
     pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2, max_connections=1)
     for _ in range(3):
         r = await pool.request("GET", "/", timeout=5, stream_min=1 << 20)
-        await wait_until(lambda: r.body._finished, "the whole answer to arrive unread")
+        stream = r.body
+        await wait_until(lambda s=stream: s._finished, "the whole answer to arrive unread")
         assert await collect(r.body) == body
     pool.close()
     server.close()
