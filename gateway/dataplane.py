@@ -97,3 +97,12 @@ class DataPlane(Protocol):
         ``affinity`` is the request's ``sequence_id`` (None outside sequences): requests that
         share one must reach the same backend endpoint."""
         ...
+
+    def infer_stream(
+        self, first: bytes, rest: AsyncIterator[bytes], model: str, version: str, timeout: float | None,
+        affinity: str | None = None,
+    ) -> AsyncIterator[bytes]:
+        """Triton's ModelStreamInfer: ``first`` and then ``rest`` are serialized
+        ModelInferRequests (routed by ``first``'s model); yields serialized
+        ModelStreamInferResponses as they come."""
+        ...

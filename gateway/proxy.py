@@ -8,7 +8,7 @@ message is forwarded untouched and the backend's answer returned untouched
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import orjson
@@ -16,9 +16,10 @@ import orjson
 from . import __version__, convert
 from ._pb import grpc_predict_v2_pb2 as pb
 from .codec.content import HEADER_LENGTH, sequence_of_json
+from .codec.wire import scan_infer_routing
 from .config.schema import GatewayConfig
 from .dataplane import ClientDisconnected, HttpReply, IncomingBody
-from .errors import ModelNotFound
+from .errors import GatewayError, InvalidRequest, ModelNotFound, Unsupported
 from .observability.metrics import UNROUTED, Metrics
 from .routing.table import RouteTable
 from .upstream.grpc import GrpcPool
@@ -174,3 +175,36 @@ class Proxy:
         if isinstance(pool, GrpcPool):
             return await self.timed(pool, pool.infer(message, timeout, affinity))
         return await convert.grpc_to_http(self, pool, model, version, message, timeout, affinity)
+
+    async def infer_stream(self, first: bytes, rest: AsyncIterator[bytes], model: str, version: str,
+                           timeout: float | None, affinity: str | None = None) -> AsyncIterator[bytes]:
+        """ModelStreamInfer pass-through to the gRPC pool of the first request's route.
+        Every later request must route to the same pool (one stream, one backend
+        connection); one that does not ends the stream with INVALID_ARGUMENT after the
+        answers to the requests before it."""
+        pool = self._pool(model, version)
+        if not isinstance(pool, GrpcPool):
+            raise Unsupported(f"ModelStreamInfer for model '{model}': backend '{pool.name}' speaks HTTP, "
+                              "which has no streaming inference; route it to a gRPC pool")
+        refused: list[GatewayError] = []
+
+        async def requests() -> AsyncIterator[bytes]:
+            yield first
+            async for message in rest:
+                m, v, _ = scan_infer_routing(message)
+                try:
+                    if not m:
+                        raise InvalidRequest("ModelInferRequest.model_name is required")
+                    if self.table.resolve(m, v).backend != pool.name:
+                        raise InvalidRequest(
+                            f"model '{m}' routes to another backend than this stream's ('{pool.name}'): "
+                            "open one stream per backend")
+                except GatewayError as err:
+                    refused.append(err)
+                    return  # half-close: the backend answers what it has, then the stream ends
+                yield message
+
+        async for answer in pool.stream(requests(), timeout, affinity):
+            yield answer
+        if refused:
+            raise refused[0]

@@ -13,15 +13,17 @@ more than the compute, and the JSON work (orjson) holds the GIL either way.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from .. import __version__
 from ..codec import grpc as grpc_codec
 from ..codec import http as http_codec
 from ..codec.content import HEADER_LENGTH, decode_content, encode_content, header_length, reply_headers
+from ..codec.wire import encode_len_field, scan_infer_routing
 from ..config import DEFAULT_MAX_MESSAGE_BYTES
 from ..dataplane import HttpReply, IncomingBody
+from ..errors import GatewayError
 from .models import ModelRepository, default_repository
 
 __all__ = ["EXTENSIONS", "SERVER_NAME", "DemoPlane"]
@@ -85,3 +87,23 @@ class DemoPlane:
         target = self.repository.resolve(model, version)
         request = grpc_codec.decode_request(message)
         return grpc_codec.encode_response(target.infer(request))
+
+    async def infer_stream(self, first: bytes, rest: AsyncIterator[bytes], model: str, version: str,
+                           timeout: float | None, affinity: str | None = None) -> AsyncIterator[bytes]:
+        """Each request answered in turn, as Triton does for a model that is not
+        decoupled; a failed request gets ModelStreamInferResponse.error_message and the
+        stream goes on (Triton's behaviour)."""
+        async def every() -> AsyncIterator[bytes]:
+            yield first
+            async for message in rest:
+                yield message
+
+        async for message in every():
+            m, v, _ = scan_infer_routing(message)
+            try:
+                answer = await self.infer_grpc(message, m, v, timeout)
+            except GatewayError as err:
+                text = err.message.encode()
+                yield encode_len_field(1, len(text)) + text  # error_message
+                continue
+            yield encode_len_field(2, len(answer)) + answer  # infer_response

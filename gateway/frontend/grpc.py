@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -115,6 +115,36 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
         answer = await plane.infer_grpc(message, model, version, ctx.time_remaining(), sequence)
         return answer, label, model, version
 
+    async def model_stream_infer(requests: AsyncIterator[bytes], ctx: aio.ServicerContext) -> AsyncIterator[bytes]:
+        """Triton's ModelStreamInfer (not in the KServe proto; tritonclient's
+        start_stream / async_stream_infer, decoupled models): passed through as bytes
+        to the gRPC pool the first request routes to."""
+        start = time.perf_counter()
+        code = "OK"
+        label = model = version = ""
+        try:
+            first = await anext(aiter(requests), None)
+            if first is None:
+                return  # the client closed the stream without a request
+            model, version, sequence = scan_infer_routing(first)
+            if not model:
+                raise InvalidRequest("ModelInferRequest.model_name is required")
+            label = route_label(model, version)
+            async for answer in plane.infer_stream(first, requests, model, version, ctx.time_remaining(), sequence):
+                yield answer
+        except GatewayError as err:
+            code = err.grpc_code
+            await ctx.abort(grpc.StatusCode[err.grpc_code], err.message)
+        except aio.AbortError:
+            raise
+        except Exception:
+            code = "INTERNAL"
+            log.exception("unhandled error in stream_infer")
+            await ctx.abort(grpc.StatusCode.INTERNAL, "internal gateway error")
+        finally:
+            if metrics is not None:
+                metrics.observe("grpc", "stream_infer", label, code, time.perf_counter() - start, model, version)
+
     def typed(fn, req_type, resp_type):
         return grpc.unary_unary_rpc_method_handler(
             fn, request_deserializer=req_type.FromString, response_serializer=resp_type.SerializeToString
@@ -132,5 +162,6 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
         ),
         # No (de)serializers: raw bytes in, raw bytes out.
         "ModelInfer": grpc.unary_unary_rpc_method_handler(wrap("infer", model_infer)),
+        "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(model_stream_infer),
     }
     return grpc.method_handlers_generic_handler(SERVICE, handlers)

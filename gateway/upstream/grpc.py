@@ -7,6 +7,7 @@ sent as received and the response bytes returned as received.
 """
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,7 @@ class GrpcEndpoint:
     address: HostPort
     channel: aio.Channel
     infer: aio.UnaryUnaryMultiCallable
+    stream: aio.StreamStreamMultiCallable
     typed: dict[str, aio.UnaryUnaryMultiCallable] = field(default_factory=dict)
     healthy: bool = True
 
@@ -71,6 +73,7 @@ class GrpcPool:
         for addr in self.backend.endpoints:
             ch = aio.insecure_channel(str(addr), options=opts)
             infer = ch.unary_unary(METHOD_PREFIX + "ModelInfer")
+            stream = ch.stream_stream(METHOD_PREFIX + "ModelStreamInfer")
             typed = {
                 name: ch.unary_unary(
                     METHOD_PREFIX + name,
@@ -79,7 +82,7 @@ class GrpcPool:
                 )
                 for name, (req, resp) in _TYPED.items()
             }
-            self.endpoints.append(GrpcEndpoint(addr, ch, infer, typed))
+            self.endpoints.append(GrpcEndpoint(addr, ch, infer, stream, typed))
         self.balancer = RoundRobin(self.endpoints)
 
     async def close(self) -> None:
@@ -90,6 +93,30 @@ class GrpcPool:
     async def infer(self, message: bytes, timeout: float | None, affinity: str | None = None) -> bytes:
         """Forward a serialized ModelInferRequest; return the serialized response."""
         return await self._call(lambda ep: ep.infer, message, timeout, affinity=affinity)
+
+    async def stream(self, requests: AsyncIterator[bytes], timeout: float | None,
+                     affinity: str | None = None) -> AsyncIterator[bytes]:
+        """Triton's ModelStreamInfer, passed through: serialized ModelInferRequests out,
+        serialized ModelStreamInferResponses back, as they come, on one endpoint (the
+        first of the balancer's order: a stream's requests may depend on each other, so
+        there is no failover once it is open). ``timeout`` is the client's deadline, if
+        any: a stream carries many requests, so ``timeout_s`` does not bound it."""
+        assert self.balancer is not None, "pool not started"
+        ep = self.balancer.order(affinity)[0]
+        call = ep.stream(requests, timeout=timeout)
+        try:
+            async for answer in call:
+                yield answer
+        except aio.AioRpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.UNAVAILABLE:
+                ep.healthy = False
+                raise NoEndpointAvailable(f"backend '{self.name}' endpoint {ep.address}: {exc.details()}") from exc
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise UpstreamTimeout(f"backend '{self.name}' endpoint {ep.address}: stream deadline passed") from exc
+            raise UpstreamError(exc.details() or code.name, grpc_code=code.name) from exc
+        finally:
+            call.cancel()  # a no-op once the stream ended; stops it if the client went away
 
     async def call(self, rpc: str, request: Any, timeout: float | None = None,
                    endpoint: GrpcEndpoint | None = None) -> Any:
