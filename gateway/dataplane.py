@@ -106,3 +106,14 @@ class DataPlane(Protocol):
         ModelInferRequests (routed by ``first``'s model); yields serialized
         ModelStreamInferResponses as they come."""
         ...
+
+    async def model_extension_http(self, model: str, version: str, what: str) -> HttpReply:
+        """Triton's per-model extensions over HTTP: ``what`` is ``config`` (GET
+        /v2/models/{m}/config) or ``stats`` (GET /v2/models/{m}/stats)."""
+        ...
+
+    async def model_extension_grpc(self, rpc: str, message: bytes, model: str, version: str,
+                                   timeout: float | None) -> bytes:
+        """Triton's per-model extension RPCs (``ModelConfig``, ``ModelStatistics``):
+        serialized request in, serialized response out."""
+        ...

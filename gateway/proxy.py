@@ -141,6 +141,25 @@ class Proxy:
         )
         return _metadata_to_dict(resp)
 
+    # -- Triton's per-model extensions (model configuration, statistics) --------
+    # Same protocol only: the answers are Triton's own messages (model_config.proto),
+    # which the V2 spec does not define, so they are relayed, never converted.
+    async def model_extension_http(self, model: str, version: str, what: str) -> HttpReply:
+        pool = self._pool(model, version)
+        if not isinstance(pool, HttpPool):
+            raise Unsupported(f"model {what} of '{model}': backend '{pool.name}' speaks gRPC; Triton's "
+                              "model configuration and statistics are relayed only between the same protocols")
+        reply = await self.timed(pool, pool.request("GET", f"{model_path(model, version)}/{what}"))
+        return HttpReply(reply.status, reply.body, reply.headers)
+
+    async def model_extension_grpc(self, rpc: str, message: bytes, model: str, version: str,
+                                   timeout: float | None) -> bytes:
+        pool = self._pool(model, version)
+        if not isinstance(pool, GrpcPool):
+            raise Unsupported(f"{rpc} of '{model}': backend '{pool.name}' speaks HTTP; Triton's model "
+                              "configuration and statistics are relayed only between the same protocols")
+        return await self.timed(pool, pool.raw(rpc, message, timeout))
+
     # -- inference --------------------------------------------------------------
     async def infer_http(self, model: str, version: str, body: bytes | IncomingBody,
                          headers: Mapping[str, str]) -> HttpReply:

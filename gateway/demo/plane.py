@@ -23,7 +23,7 @@ from ..codec.content import HEADER_LENGTH, decode_content, encode_content, heade
 from ..codec.wire import encode_len_field, scan_infer_routing
 from ..config import DEFAULT_MAX_MESSAGE_BYTES
 from ..dataplane import HttpReply, IncomingBody
-from ..errors import GatewayError
+from ..errors import GatewayError, Unsupported
 from .models import ModelRepository, default_repository
 
 __all__ = ["EXTENSIONS", "SERVER_NAME", "DemoPlane"]
@@ -62,6 +62,15 @@ class DemoPlane:
 
     async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
         return self.repository.metadata(model, version)
+
+    async def model_extension_http(self, model: str, version: str, what: str) -> HttpReply:
+        self.repository.resolve(model, version)  # an unknown model is still NOT_FOUND
+        raise Unsupported(f"the reference server has no model {what} (a Triton extension)")
+
+    async def model_extension_grpc(self, rpc: str, message: bytes, model: str, version: str,
+                                   timeout: float | None) -> bytes:
+        self.repository.resolve(model, version)
+        raise Unsupported(f"the reference server does not implement {rpc} (a Triton extension)")
 
     async def infer_http(
         self, model: str, version: str, body: bytes | IncomingBody, headers: Mapping[str, str]

@@ -145,6 +145,18 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
             if metrics is not None:
                 metrics.observe("grpc", "stream_infer", label, code, time.perf_counter() - start, model, version)
 
+    def extension(rpc: str):
+        # ModelConfigRequest and ModelStatisticsRequest carry name and version in
+        # fields 1 and 2, as ModelInferRequest does: the same wire scan finds them.
+        async def handler(message: bytes, ctx: aio.ServicerContext):
+            model, version, _ = scan_infer_routing(message)
+            if not model:
+                raise InvalidRequest(f"{rpc}Request.name is required: the gateway routes by model")
+            answer = await plane.model_extension_grpc(rpc, message, model, version, ctx.time_remaining())
+            return answer, route_label(model, version), model, version
+
+        return handler
+
     def typed(fn, req_type, resp_type):
         return grpc.unary_unary_rpc_method_handler(
             fn, request_deserializer=req_type.FromString, response_serializer=resp_type.SerializeToString
@@ -163,5 +175,8 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
         # No (de)serializers: raw bytes in, raw bytes out.
         "ModelInfer": grpc.unary_unary_rpc_method_handler(wrap("infer", model_infer)),
         "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(model_stream_infer),
+        "ModelConfig": grpc.unary_unary_rpc_method_handler(wrap("model_config", extension("ModelConfig"))),
+        "ModelStatistics": grpc.unary_unary_rpc_method_handler(
+            wrap("model_statistics", extension("ModelStatistics"))),
     }
     return grpc.method_handlers_generic_handler(SERVICE, handlers)

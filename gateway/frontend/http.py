@@ -305,6 +305,14 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             metrics.observe("http", "infer", route_label(model, version), status, time.perf_counter() - start,
                             model, version)
 
+    def extension(what: str):
+        async def handler(request: Request, model: str, version: str) -> Response:
+            reply = await plane.model_extension_http(model, version, what)
+            body = reply.body if isinstance(reply.body, (bytes, bytearray)) else b"".join(reply.body)  # type: ignore[arg-type]
+            return Response(body, reply.status, media_type=reply.headers.get("content-type", JSON))
+
+        return handler
+
     m = "/v2/models/{model}"
     mv = "/v2/models/{model}/versions/{version}"
     routes = [
@@ -315,6 +323,12 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         Route(mv, endpoint("model_metadata", model_metadata), methods=["GET"]),
         Route(m + "/ready", endpoint("model_ready", model_ready), methods=["GET"]),
         Route(mv + "/ready", endpoint("model_ready", model_ready), methods=["GET"]),
+        # Triton's extensions, relayed from an HTTP pool (tritonclient get_model_config,
+        # get_inference_statistics; perf_analyzer reads the config).
+        Route(m + "/config", endpoint("model_config", extension("config")), methods=["GET"]),
+        Route(mv + "/config", endpoint("model_config", extension("config")), methods=["GET"]),
+        Route(m + "/stats", endpoint("model_statistics", extension("stats")), methods=["GET"]),
+        Route(mv + "/stats", endpoint("model_statistics", extension("stats")), methods=["GET"]),
     ]
 
     async def http_error(request: Request, exc: Exception) -> Response:

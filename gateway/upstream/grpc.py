@@ -19,9 +19,13 @@ from ..config.schema import Backend, HostPort
 from ..errors import NoEndpointAvailable, UpstreamError, UpstreamTimeout
 from ..routing.balancer import RoundRobin
 
-__all__ = ["METHOD_PREFIX", "GrpcEndpoint", "GrpcPool"]
+__all__ = ["METHOD_PREFIX", "RAW_RPCS", "GrpcEndpoint", "GrpcPool"]
 
 METHOD_PREFIX = "/inference.GRPCInferenceService/"
+
+# Triton's per-model extension RPCs, relayed as bytes (their messages come from Triton's
+# model_config.proto, which the V2 spec does not define).
+RAW_RPCS = ("ModelConfig", "ModelStatistics")
 
 # Unary RPCs other than ModelInfer: (request type, response type).
 _TYPED: dict[str, tuple[Any, Any]] = {
@@ -55,6 +59,7 @@ class GrpcEndpoint:
     infer: aio.UnaryUnaryMultiCallable
     stream: aio.StreamStreamMultiCallable
     typed: dict[str, aio.UnaryUnaryMultiCallable] = field(default_factory=dict)
+    raw: dict[str, aio.UnaryUnaryMultiCallable] = field(default_factory=dict)
     healthy: bool = True
 
 
@@ -82,7 +87,8 @@ class GrpcPool:
                 )
                 for name, (req, resp) in _TYPED.items()
             }
-            self.endpoints.append(GrpcEndpoint(addr, ch, infer, stream, typed))
+            raw = {name: ch.unary_unary(METHOD_PREFIX + name) for name in RAW_RPCS}
+            self.endpoints.append(GrpcEndpoint(addr, ch, infer, stream, typed, raw))
         self.balancer = RoundRobin(self.endpoints)
 
     async def close(self) -> None:
@@ -117,6 +123,10 @@ class GrpcPool:
             raise UpstreamError(exc.details() or code.name, grpc_code=code.name) from exc
         finally:
             call.cancel()  # a no-op once the stream ended; stops it if the client went away
+
+    async def raw(self, rpc: str, message: bytes, timeout: float | None) -> bytes:
+        """One of RAW_RPCS, bytes in and out."""
+        return await self._call(lambda ep: ep.raw[rpc], message, timeout)
 
     async def call(self, rpc: str, request: Any, timeout: float | None = None,
                    endpoint: GrpcEndpoint | None = None) -> Any:
