@@ -28,7 +28,9 @@ __all__ = [
     "ListenError",
     "ModelNotFound",
     "NoEndpointAvailable",
+    "Overloaded",
     "PayloadTooLarge",
+    "RequestTimeout",
     "Unsupported",
     "UpstreamError",
     "UpstreamTimeout",
@@ -67,6 +69,13 @@ class Unsupported(GatewayError):
 
 
 class NoEndpointAvailable(GatewayError):
+    http_status = 503
+    grpc_code = "UNAVAILABLE"
+
+
+class Overloaded(GatewayError):
+    """Admission control refused the request (max_inflight_bytes): retry later."""
+
     http_status = 503
     grpc_code = "UNAVAILABLE"
 

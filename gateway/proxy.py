@@ -19,7 +19,7 @@ from .codec.content import HEADER_LENGTH, sequence_of_json
 from .codec.wire import scan_infer_routing
 from .config.schema import GatewayConfig
 from .dataplane import ClientDisconnected, HttpReply, IncomingBody
-from .errors import GatewayError, InvalidRequest, ModelNotFound, Unsupported
+from .errors import GatewayError, InvalidRequest, ModelNotFound, Overloaded, Unsupported
 from .observability.metrics import UNROUTED, Metrics
 from .routing.table import RouteTable
 from .upstream.grpc import GrpcPool
@@ -64,6 +64,30 @@ def _metadata_to_dict(msg: Any) -> dict[str, Any]:
     return out
 
 
+class Admission:
+    """Bytes of inference request bodies in flight in this process, held against
+    ``max_inflight_bytes`` (0: unbounded, only counted). Over the limit a request is
+    refused at once (503 / UNAVAILABLE: retry later), before its body is read or sent."""
+
+    __slots__ = ("gauge", "limit", "used")
+
+    def __init__(self, limit: int, gauge: Any) -> None:
+        self.limit = limit
+        self.used = 0
+        self.gauge = gauge
+
+    def enter(self, n: int) -> None:
+        if self.limit and self.used + n > self.limit:
+            raise Overloaded(f"gateway overloaded: {self.used} bytes of requests in flight, {n} more would "
+                             f"pass max_inflight_bytes ({self.limit}); retry later")
+        self.used += n
+        self.gauge.set(self.used)
+
+    def leave(self, n: int) -> None:
+        self.used -= n
+        self.gauge.set(self.used)
+
+
 class Proxy:
     """Implements :class:`gateway.dataplane.DataPlane` by forwarding to backend pools."""
 
@@ -82,6 +106,7 @@ class Proxy:
         self.metrics = metrics
         # Set on SIGTERM when drain_s > 0: "not ready" while still serving.
         self.draining = False
+        self.admission = Admission(config.max_inflight_bytes, metrics.inflight_bytes)
 
     # -- server-level answers are the gateway's own ------------------------------
     def server_live(self) -> bool:
@@ -163,6 +188,17 @@ class Proxy:
     # -- inference --------------------------------------------------------------
     async def infer_http(self, model: str, version: str, body: bytes | IncomingBody,
                          headers: Mapping[str, str]) -> HttpReply:
+        size = len(body) if isinstance(body, (bytes, bytearray)) else body.length
+        self.admission.enter(size)
+        call = self._infer_http(model, version, body, headers)
+        del body  # the call owns it: freed there as soon as it is sent or encoded
+        try:
+            return await call
+        finally:
+            self.admission.leave(size)
+
+    async def _infer_http(self, model: str, version: str, body: bytes | IncomingBody,
+                          headers: Mapping[str, str]) -> HttpReply:
         pool = self._pool(model, version)
         if isinstance(pool, HttpPool):
             fwd = {k: v for k in _FORWARDED if (v := headers.get(k)) is not None}
@@ -190,6 +226,15 @@ class Proxy:
 
     async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
                          affinity: str | None = None) -> bytes:
+        size = len(message)
+        self.admission.enter(size)
+        try:
+            return await self._infer_grpc(message, model, version, timeout, affinity)
+        finally:
+            self.admission.leave(size)
+
+    async def _infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
+                          affinity: str | None = None) -> bytes:
         pool = self._pool(model, version)
         if isinstance(pool, GrpcPool):
             return await self.timed(pool, pool.infer(message, timeout, affinity))

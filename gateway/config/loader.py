@@ -19,7 +19,8 @@ __all__ = ["load_config", "parse_config"]
 
 T = TypeVar("T")
 
-_TOP_KEYS = {"listen", "backends", "routes", "health", "max_message_bytes", "workers", "access_log", "drain_s"}
+_TOP_KEYS = {"listen", "backends", "routes", "health", "max_message_bytes", "workers", "access_log", "drain_s",
+             "max_inflight_bytes"}
 _LISTEN_KEYS = {"http", "grpc", "metrics"}
 _HEALTH_KEYS = {"interval_s", "timeout_s"}
 _BACKEND_KEYS = {"protocol", "endpoints", "timeout_s", "connect_timeout_s", "max_message_bytes", "binary_extension",
@@ -199,6 +200,8 @@ def parse_config(raw: Any) -> GatewayConfig:
         extra["workers"] = _number(p, "workers", raw["workers"], int)
     if "drain_s" in raw:
         extra["drain_s"] = _number(p, "drain_s", raw["drain_s"])
+    if "max_inflight_bytes" in raw:
+        extra["max_inflight_bytes"] = _number(p, "max_inflight_bytes", raw["max_inflight_bytes"], int)
     if "access_log" in raw:
         if isinstance(raw["access_log"], bool):
             extra["access_log"] = raw["access_log"]

@@ -139,12 +139,21 @@ class GatewayConfig:
     # On SIGTERM: answer "not ready" but keep serving this long, so a load balancer
     # (a Kubernetes Service) stops sending new requests before the listeners close.
     drain_s: float = 0.0
+    # Admission control (per process): inference requests whose bodies add up to more
+    # than this many bytes in flight are refused (503 / UNAVAILABLE) instead of pushing
+    # the process out of memory; converting paths hold several times a payload. 0 = off.
+    max_inflight_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError("workers must be >= 1")
         if self.max_message_bytes <= 0:
             raise ValueError("max_message_bytes must be > 0")
+        if self.max_inflight_bytes < 0:
+            raise ValueError("max_inflight_bytes must be >= 0 (0 turns it off)")
+        if 0 < self.max_inflight_bytes < self.max_message_bytes:
+            raise ValueError(f"max_inflight_bytes ({self.max_inflight_bytes}) is below max_message_bytes "
+                             f"({self.max_message_bytes}): a largest request could never be admitted")
         if not 0 <= self.drain_s <= 3600:
             raise ValueError("drain_s must be between 0 and 3600")
         for i, route in enumerate(self.routes):

@@ -50,6 +50,10 @@ class Metrics:
             "oip_gateway_endpoint_healthy", "1 when the last health check reached the endpoint.",
             ["backend", "endpoint"], registry=r, multiprocess_mode="max",
         )
+        self.inflight_bytes = Gauge(
+            "oip_gateway_inflight_request_bytes", "Bytes of inference request bodies being handled now.",
+            registry=r, multiprocess_mode="livesum",
+        )
         self.ready = Gauge(
             "oip_gateway_ready", "1 when every exact-name route has a ready endpoint.",
             registry=r, multiprocess_mode="max",

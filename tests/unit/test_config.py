@@ -81,12 +81,22 @@ def test_listener_can_be_disabled():
         (dict(MINIMAL, routes=[]), "routes"),
         (dict(MINIMAL, backends={}), "backends"),
         (dict(MINIMAL, workers=0), "(config)"),
+        (dict(MINIMAL, max_inflight_bytes="lots"), "max_inflight_bytes"),
         (dict(MINIMAL, health={"interval_s": -1}), "health"),
     ],
 )
 def test_each_problem_names_its_key(raw, key):
     found = problems(raw)
     assert any(p.startswith(key + ":") for p in found), found
+
+
+def test_max_inflight_bytes():
+    assert parse_config(MINIMAL).max_inflight_bytes == 0  # off by default
+    assert parse_config(dict(MINIMAL, max_inflight_bytes=1 << 30)).max_inflight_bytes == 1 << 30
+    assert any("max_inflight_bytes must be >= 0" in p for p in problems(dict(MINIMAL, max_inflight_bytes=-1)))
+    # Below the largest message, the largest request could never be admitted.
+    found = problems(dict(MINIMAL, max_inflight_bytes=1000))
+    assert any("below max_message_bytes" in p for p in found), found
 
 
 def test_all_problems_reported_at_once():

@@ -1,0 +1,100 @@
+"""Admission control (``max_inflight_bytes``): past the limit of request bytes in flight a
+request is refused at once with 503 / UNAVAILABLE, the gateway keeps serving, and the
+in-flight gauge goes back to 0 when the requests are over."""
+from __future__ import annotations
+
+import socket
+import threading
+import urllib.request
+
+import grpc
+import numpy as np
+import orjson
+import pytest
+
+from tests.support.clients import In, infer
+from tests.support.gateway import GatewayProcess, gateway_config
+from tests.support.procs import wait_for
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def black_hole():
+    """Accepts connections and never answers: a request to it stays in flight until timeout_s."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    yield f"127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+
+
+@pytest.fixture(scope="module")
+def gw(reference, black_hole, tmp_path_factory):
+    backends = {
+        "ref": {"protocol": "http", "endpoints": [reference.http_url]},
+        "ref-grpc": {"protocol": "grpc", "endpoints": [reference.grpc_url]},
+        "hole": {"protocol": "http", "endpoints": [black_hole], "timeout_s": 5},
+    }
+    routes = [{"model": "slow", "backend": "hole"}, {"model": "identity_UINT8", "backend": "ref-grpc"},
+              {"model": "*", "backend": "ref"}]
+    cfg = gateway_config(backends, routes, max_message_bytes=2 * MiB, max_inflight_bytes=3 * MiB)
+    with GatewayProcess(cfg, tmp_path_factory.mktemp("admission"), "gw-admission") as g:
+        yield g
+
+
+def inflight(g: GatewayProcess) -> float:
+    with urllib.request.urlopen(f"http://{g.metrics_url}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("oip_gateway_inflight_request_bytes "):
+                return float(line.split()[1])
+    return -1.0
+
+
+def post(url: str, model: str, body: bytes) -> tuple[int, bytes]:
+    req = urllib.request.Request(f"http://{url}/v2/models/{model}/infer", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def json_body(nbytes: int) -> bytes:
+    """A JSON add_sub request of about ``nbytes`` (valid, so the reference answers 200)."""
+    n = max(1, nbytes // 4)  # "0," per element, two inputs
+    return orjson.dumps({"inputs": [{"name": f"INPUT{i}", "shape": [n], "datatype": "FP32", "data": [0] * n}
+                                    for i in (0, 1)]})
+
+
+def test_over_the_limit_is_refused_and_recovers(gw):
+    assert inflight(gw) == 0
+    held = json_body(int(1.5 * MiB))
+    results: list[tuple[int, bytes]] = []
+    slow = threading.Thread(target=lambda: results.append(post(gw.http_url, "slow", held)))
+    slow.start()
+    try:
+        wait_for(lambda: inflight(gw) >= len(held), timeout=10, what="the held request to be in flight")
+        # 1.5 MiB in flight + 2 MiB > 3 MiB: refused at once, on both fronts.
+        status, answer = post(gw.http_url, "add_sub", json_body(2 * MiB - 4096))
+        assert status == 503 and "max_inflight_bytes" in orjson.loads(answer)["error"]
+        with grpc.insecure_channel(gw.grpc_url) as ch:
+            from gateway._pb import grpc_predict_v2_pb2 as pb
+
+            msg = pb.ModelInferRequest(model_name="identity_UINT8")
+            msg.inputs.add(name="INPUT0", datatype="UINT8", shape=[1, 2 * MiB - 4096])
+            msg.raw_input_contents.append(b"\0" * (2 * MiB - 4096))
+            with pytest.raises(grpc.RpcError) as info:
+                ch.unary_unary("/inference.GRPCInferenceService/ModelInfer")(msg.SerializeToString(), timeout=10)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        # Small requests still fit beside the held one.
+        a = np.arange(4, dtype=np.float32)
+        r = infer("http", gw.http_url, "add_sub", [In("INPUT0", a, "FP32"), In("INPUT1", a, "FP32")])
+        np.testing.assert_array_equal(r.outputs["OUTPUT0"], 2 * a)
+    finally:
+        slow.join(timeout=30)
+    assert results and results[0][0] == 504  # the held request ended by its backend's timeout
+    wait_for(lambda: inflight(gw) == 0, timeout=10, what="the gauge back to 0")
+    status, _ = post(gw.http_url, "add_sub", json_body(2 * MiB - 4096))
+    assert status == 200
