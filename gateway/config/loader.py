@@ -24,7 +24,7 @@ _TOP_KEYS = {"listen", "backends", "routes", "health", "max_message_bytes", "wor
 _LISTEN_KEYS = {"http", "grpc", "metrics"}
 _HEALTH_KEYS = {"interval_s", "timeout_s"}
 _BACKEND_KEYS = {"protocol", "endpoints", "timeout_s", "connect_timeout_s", "max_message_bytes", "binary_extension",
-                 "max_connections"}
+                 "max_connections", "balance"}
 _ROUTE_KEYS = {"model", "version", "backend"}
 
 
@@ -131,6 +131,8 @@ def _backend(p: _Problems, name: str, raw: Any) -> Backend | None:
             ok = False
         else:
             kwargs["binary_extension"] = data["binary_extension"]
+    if "balance" in data:
+        kwargs["balance"] = data["balance"]  # its values are checked by Backend
     if not ok:
         return None
     return p.build(key, lambda: Backend(name=name, protocol=data["protocol"], endpoints=tuple(endpoints), **kwargs))

@@ -94,8 +94,13 @@ class Backend:
     binary_extension: bool = True
     # HTTP pools only: open connections per endpoint; more concurrent requests wait.
     max_connections: int = 512
+    # How a request picks its endpoint: "round_robin", or "least_request" (the healthy
+    # endpoint with the fewest requests in flight; ties in round-robin order).
+    balance: str = "round_robin"
 
     def __post_init__(self) -> None:
+        if self.balance not in ("round_robin", "least_request"):
+            raise ValueError(f"balance must be 'round_robin' or 'least_request', got {self.balance!r}")
         if self.protocol not in ("http", "grpc"):
             raise ValueError(f"protocol must be 'http' or 'grpc', got {self.protocol!r}")
         if not self.endpoints:

@@ -8,6 +8,10 @@ A request with an affinity key (Triton's ``sequence_id``: every request of a
 stateful sequence must reach the server holding its state) goes to the
 endpoint that rendezvous hashing picks for the key. When that endpoint is
 unhealthy only its own sequences move; the others keep their endpoint.
+
+:class:`LeastRequest` puts the healthy endpoint with the fewest requests in
+flight first (Envoy's LEAST_REQUEST, without sampling: pools are small), ties
+in round-robin order — for pools whose servers answer at different speeds.
 """
 from __future__ import annotations
 
@@ -15,12 +19,15 @@ import hashlib
 from collections.abc import Sequence
 from typing import Generic, Protocol, TypeVar
 
-__all__ = ["HasHealth", "RoundRobin"]
+__all__ = ["HasHealth", "LeastRequest", "RoundRobin", "balancer"]
 
 
 class HasHealth(Protocol):
     healthy: bool
     address: object
+
+    @property
+    def inflight(self) -> int: ...
 
 
 E = TypeVar("E", bound=HasHealth)
@@ -53,6 +60,22 @@ class RoundRobin(Generic[E]):
         if len(healthy) == n:
             return list(rotated)
         return healthy + [e for e in rotated if not e.healthy]
+
+
+class LeastRequest(RoundRobin[E]):
+    __slots__ = ()
+
+    def order(self, affinity: str | None = None) -> list[E]:
+        rotated = super().order(affinity)
+        if affinity is not None or len(rotated) == 1:
+            return rotated  # a sequence stays where its state is
+        # sorted() is stable: equal loads keep the round-robin order.
+        return sorted(rotated, key=lambda e: (not e.healthy, e.inflight))
+
+
+def balancer(kind: str, endpoints: Sequence[E]) -> RoundRobin[E]:
+    """The balancer a backend's ``balance`` names."""
+    return LeastRequest(endpoints) if kind == "least_request" else RoundRobin(endpoints)
 
 
 def _weight(key: str, endpoint: HasHealth) -> int:

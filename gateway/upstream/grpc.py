@@ -17,7 +17,7 @@ from grpc import aio
 from .._pb import grpc_predict_v2_pb2 as pb
 from ..config.schema import Backend, HostPort
 from ..errors import NoEndpointAvailable, UpstreamError, UpstreamTimeout
-from ..routing.balancer import RoundRobin
+from ..routing.balancer import RoundRobin, balancer
 
 __all__ = ["METHOD_PREFIX", "RAW_RPCS", "GrpcEndpoint", "GrpcPool"]
 
@@ -61,6 +61,7 @@ class GrpcEndpoint:
     typed: dict[str, aio.UnaryUnaryMultiCallable] = field(default_factory=dict)
     raw: dict[str, aio.UnaryUnaryMultiCallable] = field(default_factory=dict)
     healthy: bool = True
+    inflight: int = 0  # calls and open streams on this endpoint now
 
 
 class GrpcPool:
@@ -89,7 +90,7 @@ class GrpcPool:
             }
             raw = {name: ch.unary_unary(METHOD_PREFIX + name) for name in RAW_RPCS}
             self.endpoints.append(GrpcEndpoint(addr, ch, infer, stream, typed, raw))
-        self.balancer = RoundRobin(self.endpoints)
+        self.balancer = balancer(self.backend.balance, self.endpoints)
 
     async def close(self) -> None:
         for ep in self.endpoints:
@@ -110,6 +111,7 @@ class GrpcPool:
         assert self.balancer is not None, "pool not started"
         ep = self.balancer.order(affinity)[0]
         call = ep.stream(requests, timeout=timeout)
+        ep.inflight += 1
         try:
             async for answer in call:
                 yield answer
@@ -122,6 +124,7 @@ class GrpcPool:
                 raise UpstreamTimeout(f"backend '{self.name}' endpoint {ep.address}: stream deadline passed") from exc
             raise UpstreamError(exc.details() or code.name, grpc_code=code.name) from exc
         finally:
+            ep.inflight -= 1
             call.cancel()  # a no-op once the stream ended; stops it if the client went away
 
     async def raw(self, rpc: str, message: bytes, timeout: float | None) -> bytes:
@@ -139,6 +142,7 @@ class GrpcPool:
         tmo = self.backend.timeout_s if timeout is None else min(timeout, self.backend.timeout_s)
         failures: list[str] = []
         for ep in order:
+            ep.inflight += 1
             try:
                 return await pick(ep)(request, timeout=tmo)
             except aio.AioRpcError as exc:
@@ -154,6 +158,8 @@ class GrpcPool:
                     ) from exc
                 # The backend's own error: relay its code and message unchanged.
                 raise UpstreamError(exc.details() or code.name, grpc_code=code.name) from exc
+            finally:
+                ep.inflight -= 1
         raise NoEndpointAvailable(
             f"no endpoint of backend '{self.name}' is reachable ({'; '.join(failures)})"
         )

@@ -464,6 +464,11 @@ class H1ConnectionPool:
         self._idle: list[_Connection] = []
         self._max_idle = max_idle
 
+    @property
+    def busy(self) -> int:
+        """Exchanges holding a connection slot now (waiting ones not included)."""
+        return self.max_connections - self._slots._value
+
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
         try:

@@ -16,7 +16,7 @@ import orjson
 from ..config.schema import Backend, HostPort
 from ..dataplane import IncomingBody
 from ..errors import BadUpstreamResponse, NoEndpointAvailable, RequestTimeout, UpstreamError, UpstreamTimeout
-from ..routing.balancer import RoundRobin
+from ..routing.balancer import RoundRobin, balancer
 from .h1 import BodyStream, ConnectFailed, ConnectionDropped, H1ConnectionPool, SourceStalled
 
 __all__ = ["BodyStream", "HttpEndpoint", "HttpPool", "UpstreamReply", "error_from_reply", "model_path"]
@@ -27,6 +27,11 @@ class HttpEndpoint:
     address: HostPort
     connections: H1ConnectionPool = field(repr=False)
     healthy: bool = True
+
+    @property
+    def inflight(self) -> int:
+        """Exchanges in progress on this endpoint (a streamed answer counts until its end)."""
+        return self.connections.busy
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +83,7 @@ class HttpPool:
                                               max_connections=backend.max_connections))
             for ep in backend.endpoints
         ]
-        self.balancer: RoundRobin[HttpEndpoint] = RoundRobin(self.endpoints)
+        self.balancer: RoundRobin[HttpEndpoint] = balancer(backend.balance, self.endpoints)
 
     async def start(self) -> None:
         """Connections are opened on first use."""

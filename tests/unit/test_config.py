@@ -81,6 +81,8 @@ def test_listener_can_be_disabled():
         (dict(MINIMAL, routes=[]), "routes"),
         (dict(MINIMAL, backends={}), "backends"),
         (dict(MINIMAL, workers=0), "(config)"),
+        (dict(MINIMAL, backends={"t": {"protocol": "http", "endpoints": ["h:1"], "balance": "random"}}),
+         "backends.t"),
         (dict(MINIMAL, max_inflight_bytes="lots"), "max_inflight_bytes"),
         (dict(MINIMAL, health={"interval_s": -1}), "health"),
     ],

@@ -8,6 +8,7 @@ import pytest
 from gateway.config.schema import Route
 from gateway.errors import ModelNotFound
 from gateway.routing import RoundRobin, RouteTable
+from gateway.routing.balancer import LeastRequest, balancer
 
 
 def test_exact_then_glob_in_order():
@@ -60,6 +61,11 @@ def test_glob_cache_is_bounded():
 class Ep:
     name: str
     healthy: bool = True
+    inflight: int = 0
+
+    @property
+    def address(self) -> str:
+        return self.name
 
 
 def test_round_robin_rotates_and_prefers_healthy():
@@ -76,3 +82,31 @@ def test_round_robin_rotates_and_prefers_healthy():
 def test_round_robin_all_unhealthy_still_tries_all():
     eps = [Ep("a", False), Ep("b", False)]
     assert {e.name for e in RoundRobin(eps).order()} == {"a", "b"}
+
+
+def test_least_request_prefers_the_least_loaded_healthy_endpoint():
+    eps = [Ep("a", inflight=3), Ep("b", inflight=1), Ep("c", inflight=2)]
+    lr = LeastRequest(eps)
+    assert [e.name for e in lr.order()] == ["b", "c", "a"]
+    eps[1].healthy = False  # unhealthy goes last whatever its load
+    assert [e.name for e in lr.order()] == ["c", "a", "b"]
+
+
+def test_least_request_ties_rotate():
+    eps = [Ep("a"), Ep("b"), Ep("c")]
+    lr = LeastRequest(eps)
+    assert [lr.order()[0].name for _ in range(6)] == ["a", "b", "c", "a", "b", "c"]
+
+
+def test_least_request_keeps_sequence_affinity():
+    eps = [Ep("a"), Ep("b"), Ep("c")]
+    lr, rr = LeastRequest(eps), RoundRobin(eps)
+    first = rr.order("seq-7")[0]
+    first.inflight = 100  # loaded, but it holds the sequence's state
+    assert lr.order("seq-7")[0] is first
+
+
+def test_balancer_by_name():
+    eps = [Ep("a")]
+    assert type(balancer("least_request", eps)) is LeastRequest
+    assert type(balancer("round_robin", eps)) is RoundRobin
