@@ -12,14 +12,17 @@ import contextlib
 import logging
 import signal
 import socket
+import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
+import grpc
 import uvicorn
 from grpc import aio
 from prometheus_client import CollectorRegistry, make_asgi_app
 
-from .config.schema import GatewayConfig, HostPort
+from .config.schema import GatewayConfig, HostPort, Tls
 from .dataplane import DataPlane
 from .errors import ListenError
 from .frontend.grpc import build_grpc_handler, server_options
@@ -71,7 +74,12 @@ class _Uvicorn(uvicorn.Server):
         yield
 
 
-def _uvicorn(app, *, access_log: bool = False) -> _Uvicorn:
+def _uvicorn(app, *, access_log: bool = False, tls: Tls | None = None) -> _Uvicorn:
+    ssl_kwargs: dict[str, Any] = {}
+    if tls is not None:
+        ssl_kwargs = {"ssl_certfile": tls.cert, "ssl_keyfile": tls.key}
+        if tls.client_ca is not None:
+            ssl_kwargs.update(ssl_ca_certs=tls.client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
     cfg = uvicorn.Config(
         app,
         loop="none",
@@ -86,6 +94,7 @@ def _uvicorn(app, *, access_log: bool = False) -> _Uvicorn:
         # Keep-alive longer than typical client pools so we are not the side that races a reuse.
         timeout_keep_alive=75,
         h11_max_incomplete_event_size=256 * 1024,
+        **ssl_kwargs,
     )
     return _Uvicorn(cfg)
 
@@ -100,6 +109,16 @@ class Ports:
         return {"http": self.http, "grpc": self.grpc, "metrics": self.metrics}
 
 
+def _grpc_credentials(tls: Tls) -> grpc.ServerCredentials:
+    def read(path: str) -> bytes:
+        with open(path, "rb") as fh:
+            return fh.read()
+
+    ca = read(tls.client_ca) if tls.client_ca is not None else None
+    return grpc.ssl_server_credentials([(read(tls.key), read(tls.cert))], root_certificates=ca,
+                                       require_client_auth=ca is not None)
+
+
 @dataclass
 class Listeners:
     """HTTP + gRPC (+ metrics) front ends over one DataPlane, in the running loop."""
@@ -108,12 +127,13 @@ class Listeners:
     max_message_bytes: int
     metrics: Metrics | None = None
     reuse_port: bool = False
+    tls: Tls | None = None  # for the HTTP and gRPC listeners; metrics stay plain
     ports: Ports = field(default_factory=Ports)
     _servers: list[tuple[_Uvicorn, asyncio.Task[None]]] = field(default_factory=list)
     _grpc: aio.Server | None = None
 
-    async def _serve_http(self, app, sock: socket.socket) -> int:
-        server = _uvicorn(app)
+    async def _serve_http(self, app, sock: socket.socket, tls: Tls | None = None) -> int:
+        server = _uvicorn(app, tls=tls)
         task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
         # uvicorn sets .started once its listeners accept; wait on that, bounded.
         for _ in range(500):
@@ -137,12 +157,15 @@ class Listeners:
     ) -> Ports:
         if http is not None:
             app = build_http_app(self.plane, self.metrics, max_message_bytes=self.max_message_bytes)
-            self.ports.http = await self._serve_http(app, bind_socket(http, reuse_port=self.reuse_port))
+            self.ports.http = await self._serve_http(app, bind_socket(http, reuse_port=self.reuse_port), self.tls)
         if grpc is not None:
             self._grpc = aio.server(options=server_options(self.max_message_bytes, reuse_port=self.reuse_port))
             self._grpc.add_generic_rpc_handlers((build_grpc_handler(self.plane, self.metrics),))
             target = f"[{grpc.host}]:{grpc.port}" if ":" in grpc.host else f"{grpc.host}:{grpc.port}"
-            port = self._grpc.add_insecure_port(target)
+            if self.tls is None:
+                port = self._grpc.add_insecure_port(target)
+            else:
+                port = self._grpc.add_secure_port(target, _grpc_credentials(self.tls))
             if port == 0:
                 raise ListenError(f"cannot listen on {target} (gRPC)")
             await self._grpc.start()
@@ -181,7 +204,8 @@ class Gateway:
             on_round=self._record_health,
         )
         self.proxy = Proxy(config, self.pools, self.table, self.health, self.metrics)
-        self.listeners = Listeners(self.proxy, config.max_message_bytes, self.metrics, reuse_port=reuse_port)
+        self.listeners = Listeners(self.proxy, config.max_message_bytes, self.metrics, reuse_port=reuse_port,
+                                   tls=config.listen.tls)
 
     def _record_health(self, checker: HealthChecker) -> None:
         for pool in self.pools.values():

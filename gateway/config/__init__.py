@@ -1,6 +1,6 @@
 """Configuration: frozen dataclasses (schema) and the YAML loader."""
 from .loader import load_config, parse_config
-from .schema import DEFAULT_MAX_MESSAGE_BYTES, Backend, GatewayConfig, Health, HostPort, Listen, Route
+from .schema import DEFAULT_MAX_MESSAGE_BYTES, Backend, GatewayConfig, Health, HostPort, Listen, Route, Tls
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
@@ -10,6 +10,7 @@ __all__ = [
     "HostPort",
     "Listen",
     "Route",
+    "Tls",
     "load_config",
     "parse_config",
 ]

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import yaml
 
 from ..errors import ConfigError
-from .schema import Backend, GatewayConfig, Health, HostPort, Listen, Route
+from .schema import Backend, GatewayConfig, Health, HostPort, Listen, Route, Tls
 
 __all__ = ["load_config", "parse_config"]
 
@@ -22,6 +22,7 @@ T = TypeVar("T")
 _TOP_KEYS = {"listen", "backends", "routes", "health", "max_message_bytes", "workers", "access_log", "drain_s",
              "max_inflight_bytes"}
 _LISTEN_KEYS = {"http", "grpc", "metrics"}
+_TLS_KEYS = {"cert", "key", "client_ca"}
 _HEALTH_KEYS = {"interval_s", "timeout_s"}
 _BACKEND_KEYS = {"protocol", "endpoints", "timeout_s", "connect_timeout_s", "max_message_bytes", "binary_extension",
                  "max_connections", "balance"}
@@ -71,10 +72,12 @@ def _listen(p: _Problems, raw: Any) -> Listen | None:
     data = _mapping(p, "listen", raw)
     if data is None:
         return None
-    p.check_keys("listen", data, _LISTEN_KEYS)
+    p.check_keys("listen", data, _LISTEN_KEYS | {"tls"})
     defaults = Listen()
     before = len(p.items)
-    kwargs: dict[str, HostPort | None] = {}
+    kwargs: dict[str, Any] = {}
+    if data.get("tls") is not None:
+        kwargs["tls"] = _tls(p, data["tls"])
     for name in _LISTEN_KEYS:
         if name not in data:
             kwargs[name] = getattr(defaults, name)
@@ -85,6 +88,21 @@ def _listen(p: _Problems, raw: Any) -> Listen | None:
     if len(p.items) > before:
         return None
     return p.build("listen", lambda: Listen(**kwargs))
+
+
+def _tls(p: _Problems, raw: Any) -> Tls | None:
+    data = _mapping(p, "listen.tls", raw)
+    if data is None:
+        return None
+    p.check_keys("listen.tls", data, _TLS_KEYS)
+    for name in ("cert", "key"):
+        if not isinstance(data.get(name), str):
+            p.add(f"listen.tls.{name}", "required: path of a PEM file")
+    if "client_ca" in data and not isinstance(data["client_ca"], str):
+        p.add("listen.tls.client_ca", "expected the path of a PEM file")
+    if not all(isinstance(data.get(n), str) for n in ("cert", "key")):
+        return None
+    return p.build("listen.tls", lambda: Tls(cert=data["cert"], key=data["key"], client_ca=data.get("client_ca")))
 
 
 def _health(p: _Problems, raw: Any) -> Health | None:

@@ -57,10 +57,35 @@ class HostPort:
 
 
 @dataclass(frozen=True, slots=True)
+class Tls:
+    """TLS for the HTTP and gRPC listeners (PEM files); ``client_ca`` set = clients must
+    present a certificate it signed (mutual TLS)."""
+
+    cert: str
+    key: str
+    client_ca: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("cert", "key", "client_ca"):
+            path = getattr(self, name)
+            if path is None:
+                continue
+            try:
+                with open(path, "rb") as fh:
+                    head = fh.read(64)
+            except OSError as exc:
+                raise ValueError(f"{name}: cannot read {path}: {exc.strerror}") from None
+            if b"-----BEGIN" not in head:
+                raise ValueError(f"{name}: {path} is not a PEM file")
+
+
+@dataclass(frozen=True, slots=True)
 class Listen:
     http: HostPort | None = HostPort("0.0.0.0", 8000)
     grpc: HostPort | None = HostPort("0.0.0.0", 8001)
     metrics: HostPort | None = HostPort("0.0.0.0", 8002)
+    # Applies to the HTTP and gRPC listeners; the metrics listener stays plain HTTP.
+    tls: Tls | None = None
 
     def __post_init__(self) -> None:
         if self.http is None and self.grpc is None:

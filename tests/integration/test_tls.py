@@ -1,0 +1,161 @@
+"""TLS on the HTTP and gRPC listeners (``listen.tls``), with and without client
+certificates, through real clients; certificates are made per test session."""
+from __future__ import annotations
+
+import datetime as dt
+import http.client
+import ipaddress
+import json
+import ssl
+import urllib.request
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from tritonclient.utils import InferenceServerException
+
+from gateway.config import parse_config
+from gateway.errors import ConfigError
+from tests.support.gateway import GatewayProcess, gateway_config
+
+ADD_SUB = json.dumps({"inputs": [{"name": "INPUT0", "shape": [2], "datatype": "FP32", "data": [1, 2]},
+                                 {"name": "INPUT1", "shape": [2], "datatype": "FP32", "data": [3, 4]}]}).encode()
+
+
+def _cert(subject: str, issuer_key, issuer_name, key, *, ca: bool = False, server: bool = False) -> x509.Certificate:
+    now = dt.datetime.now(dt.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+        .issuer_name(issuer_name or x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if server:
+        builder = builder.add_extension(x509.SubjectAlternativeName(
+            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("pki")
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = _cert("test CA", ca_key, None, ca_key, ca=True)
+    files = {"ca": ca}
+    keys = {}
+    for name, server in (("server", True), ("client", False)):
+        keys[name] = ec.generate_private_key(ec.SECP256R1())
+        files[name] = _cert(name, ca_key, ca.subject, keys[name], server=server)
+    out: dict[str, Path] = {}
+    for name, cert in files.items():
+        out[name] = d / f"{name}.crt"
+        out[name].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    for name, key in keys.items():
+        out[f"{name}_key"] = d / f"{name}.key"
+        out[f"{name}_key"].write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                         serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    return out
+
+
+def _gateway(reference, pki, workdir, name, *, mutual: bool) -> GatewayProcess:
+    tls = {"cert": str(pki["server"]), "key": str(pki["server_key"])}
+    if mutual:
+        tls["client_ca"] = str(pki["ca"])
+    cfg = gateway_config({"ref": {"protocol": "http", "endpoints": [reference.http_url]}},
+                         [{"model": "*", "backend": "ref"}])
+    cfg["listen"]["tls"] = tls
+    return GatewayProcess(cfg, workdir, name).start()
+
+
+def _https(url: str, path: str, pki, *, client_cert: bool = False, body: bytes | None = None) -> tuple[int, bytes]:
+    ctx = ssl.create_default_context(cafile=str(pki["ca"]))
+    if client_cert:
+        ctx.load_cert_chain(str(pki["client"]), str(pki["client_key"]))
+    req = urllib.request.Request(f"https://{url}{path}", data=body, method="POST" if body else "GET")
+    with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
+        return r.status, r.read()
+
+
+def _grpc_client(url: str, pki, *, client_cert: bool = False) -> grpcclient.InferenceServerClient:
+    extra = {"private_key": str(pki["client_key"]), "certificate_chain": str(pki["client"])} if client_cert else {}
+    return grpcclient.InferenceServerClient(url, ssl=True, root_certificates=str(pki["ca"]), **extra)
+
+
+def _grpc_add_sub(client: grpcclient.InferenceServerClient) -> np.ndarray:
+    ins = []
+    for name, values in (("INPUT0", [1, 2]), ("INPUT1", [3, 4])):
+        t = grpcclient.InferInput(name, [2], "FP32")
+        t.set_data_from_numpy(np.array(values, np.float32))
+        ins.append(t)
+    return client.infer("add_sub", ins).as_numpy("OUTPUT0")
+
+
+def test_tls_listeners(reference, pki, tmp_path):
+    gw = _gateway(reference, pki, tmp_path, "gw-tls", mutual=False)
+    try:
+        status, body = _https(gw.http_url, "/v2/models/add_sub/infer", pki, body=ADD_SUB)
+        assert status == 200 and json.loads(body)["outputs"][0]["data"] == [4, 6]
+        with _grpc_client(gw.grpc_url, pki) as c:
+            assert c.is_server_live()
+            np.testing.assert_array_equal(_grpc_add_sub(c), [4, 6])
+        # Plain text is refused on both.
+        with pytest.raises((OSError, http.client.HTTPException)):
+            urllib.request.urlopen(f"http://{gw.http_url}/v2/health/live", timeout=5)
+        with grpc.insecure_channel(gw.grpc_url) as ch:
+            with pytest.raises(grpc.RpcError) as info:
+                ch.unary_unary("/inference.GRPCInferenceService/ServerLive")(b"", timeout=5)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        # The metrics listener stays plain HTTP (Prometheus scrapes it in-cluster).
+        with urllib.request.urlopen(f"http://{gw.metrics_url}/metrics", timeout=5) as r:
+            assert r.status == 200
+        assert gw.proc.poll() is None
+    finally:
+        gw.stop()
+
+
+def test_mutual_tls(reference, pki, tmp_path):
+    gw = _gateway(reference, pki, tmp_path, "gw-mtls", mutual=True)
+    try:
+        status, _ = _https(gw.http_url, "/v2/health/live", pki, client_cert=True)
+        assert status == 200
+        with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+            _https(gw.http_url, "/v2/health/live", pki)  # no client certificate
+        with _grpc_client(gw.grpc_url, pki, client_cert=True) as c:
+            np.testing.assert_array_equal(_grpc_add_sub(c), [4, 6])
+        with _grpc_client(gw.grpc_url, pki) as c:
+            with pytest.raises(InferenceServerException):
+                c.is_server_live()
+        assert gw.proc.poll() is None
+    finally:
+        gw.stop()
+
+
+def test_tls_config_errors(pki, tmp_path):
+    base = {"backends": {"t": {"protocol": "http", "endpoints": ["h:1"]}}, "routes": [{"model": "m", "backend": "t"}]}
+
+    def problems(tls) -> list[str]:
+        with pytest.raises(ConfigError) as info:
+            parse_config(dict(base, listen={"tls": tls}))
+        return info.value.problems
+
+    assert any(p.startswith("listen.tls.key:") for p in problems({"cert": str(pki["server"])}))
+    found = problems({"cert": str(tmp_path / "missing.crt"), "key": str(pki["server_key"])})
+    assert any(p.startswith("listen.tls") and "cannot read" in p for p in found), found
+    (tmp_path / "junk.crt").write_text("not a certificate")
+    found = problems({"cert": str(tmp_path / "junk.crt"), "key": str(pki["server_key"])})
+    assert any("not a PEM file" in p for p in found), found
+    assert any(p.startswith("listen.tls.ciphers") for p in problems(
+        {"cert": str(pki["server"]), "key": str(pki["server_key"]), "ciphers": "x"}))
+    cfg = parse_config(dict(base, listen={"tls": {"cert": str(pki["server"]), "key": str(pki["server_key"])}}))
+    assert cfg.listen.tls is not None and cfg.listen.tls.client_ca is None
