@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import yaml
 
 from ..errors import ConfigError
-from .schema import Backend, GatewayConfig, Health, HostPort, Listen, Route, Tls
+from .schema import Backend, BackendTls, GatewayConfig, Health, HostPort, Listen, Route, Tls
 
 __all__ = ["load_config", "parse_config"]
 
@@ -25,7 +25,8 @@ _LISTEN_KEYS = {"http", "grpc", "metrics"}
 _TLS_KEYS = {"cert", "key", "client_ca"}
 _HEALTH_KEYS = {"interval_s", "timeout_s"}
 _BACKEND_KEYS = {"protocol", "endpoints", "timeout_s", "connect_timeout_s", "max_message_bytes", "binary_extension",
-                 "max_connections", "balance"}
+                 "max_connections", "balance", "tls"}
+_BACKEND_TLS_KEYS = {"ca", "cert", "key", "server_name"}
 _ROUTE_KEYS = {"model", "version", "backend"}
 
 
@@ -151,6 +152,22 @@ def _backend(p: _Problems, name: str, raw: Any) -> Backend | None:
             kwargs["binary_extension"] = data["binary_extension"]
     if "balance" in data:
         kwargs["balance"] = data["balance"]  # its values are checked by Backend
+    if data.get("tls") is not None:
+        tls = data["tls"]
+        if tls is True:
+            kwargs["tls"] = BackendTls()  # the system's CAs, no client certificate
+        elif isinstance(tls, dict):
+            p.check_keys(f"{key}.tls", tls, _BACKEND_TLS_KEYS)
+            bad = [k for k in _BACKEND_TLS_KEYS if k in tls and not isinstance(tls[k], str)]
+            for k in bad:
+                p.add(f"{key}.tls.{k}", f"expected a string, got {tls[k]!r}")
+            built = None if bad else p.build(f"{key}.tls", lambda: BackendTls(
+                **{k: tls[k] for k in _BACKEND_TLS_KEYS if k in tls}))
+            ok = ok and built is not None
+            kwargs["tls"] = built
+        elif tls is not False:
+            p.add(f"{key}.tls", f"expected true, false or a mapping (ca, cert, key, server_name), got {tls!r}")
+            ok = False
     if not ok:
         return None
     return p.build(key, lambda: Backend(name=name, protocol=data["protocol"], endpoints=tuple(endpoints), **kwargs))

@@ -66,17 +66,38 @@ class Tls:
     client_ca: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("cert", "key", "client_ca"):
-            path = getattr(self, name)
-            if path is None:
-                continue
-            try:
-                with open(path, "rb") as fh:
-                    head = fh.read(64)
-            except OSError as exc:
-                raise ValueError(f"{name}: cannot read {path}: {exc.strerror}") from None
-            if b"-----BEGIN" not in head:
-                raise ValueError(f"{name}: {path} is not a PEM file")
+        _check_pem(self, ("cert", "key", "client_ca"))
+
+
+def _check_pem(owner: object, names: tuple[str, ...]) -> None:
+    for name in names:
+        path = getattr(owner, name)
+        if path is None:
+            continue
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(64)
+        except OSError as exc:
+            raise ValueError(f"{name}: cannot read {path}: {exc.strerror}") from None
+        if b"-----BEGIN" not in head:
+            raise ValueError(f"{name}: {path} is not a PEM file")
+
+
+@dataclass(frozen=True, slots=True)
+class BackendTls:
+    """TLS to a backend's endpoints: ``ca`` (PEM; default: the system's CAs), a client
+    certificate ``cert`` + ``key`` for mutual TLS, and ``server_name`` when the
+    certificate names a host other than the endpoint's."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    server_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("cert and key go together (a client certificate and its key)")
+        _check_pem(self, ("ca", "cert", "key"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +143,8 @@ class Backend:
     # How a request picks its endpoint: "round_robin", or "least_request" (the healthy
     # endpoint with the fewest requests in flight; ties in round-robin order).
     balance: str = "round_robin"
+    # TLS to the endpoints (None: plain text).
+    tls: BackendTls | None = None
 
     def __post_init__(self) -> None:
         if self.balance not in ("round_robin", "least_request"):

@@ -15,7 +15,7 @@ import grpc
 from grpc import aio
 
 from .._pb import grpc_predict_v2_pb2 as pb
-from ..config.schema import Backend, HostPort
+from ..config.schema import Backend, BackendTls, HostPort
 from ..errors import NoEndpointAvailable, UpstreamError, UpstreamTimeout
 from ..routing.balancer import RoundRobin, balancer
 
@@ -52,6 +52,16 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int | str]]:
     ]
 
 
+def _credentials(tls: BackendTls) -> grpc.ChannelCredentials:
+    def read(path: str | None) -> bytes | None:
+        if path is None:
+            return None
+        with open(path, "rb") as fh:
+            return fh.read()
+
+    return grpc.ssl_channel_credentials(read(tls.ca), read(tls.key), read(tls.cert))
+
+
 @dataclass(slots=True)
 class GrpcEndpoint:
     address: HostPort
@@ -77,7 +87,12 @@ class GrpcPool:
         # Channels are created inside the running loop (grpc.aio binds them to it).
         opts = channel_options(self.backend.max_message_bytes)
         for addr in self.backend.endpoints:
-            ch = aio.insecure_channel(str(addr), options=opts)
+            tls = self.backend.tls
+            if tls is None:
+                ch = aio.insecure_channel(str(addr), options=opts)
+            else:
+                extra = [("grpc.ssl_target_name_override", tls.server_name)] if tls.server_name else []
+                ch = aio.secure_channel(str(addr), _credentials(tls), options=opts + extra)
             infer = ch.unary_unary(METHOD_PREFIX + "ModelInfer")
             stream = ch.stream_stream(METHOD_PREFIX + "ModelStreamInfer")
             typed = {

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl as ssl_module
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -451,9 +452,12 @@ class H1ConnectionPool:
     """Keep-alive connections to one endpoint (host, port)."""
 
     def __init__(self, host: str, port: int, *, connect_timeout: float, max_idle: int = 256,
-                 max_connections: int = 512) -> None:
+                 max_connections: int = 512, ssl: ssl_module.SSLContext | None = None,
+                 server_name: str | None = None) -> None:
         self.host = host
         self.port = port
+        self._ssl = ssl
+        self._server_name = server_name
         # At most this many exchanges (= open connections) at once; the rest wait for a
         # free one within their timeout, so a burst of clients cannot open thousands of
         # connections to one backend.
@@ -473,7 +477,9 @@ class H1ConnectionPool:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(loop), self.host, self.port), self._connect_timeout
+                loop.create_connection(lambda: _Connection(loop), self.host, self.port, ssl=self._ssl,
+                                       server_hostname=(self._server_name or self.host) if self._ssl else None),
+                self._connect_timeout
             )
         except (TimeoutError, OSError) as exc:
             raise ConnectFailed(f"{exc.__class__.__name__}: {exc}") from exc

@@ -7,13 +7,14 @@ gateway's error tree here, once (``raise ... from exc``).
 """
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
 import orjson
 
-from ..config.schema import Backend, HostPort
+from ..config.schema import Backend, BackendTls, HostPort
 from ..dataplane import IncomingBody
 from ..errors import BadUpstreamResponse, NoEndpointAvailable, RequestTimeout, UpstreamError, UpstreamTimeout
 from ..routing.balancer import RoundRobin, balancer
@@ -39,6 +40,16 @@ class UpstreamReply:
     status: int
     body: bytes | BodyStream  # a BodyStream only when the caller passed ``stream_min``
     headers: Mapping[str, str]
+
+
+def ssl_context(tls: BackendTls | None) -> ssl.SSLContext | None:
+    """The client TLS context of a backend (None: plain text)."""
+    if tls is None:
+        return None
+    ctx = ssl.create_default_context(cafile=tls.ca)
+    if tls.cert is not None:
+        ctx.load_cert_chain(tls.cert, tls.key)
+    return ctx
 
 
 def model_path(model: str, version: str) -> str:
@@ -80,6 +91,8 @@ class HttpPool:
         self.name = backend.name
         self.endpoints = [
             HttpEndpoint(ep, H1ConnectionPool(ep.host, ep.port, connect_timeout=backend.connect_timeout_s,
+                                              ssl=ssl_context(backend.tls),
+                                              server_name=backend.tls.server_name if backend.tls else None,
                                               max_connections=backend.max_connections))
             for ep in backend.endpoints
         ]

@@ -141,6 +141,38 @@ def test_mutual_tls(reference, pki, tmp_path):
         gw.stop()
 
 
+def test_tls_to_backends(reference, pki, tmp_path):
+    """Gateway B reaches its backends over TLS (HTTP and gRPC pools): the backend here is
+    gateway A, whose listeners require client certificates."""
+    a = _gateway(reference, pki, tmp_path, "gw-a", mutual=True)
+    tls = {"ca": str(pki["ca"]), "cert": str(pki["client"]), "key": str(pki["client_key"])}
+    try:
+        for name, with_cert in (("gw-b", True), ("gw-b-nocert", False)):
+            t = tls if with_cert else {"ca": tls["ca"]}
+            backends = {"a-http": {"protocol": "http", "endpoints": [a.http_url], "tls": t},
+                        "a-grpc": {"protocol": "grpc", "endpoints": [a.grpc_url], "tls": t}}
+            routes = [{"model": "add_sub", "backend": "a-http"}, {"model": "identity_FP32", "backend": "a-grpc"}]
+            with GatewayProcess(gateway_config(backends, routes), tmp_path, name) as b:
+                req = urllib.request.Request(f"http://{b.http_url}/v2/models/add_sub/infer", data=ADD_SUB,
+                                             method="POST")
+                x = np.arange(3, dtype=np.float32).reshape(1, 3)
+                t_in = grpcclient.InferInput("INPUT0", [1, 3], "FP32")
+                t_in.set_data_from_numpy(x)
+                with grpcclient.InferenceServerClient(b.grpc_url) as c:
+                    if with_cert:
+                        with urllib.request.urlopen(req, timeout=10) as r:
+                            assert json.loads(r.read())["outputs"][0]["data"] == [4, 6]
+                        np.testing.assert_array_equal(c.infer("identity_FP32", [t_in]).as_numpy("OUTPUT0"), x)
+                    else:  # A refuses B's connections without a client certificate
+                        with pytest.raises(urllib.error.HTTPError) as info:
+                            urllib.request.urlopen(req, timeout=10)
+                        assert info.value.code in (502, 503)
+                        with pytest.raises(InferenceServerException):
+                            c.infer("identity_FP32", [t_in])
+    finally:
+        a.stop()
+
+
 def test_tls_config_errors(pki, tmp_path):
     base = {"backends": {"t": {"protocol": "http", "endpoints": ["h:1"]}}, "routes": [{"model": "m", "backend": "t"}]}
 
@@ -159,3 +191,16 @@ def test_tls_config_errors(pki, tmp_path):
         {"cert": str(pki["server"]), "key": str(pki["server_key"]), "ciphers": "x"}))
     cfg = parse_config(dict(base, listen={"tls": {"cert": str(pki["server"]), "key": str(pki["server_key"])}}))
     assert cfg.listen.tls is not None and cfg.listen.tls.client_ca is None
+
+    def backend_problems(tls) -> list[str]:
+        raw = dict(base, backends={"t": {"protocol": "http", "endpoints": ["h:1"], "tls": tls}})
+        with pytest.raises(ConfigError) as info:
+            parse_config(raw)
+        return info.value.problems
+
+    assert any(p.startswith("backends.t.tls") and "go together" in p
+               for p in backend_problems({"cert": str(pki["client"])}))
+    assert any(p.startswith("backends.t.tls.sni") for p in backend_problems({"sni": "x"}))
+    assert any(p.startswith("backends.t.tls") for p in backend_problems("yes"))
+    raw = dict(base, backends={"t": {"protocol": "grpc", "endpoints": ["h:1"], "tls": True}})
+    assert parse_config(raw).backends["t"].tls is not None
