@@ -27,7 +27,7 @@ from .codec.content import (
     reply_headers,
     sequence_key,
 )
-from .dataplane import HttpReply, IncomingBody
+from .dataplane import HttpReply, IncomingBody, trace_of
 from .errors import BadUpstreamResponse, InvalidRequest
 from .upstream.http import error_from_reply, model_path
 
@@ -52,7 +52,7 @@ async def http_to_grpc(
     message = grpc_codec.encode_request(request)
     affinity = sequence_key(request.parameters.get("sequence_id"))
     del body, request  # the HTTP body is not needed while the backend works
-    answer = await proxy.timed(pool, pool.infer(message, None, affinity))
+    answer = await proxy.timed(pool, pool.infer(message, None, affinity, trace_of(headers)))
     del message
     try:
         response = grpc_codec.decode_response(answer)
@@ -65,7 +65,7 @@ async def http_to_grpc(
 
 async def grpc_to_http(
     proxy: Proxy, pool: HttpPool, model: str, version: str, message: bytes, timeout: float | None,
-    affinity: str | None = None,
+    affinity: str | None = None, trace: tuple[tuple[str, str], ...] = (),
 ) -> bytes:
     request = grpc_codec.decode_request(message)
     chunks, json_length = http_codec.encode_request(request, binary=pool.backend.binary_extension)
@@ -73,7 +73,7 @@ async def grpc_to_http(
         pool,
         pool.request(
             "POST", model_path(model, version) + "/infer",
-            body=chunks, headers=reply_headers(json_length), timeout=timeout, affinity=affinity,
+            body=chunks, headers={**reply_headers(json_length), **dict(trace)}, timeout=timeout, affinity=affinity,
         ),
     )
     if reply.status != 200:

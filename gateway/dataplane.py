@@ -16,7 +16,18 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["ClientDisconnected", "DataPlane", "HttpReply", "IncomingBody", "StreamedBody"]
+__all__ = ["TRACE_HEADERS", "ClientDisconnected", "DataPlane", "HttpReply", "IncomingBody", "StreamedBody", "trace_of"]
+
+# Request context a client sends that the backend should see too: W3C trace context
+# (Triton's OpenTelemetry tracing continues the client's trace) and a request id.
+# HTTP headers and gRPC metadata alike; lower-case names.
+TRACE_HEADERS = ("traceparent", "tracestate", "x-request-id")
+
+
+def trace_of(pairs: Mapping[str, str] | Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """The TRACE_HEADERS among ``pairs`` (a lower-cased header mapping or gRPC metadata)."""
+    items = pairs.items() if isinstance(pairs, Mapping) else pairs
+    return tuple((k, v) for k, v in items if k in TRACE_HEADERS and isinstance(v, str))
 
 
 class ClientDisconnected(Exception):
@@ -91,16 +102,18 @@ class DataPlane(Protocol):
         ...
 
     async def infer_grpc(
-        self, message: bytes, model: str, version: str, timeout: float | None, affinity: str | None = None
+        self, message: bytes, model: str, version: str, timeout: float | None, affinity: str | None = None,
+        trace: Sequence[tuple[str, str]] = (),
     ) -> bytes:
         """``message`` is a serialized ModelInferRequest; return a serialized ModelInferResponse.
         ``affinity`` is the request's ``sequence_id`` (None outside sequences): requests that
-        share one must reach the same backend endpoint."""
+        share one must reach the same backend endpoint. ``trace``: the client's trace-context
+        metadata (TRACE_HEADERS), to be passed on to the backend."""
         ...
 
     def infer_stream(
         self, first: bytes, rest: AsyncIterator[bytes], model: str, version: str, timeout: float | None,
-        affinity: str | None = None,
+        affinity: str | None = None, trace: Sequence[tuple[str, str]] = (),
     ) -> AsyncIterator[bytes]:
         """Triton's ModelStreamInfer: ``first`` and then ``rest`` are serialized
         ModelInferRequests (routed by ``first``'s model); yields serialized

@@ -8,7 +8,7 @@ message is forwarded untouched and the backend's answer returned untouched
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -18,7 +18,7 @@ from ._pb import grpc_predict_v2_pb2 as pb
 from .codec.content import HEADER_LENGTH, sequence_of_json
 from .codec.wire import scan_infer_routing
 from .config.schema import GatewayConfig
-from .dataplane import ClientDisconnected, HttpReply, IncomingBody
+from .dataplane import TRACE_HEADERS, ClientDisconnected, HttpReply, IncomingBody
 from .errors import GatewayError, InvalidRequest, ModelNotFound, Overloaded, Unsupported
 from .observability.metrics import UNROUTED, Metrics
 from .routing.table import RouteTable
@@ -36,7 +36,8 @@ EXTENSIONS = ["binary_tensor_data"]
 
 # Request headers that matter to a V2 backend; everything else (host,
 # content-length, connection) belongs to the hop and is not forwarded.
-_FORWARDED = ("content-type", "inference-header-content-length", "content-encoding", "accept-encoding")
+_FORWARDED = ("content-type", "inference-header-content-length", "content-encoding", "accept-encoding",
+              *TRACE_HEADERS)
 
 # Pass-through answers at least this large are relayed chunk by chunk as they
 # arrive instead of being held whole; large binary-extension requests stream to
@@ -225,23 +226,24 @@ class Proxy:
         return await call
 
     async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
-                         affinity: str | None = None) -> bytes:
+                         affinity: str | None = None, trace: Sequence[tuple[str, str]] = ()) -> bytes:
         size = len(message)
         self.admission.enter(size)
         try:
-            return await self._infer_grpc(message, model, version, timeout, affinity)
+            return await self._infer_grpc(message, model, version, timeout, affinity, tuple(trace))
         finally:
             self.admission.leave(size)
 
     async def _infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
-                          affinity: str | None = None) -> bytes:
+                          affinity: str | None, trace: tuple[tuple[str, str], ...]) -> bytes:
         pool = self._pool(model, version)
         if isinstance(pool, GrpcPool):
-            return await self.timed(pool, pool.infer(message, timeout, affinity))
-        return await convert.grpc_to_http(self, pool, model, version, message, timeout, affinity)
+            return await self.timed(pool, pool.infer(message, timeout, affinity, trace))
+        return await convert.grpc_to_http(self, pool, model, version, message, timeout, affinity, trace)
 
     async def infer_stream(self, first: bytes, rest: AsyncIterator[bytes], model: str, version: str,
-                           timeout: float | None, affinity: str | None = None) -> AsyncIterator[bytes]:
+                           timeout: float | None, affinity: str | None = None,
+                           trace: Sequence[tuple[str, str]] = ()) -> AsyncIterator[bytes]:
         """ModelStreamInfer pass-through to the gRPC pool of the first request's route.
         Every later request must route to the same pool (one stream, one backend
         connection); one that does not ends the stream with INVALID_ARGUMENT after the
@@ -268,7 +270,7 @@ class Proxy:
                     return  # half-close: the backend answers what it has, then the stream ends
                 yield message
 
-        async for answer in pool.stream(requests(), timeout, affinity):
+        async for answer in pool.stream(requests(), timeout, affinity, tuple(trace)):
             yield answer
         if refused:
             raise refused[0]

@@ -13,7 +13,7 @@ more than the compute, and the JSON work (orjson) holds the GIL either way.
 """
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from .. import __version__
@@ -90,7 +90,8 @@ class DemoPlane:
         return HttpReply(200, chunks, reply_headers(json_length, coding))
 
     async def infer_grpc(
-        self, message: bytes, model: str, version: str, timeout: float | None, affinity: str | None = None
+        self, message: bytes, model: str, version: str, timeout: float | None, affinity: str | None = None,
+        trace: Sequence[tuple[str, str]] = (),
     ) -> bytes:
         # ``timeout`` is moot: the models answer in microseconds, inline.
         target = self.repository.resolve(model, version)
@@ -98,7 +99,8 @@ class DemoPlane:
         return grpc_codec.encode_response(target.infer(request))
 
     async def infer_stream(self, first: bytes, rest: AsyncIterator[bytes], model: str, version: str,
-                           timeout: float | None, affinity: str | None = None) -> AsyncIterator[bytes]:
+                           timeout: float | None, affinity: str | None = None,
+                           trace: Sequence[tuple[str, str]] = ()) -> AsyncIterator[bytes]:
         """Each request answered in turn, as Triton does for a model that is not
         decoupled; a failed request gets ModelStreamInferResponse.error_message and the
         stream goes on (Triton's behaviour)."""

@@ -112,12 +112,13 @@ class GrpcPool:
             await ep.channel.close()
         self.endpoints.clear()
 
-    async def infer(self, message: bytes, timeout: float | None, affinity: str | None = None) -> bytes:
+    async def infer(self, message: bytes, timeout: float | None, affinity: str | None = None,
+                    metadata: tuple[tuple[str, str], ...] = ()) -> bytes:
         """Forward a serialized ModelInferRequest; return the serialized response."""
-        return await self._call(lambda ep: ep.infer, message, timeout, affinity=affinity)
+        return await self._call(lambda ep: ep.infer, message, timeout, affinity=affinity, metadata=metadata)
 
     async def stream(self, requests: AsyncIterator[bytes], timeout: float | None,
-                     affinity: str | None = None) -> AsyncIterator[bytes]:
+                     affinity: str | None = None, metadata: tuple[tuple[str, str], ...] = ()) -> AsyncIterator[bytes]:
         """Triton's ModelStreamInfer, passed through: serialized ModelInferRequests out,
         serialized ModelStreamInferResponses back, as they come, on one endpoint (the
         first of the balancer's order: a stream's requests may depend on each other, so
@@ -125,7 +126,7 @@ class GrpcPool:
         any: a stream carries many requests, so ``timeout_s`` does not bound it."""
         assert self.balancer is not None, "pool not started"
         ep = self.balancer.order(affinity)[0]
-        call = ep.stream(requests, timeout=timeout)
+        call = ep.stream(requests, timeout=timeout, metadata=metadata or None)
         ep.inflight += 1
         try:
             async for answer in call:
@@ -151,7 +152,8 @@ class GrpcPool:
         return await self._call(lambda ep: ep.typed[rpc], request, timeout, endpoint)
 
     async def _call(self, pick, request: Any, timeout: float | None,
-                    endpoint: GrpcEndpoint | None = None, affinity: str | None = None) -> Any:
+                    endpoint: GrpcEndpoint | None = None, affinity: str | None = None,
+                    metadata: tuple[tuple[str, str], ...] = ()) -> Any:
         assert self.balancer is not None, "pool not started"
         order = [endpoint] if endpoint is not None else self.balancer.order(affinity)
         tmo = self.backend.timeout_s if timeout is None else min(timeout, self.backend.timeout_s)
@@ -159,7 +161,7 @@ class GrpcPool:
         for ep in order:
             ep.inflight += 1
             try:
-                return await pick(ep)(request, timeout=tmo)
+                return await pick(ep)(request, timeout=tmo, metadata=metadata or None)
             except aio.AioRpcError as exc:
                 code = exc.code()
                 if code == grpc.StatusCode.UNAVAILABLE:

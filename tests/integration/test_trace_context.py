@@ -1,0 +1,128 @@
+"""Trace context (W3C ``traceparent`` / ``tracestate``) and ``x-request-id`` reach the backend
+on every path — as HTTP headers or gRPC metadata, whichever the backend speaks — so Triton's
+OpenTelemetry tracing continues the client's trace through the gateway."""
+from __future__ import annotations
+
+import socket
+import threading
+import urllib.request
+from concurrent import futures
+
+import grpc
+import pytest
+
+from gateway._pb import grpc_predict_v2_pb2 as pb
+from tests.support.gateway import GatewayProcess, gateway_config
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+EMPTY_ANSWER = b'{"model_name":"m","outputs":[]}'
+
+
+@pytest.fixture(scope="module")
+def http_backend():
+    """A scripted HTTP backend recording every request head; inference answers carry no outputs."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    heads: list[dict[str, str]] = []
+
+    def handle(conn: socket.socket) -> None:
+        with conn:
+            buf = b""
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                fields = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+                length = int(fields.get("content-length", "0"))
+                while len(buf) < length:
+                    buf += conn.recv(65536)
+                buf = buf[length:]
+                if lines[0].startswith("POST"):
+                    heads.append(fields)
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                                 % (len(EMPTY_ANSWER), EMPTY_ANSWER))
+                else:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield f"127.0.0.1:{sock.getsockname()[1]}", heads
+    sock.close()
+
+
+@pytest.fixture(scope="module")
+def grpc_backend():
+    """A grpc server recording the metadata of every ModelInfer; answers are empty responses."""
+    seen: list[dict[str, str]] = []
+
+    def infer(request: bytes, context: grpc.ServicerContext) -> bytes:
+        seen.append({m.key: m.value for m in context.invocation_metadata()})
+        return b""
+
+    def ok(request: bytes, context: grpc.ServicerContext) -> bytes:
+        return pb.ServerLiveResponse(live=True).SerializeToString()
+
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {
+        "ModelInfer": grpc.unary_unary_rpc_method_handler(infer),
+        "ServerLive": grpc.unary_unary_rpc_method_handler(ok),
+    }),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}", seen
+    server.stop(None)
+
+
+@pytest.fixture(scope="module")
+def gw(http_backend, grpc_backend, tmp_path_factory):
+    backends = {"h": {"protocol": "http", "endpoints": [http_backend[0]]},
+                "g": {"protocol": "grpc", "endpoints": [grpc_backend[0]]}}
+    routes = [{"model": "to_http", "backend": "h"}, {"model": "to_grpc", "backend": "g"}]
+    with GatewayProcess(gateway_config(backends, routes), tmp_path_factory.mktemp("trace"), "gw-trace") as g:
+        yield g
+
+
+def http_call(g: GatewayProcess, model: str, request_id: str) -> int:
+    body = b'{"inputs":[{"name":"I","shape":[1],"datatype":"FP32","data":[1]}]}'
+    req = urllib.request.Request(f"http://{g.http_url}/v2/models/{model}/infer", data=body, method="POST", headers={
+        "Content-Type": "application/json", "traceparent": TRACEPARENT, "tracestate": "vendor=1",
+        "x-request-id": request_id, "x-unrelated": "dropped"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.status
+
+
+def grpc_call(g: GatewayProcess, model: str, request_id: str) -> None:
+    msg = pb.ModelInferRequest(model_name=model)
+    msg.inputs.add(name="I", datatype="FP32", shape=[1])
+    msg.raw_input_contents.append(b"\0\0\x80\x3f")
+    with grpc.insecure_channel(g.grpc_url) as ch:
+        ch.unary_unary("/inference.GRPCInferenceService/ModelInfer")(
+            msg.SerializeToString(), timeout=10,
+            metadata=(("traceparent", TRACEPARENT), ("tracestate", "vendor=1"), ("x-request-id", request_id),
+                      ("x-unrelated", "dropped")))
+
+
+@pytest.mark.parametrize("client", ["http", "grpc"])
+@pytest.mark.parametrize("pool", ["http", "grpc"])
+def test_trace_context_reaches_the_backend(gw, http_backend, grpc_backend, client, pool):
+    request_id = f"{client}-to-{pool}"
+    if client == "http":
+        assert http_call(gw, f"to_{pool}", request_id) == 200
+    else:
+        grpc_call(gw, f"to_{pool}", request_id)
+    seen = http_backend[1] if pool == "http" else grpc_backend[1]
+    got = next(s for s in reversed(seen) if s.get("x-request-id") == request_id)
+    assert got["traceparent"] == TRACEPARENT and got["tracestate"] == "vendor=1"
+    assert "x-unrelated" not in got
