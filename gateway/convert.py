@@ -27,7 +27,7 @@ from .codec.content import (
     reply_headers,
     sequence_key,
 )
-from .dataplane import HttpReply, IncomingBody, trace_of
+from .dataplane import HttpReply, IncomingBody, pick_headers
 from .errors import BadUpstreamResponse, InvalidRequest
 from .upstream.http import error_from_reply, model_path
 
@@ -52,7 +52,7 @@ async def http_to_grpc(
     message = grpc_codec.encode_request(request)
     affinity = sequence_key(request.parameters.get("sequence_id"))
     del body, request  # the HTTP body is not needed while the backend works
-    answer = await proxy.timed(pool, pool.infer(message, None, affinity, trace_of(headers)))
+    answer = await proxy.timed(pool, pool.infer(message, None, affinity, pick_headers(headers, proxy.context_headers)))
     del message
     try:
         response = grpc_codec.decode_response(answer)

@@ -16,18 +16,20 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["TRACE_HEADERS", "ClientDisconnected", "DataPlane", "HttpReply", "IncomingBody", "StreamedBody", "trace_of"]
+__all__ = ["TRACE_HEADERS", "ClientDisconnected", "DataPlane", "HttpReply", "IncomingBody", "StreamedBody",
+           "pick_headers"]
 
-# Request context a client sends that the backend should see too: W3C trace context
-# (Triton's OpenTelemetry tracing continues the client's trace) and a request id.
-# HTTP headers and gRPC metadata alike; lower-case names.
+# Request context a client sends that the backend should always see: W3C trace context
+# (Triton's OpenTelemetry tracing continues the client's trace) and a request id. HTTP
+# headers and gRPC metadata alike; lower-case names. ``forward_headers`` adds more.
 TRACE_HEADERS = ("traceparent", "tracestate", "x-request-id")
 
 
-def trace_of(pairs: Mapping[str, str] | Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
-    """The TRACE_HEADERS among ``pairs`` (a lower-cased header mapping or gRPC metadata)."""
+def pick_headers(pairs: Mapping[str, str] | Sequence[tuple[str, str]],
+                 names: frozenset[str]) -> tuple[tuple[str, str], ...]:
+    """The entries of ``pairs`` (a lower-cased header mapping or gRPC metadata) named in ``names``."""
     items = pairs.items() if isinstance(pairs, Mapping) else pairs
-    return tuple((k, v) for k, v in items if k in TRACE_HEADERS and isinstance(v, str))
+    return tuple((k, v) for k, v in items if k in names and isinstance(v, str))
 
 
 class ClientDisconnected(Exception):
@@ -103,17 +105,17 @@ class DataPlane(Protocol):
 
     async def infer_grpc(
         self, message: bytes, model: str, version: str, timeout: float | None, affinity: str | None = None,
-        trace: Sequence[tuple[str, str]] = (),
+        metadata: Sequence[tuple[str, str]] = (),
     ) -> bytes:
         """``message`` is a serialized ModelInferRequest; return a serialized ModelInferResponse.
         ``affinity`` is the request's ``sequence_id`` (None outside sequences): requests that
-        share one must reach the same backend endpoint. ``trace``: the client's trace-context
-        metadata (TRACE_HEADERS), to be passed on to the backend."""
+        share one must reach the same backend endpoint. ``metadata``: the client's request
+        metadata; the entries the data plane forwards (trace context…) go on to the backend."""
         ...
 
     def infer_stream(
         self, first: bytes, rest: AsyncIterator[bytes], model: str, version: str, timeout: float | None,
-        affinity: str | None = None, trace: Sequence[tuple[str, str]] = (),
+        affinity: str | None = None, metadata: Sequence[tuple[str, str]] = (),
     ) -> AsyncIterator[bytes]:
         """Triton's ModelStreamInfer: ``first`` and then ``rest`` are serialized
         ModelInferRequests (routed by ``first``'s model); yields serialized

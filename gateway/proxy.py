@@ -18,7 +18,7 @@ from ._pb import grpc_predict_v2_pb2 as pb
 from .codec.content import HEADER_LENGTH, sequence_of_json
 from .codec.wire import scan_infer_routing
 from .config.schema import GatewayConfig
-from .dataplane import TRACE_HEADERS, ClientDisconnected, HttpReply, IncomingBody
+from .dataplane import TRACE_HEADERS, ClientDisconnected, HttpReply, IncomingBody, pick_headers
 from .errors import GatewayError, InvalidRequest, ModelNotFound, Overloaded, Unsupported
 from .observability.metrics import UNROUTED, Metrics
 from .routing.table import RouteTable
@@ -36,8 +36,7 @@ EXTENSIONS = ["binary_tensor_data"]
 
 # Request headers that matter to a V2 backend; everything else (host,
 # content-length, connection) belongs to the hop and is not forwarded.
-_FORWARDED = ("content-type", "inference-header-content-length", "content-encoding", "accept-encoding",
-              *TRACE_HEADERS)
+_FORWARDED = ("content-type", "inference-header-content-length", "content-encoding", "accept-encoding")
 
 # Pass-through answers at least this large are relayed chunk by chunk as they
 # arrive instead of being held whole; large binary-extension requests stream to
@@ -108,6 +107,9 @@ class Proxy:
         # Set on SIGTERM when drain_s > 0: "not ready" while still serving.
         self.draining = False
         self.admission = Admission(config.max_inflight_bytes, metrics.inflight_bytes)
+        # Client headers / gRPC metadata passed on to backends, on every path.
+        self.context_headers = frozenset(TRACE_HEADERS) | frozenset(config.forward_headers)
+        self._http_forwarded = (*_FORWARDED, *sorted(self.context_headers))
 
     # -- server-level answers are the gateway's own ------------------------------
     def server_live(self) -> bool:
@@ -202,7 +204,7 @@ class Proxy:
                           headers: Mapping[str, str]) -> HttpReply:
         pool = self._pool(model, version)
         if isinstance(pool, HttpPool):
-            fwd = {k: v for k in _FORWARDED if (v := headers.get(k)) is not None}
+            fwd = {k: v for k in self._http_forwarded if (v := headers.get(k)) is not None}
             json_length = headers.get(HEADER_LENGTH)
             if isinstance(body, (bytes, bytearray)):
                 affinity = sequence_of_json(body, json_length)
@@ -226,11 +228,12 @@ class Proxy:
         return await call
 
     async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
-                         affinity: str | None = None, trace: Sequence[tuple[str, str]] = ()) -> bytes:
+                         affinity: str | None = None, metadata: Sequence[tuple[str, str]] = ()) -> bytes:
         size = len(message)
         self.admission.enter(size)
         try:
-            return await self._infer_grpc(message, model, version, timeout, affinity, tuple(trace))
+            return await self._infer_grpc(message, model, version, timeout, affinity,
+                                          pick_headers(metadata, self.context_headers))
         finally:
             self.admission.leave(size)
 
@@ -243,7 +246,7 @@ class Proxy:
 
     async def infer_stream(self, first: bytes, rest: AsyncIterator[bytes], model: str, version: str,
                            timeout: float | None, affinity: str | None = None,
-                           trace: Sequence[tuple[str, str]] = ()) -> AsyncIterator[bytes]:
+                           metadata: Sequence[tuple[str, str]] = ()) -> AsyncIterator[bytes]:
         """ModelStreamInfer pass-through to the gRPC pool of the first request's route.
         Every later request must route to the same pool (one stream, one backend
         connection); one that does not ends the stream with INVALID_ARGUMENT after the
@@ -270,7 +273,7 @@ class Proxy:
                     return  # half-close: the backend answers what it has, then the stream ends
                 yield message
 
-        async for answer in pool.stream(requests(), timeout, affinity, tuple(trace)):
+        async for answer in pool.stream(requests(), timeout, affinity, pick_headers(metadata, self.context_headers)):
             yield answer
         if refused:
             raise refused[0]

@@ -20,7 +20,7 @@ __all__ = ["load_config", "parse_config"]
 T = TypeVar("T")
 
 _TOP_KEYS = {"listen", "backends", "routes", "health", "max_message_bytes", "workers", "access_log", "drain_s",
-             "max_inflight_bytes"}
+             "max_inflight_bytes", "forward_headers"}
 _LISTEN_KEYS = {"http", "grpc", "metrics"}
 _TLS_KEYS = {"cert", "key", "client_ca"}
 _HEALTH_KEYS = {"interval_s", "timeout_s"}
@@ -237,6 +237,12 @@ def parse_config(raw: Any) -> GatewayConfig:
         extra["workers"] = _number(p, "workers", raw["workers"], int)
     if "drain_s" in raw:
         extra["drain_s"] = _number(p, "drain_s", raw["drain_s"])
+    if "forward_headers" in raw:
+        names = raw["forward_headers"]
+        if isinstance(names, list) and all(isinstance(n, str) for n in names):
+            extra["forward_headers"] = tuple(names)
+        else:
+            p.add("forward_headers", f"expected a list of header names, got {names!r}")
     if "max_inflight_bytes" in raw:
         extra["max_inflight_bytes"] = _number(p, "max_inflight_bytes", raw["max_inflight_bytes"], int)
     if "access_log" in raw:

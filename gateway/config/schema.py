@@ -180,6 +180,14 @@ class Route:
             raise ValueError("model is empty")
 
 
+# Headers that describe a hop, the body's framing or the protocol: never copied from a client.
+_NOT_FORWARDABLE = frozenset({
+    "host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer",
+    "proxy-connection", "expect", "content-type", "content-encoding", "accept-encoding",
+    "inference-header-content-length", "user-agent",
+})
+
+
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
     backends: dict[str, Backend]
@@ -196,8 +204,17 @@ class GatewayConfig:
     # than this many bytes in flight are refused (503 / UNAVAILABLE) instead of pushing
     # the process out of memory; converting paths hold several times a payload. 0 = off.
     max_inflight_bytes: int = 0
+    # Client headers (HTTP) / metadata (gRPC) passed on to backends on every path, besides
+    # the trace context (traceparent, tracestate, x-request-id) that always is. Lower case.
+    forward_headers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for name in self.forward_headers:
+            if name != name.lower() or not name or not all(c.isalnum() or c in "-_." for c in name):
+                raise ValueError(f"forward_headers: {name!r} is not a lower-case header name")
+            if name in _NOT_FORWARDABLE or name.startswith(("grpc-", ":")):
+                raise ValueError(f"forward_headers: {name!r} belongs to the connection or the protocol; "
+                                 "the gateway sets it itself")
         if self.workers < 1:
             raise ValueError("workers must be >= 1")
         if self.max_message_bytes <= 0:

@@ -91,7 +91,7 @@ class DemoPlane:
 
     async def infer_grpc(
         self, message: bytes, model: str, version: str, timeout: float | None, affinity: str | None = None,
-        trace: Sequence[tuple[str, str]] = (),
+        metadata: Sequence[tuple[str, str]] = (),
     ) -> bytes:
         # ``timeout`` is moot: the models answer in microseconds, inline.
         target = self.repository.resolve(model, version)
@@ -100,7 +100,7 @@ class DemoPlane:
 
     async def infer_stream(self, first: bytes, rest: AsyncIterator[bytes], model: str, version: str,
                            timeout: float | None, affinity: str | None = None,
-                           trace: Sequence[tuple[str, str]] = ()) -> AsyncIterator[bytes]:
+                           metadata: Sequence[tuple[str, str]] = ()) -> AsyncIterator[bytes]:
         """Each request answered in turn, as Triton does for a model that is not
         decoupled; a failed request gets ModelStreamInferResponse.error_message and the
         stream goes on (Triton's behaviour)."""

@@ -18,7 +18,7 @@ from grpc import aio
 
 from .._pb import grpc_predict_v2_pb2 as pb
 from ..codec.wire import scan_infer_routing
-from ..dataplane import DataPlane, trace_of
+from ..dataplane import DataPlane
 from ..errors import GatewayError, InvalidRequest
 from ..observability.metrics import UNROUTED, Metrics
 
@@ -113,7 +113,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
             metrics.request_bytes.labels("grpc").observe(len(message))
         label = route_label(model, version)
         answer = await plane.infer_grpc(message, model, version, ctx.time_remaining(), sequence,
-                                        trace_of(ctx.invocation_metadata() or ()))
+                                        tuple(ctx.invocation_metadata() or ()))
         return answer, label, model, version
 
     async def model_stream_infer(requests: AsyncIterator[bytes], ctx: aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -131,9 +131,9 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
             if not model:
                 raise InvalidRequest("ModelInferRequest.model_name is required")
             label = route_label(model, version)
-            trace = trace_of(ctx.invocation_metadata() or ())
+            metadata = tuple(ctx.invocation_metadata() or ())
             async for answer in plane.infer_stream(first, requests, model, version, ctx.time_remaining(), sequence,
-                                                   trace):
+                                                   metadata):
                 yield answer
         except GatewayError as err:
             code = err.grpc_code

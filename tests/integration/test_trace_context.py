@@ -1,6 +1,7 @@
-"""Trace context (W3C ``traceparent`` / ``tracestate``) and ``x-request-id`` reach the backend
-on every path — as HTTP headers or gRPC metadata, whichever the backend speaks — so Triton's
-OpenTelemetry tracing continues the client's trace through the gateway."""
+"""Trace context (W3C ``traceparent`` / ``tracestate``) and ``x-request-id`` — and the
+headers named in ``forward_headers`` — reach the backend on every path, as HTTP headers or
+gRPC metadata, whichever the backend speaks, so Triton's OpenTelemetry tracing continues the
+client's trace through the gateway."""
 from __future__ import annotations
 
 import socket
@@ -90,7 +91,8 @@ def gw(http_backend, grpc_backend, tmp_path_factory):
     backends = {"h": {"protocol": "http", "endpoints": [http_backend[0]]},
                 "g": {"protocol": "grpc", "endpoints": [grpc_backend[0]]}}
     routes = [{"model": "to_http", "backend": "h"}, {"model": "to_grpc", "backend": "g"}]
-    with GatewayProcess(gateway_config(backends, routes), tmp_path_factory.mktemp("trace"), "gw-trace") as g:
+    cfg = gateway_config(backends, routes, forward_headers=["authorization"])
+    with GatewayProcess(cfg, tmp_path_factory.mktemp("trace"), "gw-trace") as g:
         yield g
 
 
@@ -98,7 +100,7 @@ def http_call(g: GatewayProcess, model: str, request_id: str) -> int:
     body = b'{"inputs":[{"name":"I","shape":[1],"datatype":"FP32","data":[1]}]}'
     req = urllib.request.Request(f"http://{g.http_url}/v2/models/{model}/infer", data=body, method="POST", headers={
         "Content-Type": "application/json", "traceparent": TRACEPARENT, "tracestate": "vendor=1",
-        "x-request-id": request_id, "x-unrelated": "dropped"})
+        "x-request-id": request_id, "x-unrelated": "dropped", "Authorization": "Bearer t0k"})
     with urllib.request.urlopen(req, timeout=10) as r:
         return r.status
 
@@ -111,7 +113,7 @@ def grpc_call(g: GatewayProcess, model: str, request_id: str) -> None:
         ch.unary_unary("/inference.GRPCInferenceService/ModelInfer")(
             msg.SerializeToString(), timeout=10,
             metadata=(("traceparent", TRACEPARENT), ("tracestate", "vendor=1"), ("x-request-id", request_id),
-                      ("x-unrelated", "dropped")))
+                      ("x-unrelated", "dropped"), ("authorization", "Bearer t0k")))
 
 
 @pytest.mark.parametrize("client", ["http", "grpc"])
@@ -125,4 +127,5 @@ def test_trace_context_reaches_the_backend(gw, http_backend, grpc_backend, clien
     seen = http_backend[1] if pool == "http" else grpc_backend[1]
     got = next(s for s in reversed(seen) if s.get("x-request-id") == request_id)
     assert got["traceparent"] == TRACEPARENT and got["tracestate"] == "vendor=1"
-    assert "x-unrelated" not in got
+    assert got["authorization"] == "Bearer t0k"  # listed in forward_headers
+    assert "x-unrelated" not in got  # not listed: not forwarded

@@ -101,6 +101,14 @@ def test_max_inflight_bytes():
     assert any("below max_message_bytes" in p for p in found), found
 
 
+def test_forward_headers():
+    assert parse_config(dict(MINIMAL, forward_headers=["authorization", "x-tenant"])).forward_headers == (
+        "authorization", "x-tenant")
+    for bad in (["Authorization"], ["content-length"], ["grpc-timeout"], ["a b"]):
+        assert any(p.startswith("(config): forward_headers") for p in problems(dict(MINIMAL, forward_headers=bad))), bad
+    assert any(p.startswith("forward_headers:") for p in problems(dict(MINIMAL, forward_headers="authorization")))
+
+
 def test_all_problems_reported_at_once():
     raw = {
         "listen": {"http": "x"},
