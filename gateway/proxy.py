@@ -15,7 +15,7 @@ import orjson
 
 from . import __version__, convert
 from ._pb import grpc_predict_v2_pb2 as pb
-from .codec.content import HEADER_LENGTH, sequence_of_json
+from .codec.content import HEADER_LENGTH, inflate_prefix, sequence_of_compressed, sequence_of_json
 from .codec.wire import scan_infer_routing
 from .config.schema import GatewayConfig
 from .dataplane import TRACE_HEADERS, ClientDisconnected, HttpReply, IncomingBody, pick_headers
@@ -206,10 +206,15 @@ class Proxy:
         if isinstance(pool, HttpPool):
             fwd = {k: v for k in self._http_forwarded if (v := headers.get(k)) is not None}
             json_length = headers.get(HEADER_LENGTH)
-            if isinstance(body, (bytes, bytearray)):
+            compressed = headers.get("content-encoding", "identity").strip().lower() != "identity"
+            if compressed and len(pool.endpoints) < 2:
+                affinity = None  # one endpoint: nothing to choose, nothing to inflate
+            elif compressed:
+                if not isinstance(body, (bytes, bytearray)) and not (json_length or "").strip().isdigit():
+                    body = await body.read()  # all JSON: a sequence_id could be anywhere in it
+                affinity = await self._compressed_sequence(body, json_length)
+            elif isinstance(body, (bytes, bytearray)):
                 affinity = sequence_of_json(body, json_length)
-            elif "content-encoding" in headers:
-                affinity = None  # compressed bodies are not looked into; it streams as it is
             elif json_length is not None and json_length.strip().isdigit():
                 # Binary extension: the JSON part comes first and holds any sequence_id;
                 # the tensor bytes behind it stream to the backend as they arrive.
@@ -226,6 +231,21 @@ class Proxy:
         call = convert.http_to_grpc(self, pool, model, version, body, headers)
         del body  # freed once encoded, before the backend's answer arrives
         return await call
+
+    async def _compressed_sequence(self, body: bytes | IncomingBody, json_length: str | None) -> str | None:
+        """``sequence_id`` of a gzip/deflate body bound for a pool of several endpoints. A
+        binary-extension body still arriving is inflated only up to its JSON part, from as
+        little of it as that takes (the rest still streams)."""
+        if isinstance(body, (bytes, bytearray)):
+            return sequence_of_compressed(body, json_length, self.config.max_message_bytes)
+        assert json_length is not None  # the caller read an all-JSON body whole
+        need, size = int(json_length.strip()), 1 << 16
+        while True:
+            raw = await body.prefix(size)
+            out = inflate_prefix(raw, need)
+            if out is None or len(out) >= need or len(raw) < size:
+                return sequence_of_json(out, json_length) if out else None
+            size *= 4
 
     async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
                          affinity: str | None = None, metadata: Sequence[tuple[str, str]] = ()) -> bytes:

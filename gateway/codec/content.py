@@ -69,6 +69,27 @@ def decode_content(body: bytes, encoding: str | None, limit: int) -> bytes:
         raise InvalidRequest(f"cannot decompress the {coding} body: {exc}") from exc
 
 
+def inflate_prefix(raw: bytes | bytearray, n: int) -> bytes | None:
+    """Up to ``n`` bytes inflated from the start of a gzip / zlib / raw-deflate stream,
+    which may be cut short (a prefix of a body still arriving); None if it is not one."""
+    for wbits in (32 + zlib.MAX_WBITS, -zlib.MAX_WBITS):
+        try:
+            return zlib.decompressobj(wbits).decompress(raw, n)
+        except zlib.error:
+            continue
+    return None
+
+
+def sequence_of_compressed(raw: bytes | bytearray, header_length_value: str | None, limit: int) -> str | None:
+    """``parameters.sequence_id`` of a gzip/deflate pass-through request. With
+    Inference-Header-Content-Length (which counts the *uncompressed* JSON) only that
+    much is inflated, so ``raw`` may be a prefix; an all-JSON body must be whole."""
+    text = (header_length_value or "").strip()
+    n = int(text) if text.isdigit() else limit
+    out = inflate_prefix(raw, n)
+    return sequence_of_json(out, header_length_value) if out else None
+
+
 def _inflate(body: bytes, wbits: int, coding: str, limit: int) -> bytes:
     inflater = zlib.decompressobj(wbits)
     out = inflater.decompress(body, limit + 1)

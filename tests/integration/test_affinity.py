@@ -42,14 +42,18 @@ CASES = [  # (client, model): HTTP→HTTP, gRPC→gRPC pass-through; HTTP→gRPC
     ("http", "add_sub"), ("grpc", "identity_FP32"), ("http", "identity_FP32"), ("grpc", "add_sub"),
     # A large binary-extension body: streamed to the backend, sequence_id read from its JSON part.
     ("http-large", "add_sub"),
+    # gzip bodies: inflated just enough to find the sequence_id (small JSON; large binary, streamed).
+    ("http-gzip", "add_sub"), ("http-large-gzip", "add_sub"),
 ]
 
 
 @pytest.mark.parametrize("client, model", CASES)
 def test_one_sequence_one_endpoint(refs, gw, client, model):
-    large = client == "http-large"
-    client = client.removesuffix("-large")
-    a = np.arange(400_000 if large else 4, dtype=np.float32)
+    large, gzip = "-large" in client, client.endswith("-gzip")
+    client = client.split("-")[0]
+    kw = {"request_compression_algorithm": "gzip"} if gzip else {}
+    # Random values: a large gzip body stays over 1 MiB compressed, so it streams.
+    a = np.random.default_rng(7).random(400_000, dtype=np.float32) if large else np.arange(4, dtype=np.float32)
     ins = [In("INPUT0", a, "FP32", large), In("INPUT1", a, "FP32", large)] if model == "add_sub" \
         else [In("INPUT0", a.reshape(1, 4), "FP32", False)]
     url = gw.http_url if client == "http" else gw.grpc_url
@@ -57,7 +61,7 @@ def test_one_sequence_one_endpoint(refs, gw, client, model):
     for seq in (11, 12, 13, 14, 15, 16):
         before = [infer_count(r) for r in refs]
         for step in range(4):
-            infer(client, url, model, ins, sequence_id=seq, sequence_start=step == 0, sequence_end=step == 3)
+            infer(client, url, model, ins, sequence_id=seq, sequence_start=step == 0, sequence_end=step == 3, **kw)
         delta = [infer_count(r) - b for r, b in zip(refs, before)]
         assert sorted(delta) == [0, 0, 4], (seq, delta)  # all four on one endpoint
         served_by.append(delta.index(4))
