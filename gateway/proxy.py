@@ -15,6 +15,7 @@ import orjson
 
 from . import __version__, convert
 from ._pb import grpc_predict_v2_pb2 as pb
+from .budget import ByteBudget
 from .codec.content import HEADER_LENGTH, inflate_prefix, sequence_of_compressed, sequence_of_json
 from .codec.wire import scan_infer_routing
 from .config.schema import GatewayConfig
@@ -69,23 +70,21 @@ class Admission:
     ``max_inflight_bytes`` (0: unbounded, only counted). Over the limit a request is
     refused at once (503 / UNAVAILABLE: retry later), before its body is read or sent."""
 
-    __slots__ = ("gauge", "limit", "used")
+    __slots__ = ("budget", "gauge")
 
     def __init__(self, limit: int, gauge: Any) -> None:
-        self.limit = limit
-        self.used = 0
+        self.budget = ByteBudget(limit)
         self.gauge = gauge
 
     def enter(self, n: int) -> None:
-        if self.limit and self.used + n > self.limit:
-            raise Overloaded(f"gateway overloaded: {self.used} bytes of requests in flight, {n} more would "
-                             f"pass max_inflight_bytes ({self.limit}); retry later")
-        self.used += n
-        self.gauge.set(self.used)
+        if not self.budget.take(n):
+            raise Overloaded(f"gateway overloaded: {self.budget.used} bytes of requests in flight, {n} more "
+                             f"would pass max_inflight_bytes ({self.budget.limit}); retry later")
+        self.gauge.set(self.budget.used)
 
     def leave(self, n: int) -> None:
-        self.used -= n
-        self.gauge.set(self.used)
+        self.budget.give(n)
+        self.gauge.set(self.budget.used)
 
 
 class Proxy:

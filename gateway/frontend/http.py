@@ -21,6 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ..budget import ByteBudget
 from ..dataplane import ClientDisconnected, DataPlane, StreamedBody
 from ..errors import GatewayError, InvalidRequest, PayloadTooLarge, UpstreamError
 from ..observability.metrics import UNROUTED, Metrics
@@ -66,35 +67,12 @@ async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
             return
 
 
-class _Budget:
-    """Bytes of request bodies preallocated at their declared Content-Length, summed over
-    the requests in flight. A client can declare 256 MiB and then send a trickle; without
-    a bound, a few hundred such connections would make the gateway allocate (and zero)
-    their declared sizes. Past the budget a body is gathered as it arrives — memory
-    follows the bytes actually received — and joined once it is complete."""
-
-    __slots__ = ("limit", "used")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-
-    def take(self, n: int) -> bool:
-        if self.used + n > self.limit:
-            return False
-        self.used += n
-        return True
-
-    def give(self, n: int) -> None:
-        self.used -= n
-
-
 class _IncomingBody:
     """:class:`gateway.dataplane.IncomingBody` over the ASGI ``receive`` channel."""
 
     __slots__ = ("_budget", "_chunks", "_prefix", "_taken", "consumed", "length")
 
-    def __init__(self, receive: Receive, length: int, budget: _Budget) -> None:
+    def __init__(self, receive: Receive, length: int, budget: ByteBudget) -> None:
         self.length = length
         self.consumed = False
         self._chunks = _checked(receive, length)
@@ -203,7 +181,10 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
     the model — and everything else by a Starlette app; measured, Starlette's
     layers were a third of the pass-through proxy's own CPU per request."""
     route_label: Callable[[str, str], str] = getattr(plane, "route_label", lambda m, v: UNROUTED)
-    budget = _Budget(_PREALLOC_BUDGET_MESSAGES * max_message_bytes)
+    # Preallocated bodies in flight are bounded: a client can declare 256 MiB and then send a
+    # trickle; without a bound, a few hundred such connections would make the gateway allocate
+    # (and zero) their declared sizes. Past it a body is gathered as it arrives instead.
+    budget = ByteBudget(_PREALLOC_BUDGET_MESSAGES * max_message_bytes)
 
     def endpoint(api: str, handler: Callable[[Request, str, str], Awaitable[Response]]):
         async def run(request: Request) -> Response:
@@ -268,6 +249,8 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             out_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers.items()]
             if isinstance(reply.body, (bytes, bytearray)):
                 parts = [reply.body]
+            elif isinstance(reply.body, (list, tuple)):  # before the (slower) protocol check
+                parts = list(reply.body)
             elif isinstance(reply.body, StreamedBody):
                 streamed = reply.body
                 parts = []

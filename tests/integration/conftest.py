@@ -6,6 +6,7 @@ in CI (``CI`` set, as ``scripts/test.sh`` does): CI must prove the real thing.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 
 import pytest
@@ -42,3 +43,14 @@ def mlserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MLServerProce
         _unavailable("MLServer", reason)
     with MLServerProcess(workdir=tmp_path_factory.mktemp("mlserver")) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def black_hole() -> Iterator[str]:
+    """A real TCP listener that accepts connections and never answers: a hung backend
+    (a request to it stays in flight until its timeout_s)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    yield f"127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()

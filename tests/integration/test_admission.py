@@ -3,7 +3,6 @@ request is refused at once with 503 / UNAVAILABLE, the gateway keeps serving, an
 in-flight gauge goes back to 0 when the requests are over."""
 from __future__ import annotations
 
-import socket
 import threading
 import urllib.request
 
@@ -17,16 +16,6 @@ from tests.support.gateway import GatewayProcess, gateway_config
 from tests.support.procs import wait_for
 
 MiB = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def black_hole():
-    """Accepts connections and never answers: a request to it stays in flight until timeout_s."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    yield f"127.0.0.1:{sock.getsockname()[1]}"
-    sock.close()
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ request, new requests go to the idle endpoint instead of queueing behind it (rou
 would send every other one there)."""
 from __future__ import annotations
 
-import socket
 import threading
 
 import numpy as np
@@ -12,55 +11,25 @@ import pytest
 from tests.support.clients import In, infer
 from tests.support.gateway import GatewayProcess, gateway_config
 from tests.support.procs import wait_for
+from tests.support.scripted import ScriptedHttp
 
 
 @pytest.fixture
 def slow_backend():
     """A healthy HTTP endpoint (health and readiness GETs answer 200 at once) whose
     inference answers wait until ``release`` is set; ``posts`` counts inference requests."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
     release = threading.Event()
     posts: list[int] = []
 
-    def handle(conn: socket.socket) -> None:
-        with conn:
-            conn.settimeout(30)
-            buf = b""
-            while True:
-                while b"\r\n\r\n" not in buf:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        return
-                    buf += chunk
-                head, _, buf = buf.partition(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                while len(buf) < length:
-                    buf += conn.recv(65536)
-                buf = buf[length:]
-                if head.startswith(b"POST"):
-                    posts.append(1)
-                    release.wait(30)
-                    body = b'{"model_name":"add_sub","outputs":[]}'
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-                else:
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+    def on_post(request_line: str, headers: dict[str, str], body: bytes) -> bytes:
+        posts.append(1)
+        release.wait(30)
+        return b'{"model_name":"add_sub","outputs":[]}'
 
-    def accept() -> None:
-        while True:
-            try:
-                conn, _ = sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    yield f"127.0.0.1:{sock.getsockname()[1]}", release, posts
+    server = ScriptedHttp(on_post)
+    yield server.address, release, posts
     release.set()
-    sock.close()
+    server.close()
 
 
 def _ready(url: str) -> bool:

@@ -26,16 +26,6 @@ LIMIT = 1 << 20  # the gateway under test refuses bodies above 1 MiB
 
 
 @pytest.fixture(scope="module")
-def black_hole():
-    """A real TCP listener that accepts connections and never answers: a hung backend."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    yield f"127.0.0.1:{sock.getsockname()[1]}"
-    sock.close()
-
-
-@pytest.fixture(scope="module")
 def refused():
     """An address nothing listens on: bound (so no one else takes it) but never listening."""
     sock = socket.socket()

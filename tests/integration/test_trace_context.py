@@ -4,8 +4,6 @@ gRPC metadata, whichever the backend speaks, so Triton's OpenTelemetry tracing c
 client's trace through the gateway."""
 from __future__ import annotations
 
-import socket
-import threading
 import urllib.request
 from concurrent import futures
 
@@ -14,53 +12,23 @@ import pytest
 
 from gateway._pb import grpc_predict_v2_pb2 as pb
 from tests.support.gateway import GatewayProcess, gateway_config
+from tests.support.scripted import EMPTY_INFER_ANSWER, ScriptedHttp
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-EMPTY_ANSWER = b'{"model_name":"m","outputs":[]}'
 
 
 @pytest.fixture(scope="module")
 def http_backend():
-    """A scripted HTTP backend recording every request head; inference answers carry no outputs."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
+    """A scripted HTTP backend recording every inference request's headers; its answers carry no outputs."""
     heads: list[dict[str, str]] = []
 
-    def handle(conn: socket.socket) -> None:
-        with conn:
-            buf = b""
-            while True:
-                while b"\r\n\r\n" not in buf:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        return
-                    buf += chunk
-                head, _, buf = buf.partition(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                fields = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-                length = int(fields.get("content-length", "0"))
-                while len(buf) < length:
-                    buf += conn.recv(65536)
-                buf = buf[length:]
-                if lines[0].startswith("POST"):
-                    heads.append(fields)
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                                 % (len(EMPTY_ANSWER), EMPTY_ANSWER))
-                else:
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+    def on_post(request_line: str, headers: dict[str, str], body: bytes) -> bytes:
+        heads.append(headers)
+        return EMPTY_INFER_ANSWER
 
-    def accept() -> None:
-        while True:
-            try:
-                conn, _ = sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    yield f"127.0.0.1:{sock.getsockname()[1]}", heads
-    sock.close()
+    server = ScriptedHttp(on_post)
+    yield server.address, heads
+    server.close()
 
 
 @pytest.fixture(scope="module")

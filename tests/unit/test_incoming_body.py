@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.budget import ByteBudget as _Budget
 from gateway.dataplane import ClientDisconnected
 from gateway.errors import InvalidRequest
-from gateway.frontend.http import _Budget, _IncomingBody
+from gateway.frontend.http import _IncomingBody
 
 
 def channel(*chunks: bytes, disconnect: bool = False):
