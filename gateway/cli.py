@@ -1,6 +1,6 @@
 """Command line: ``oip-gateway serve | check | demo``.
 
-    oip-gateway serve --config FILE [--workers N] [--port-file PATH]
+    oip-gateway serve --config FILE [--watch] [--workers N] [--port-file PATH]
     oip-gateway check FILE
     oip-gateway demo [--http HOST:PORT] [--grpc HOST:PORT] [--metrics HOST:PORT]
     oip-gateway reference [--http HOST:PORT] [--grpc HOST:PORT] [--metrics HOST:PORT]
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -39,30 +40,58 @@ def _install_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-async def _serve_one(config, *, port_file: str | None, http_port: int | None, grpc_port: int | None,
-                     worker: bool) -> int:
+async def _serve_one(config, *, config_path: str, port_file: str | None, http_port: int | None,
+                     grpc_port: int | None, worker: bool, watch: bool) -> int:
     from .server import Gateway, wait_for_signal
     from .supervisor import announce
+    from .watch import watch_file
 
-    gw = Gateway(config, reuse_port=worker)
+    gw = Gateway(config, reuse_port=worker, quiet_reload_errors=worker)
+    # SIGHUP reloads the config file (a worker's supervisor forwards it); --watch also
+    # reloads when the file changes. A SIGHUP during start-up is applied once started.
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+    reloads: set[asyncio.Task[bool]] = set()
+
+    async def reload_when_started() -> bool:
+        await started.wait()
+        return await gw.reload_file(config_path)
+
+    def reload() -> None:
+        task = loop.create_task(reload_when_started())
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, reload)
     listen = config.listen
     http = HostPort(listen.http.host, http_port) if (listen.http and http_port is not None) else None
     grpc = HostPort(listen.grpc.host, grpc_port) if (listen.grpc and grpc_port is not None) else None
     ports = await gw.start(http=http, grpc=grpc, serve_metrics=not worker)
+    started.set()
     if worker:
         # The supervisor waits for this line before it counts the worker as up.
         sys.stdout.write("READY\n")
         sys.stdout.flush()
     else:
         announce(ports, port_file)
+    watcher = loop.create_task(watch_file(config_path, lambda: gw.reload_file(config_path))) if watch else None
     try:
         await wait_for_signal()
     finally:
+        if watcher is not None:
+            watcher.cancel()
         await gw.stop()
     return 0
 
 
+def _hold_sighup() -> None:
+    """Until the event loop handles SIGHUP (reload), it must not kill the process (its
+    default action): a reload signal sent during start-up would otherwise be fatal."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    _hold_sighup()
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -76,17 +105,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from .supervisor import supervise
 
         return asyncio.run(
-            supervise(args.config, config, workers, port_file=args.port_file, log_level=args.log_level)
+            supervise(args.config, config, workers, port_file=args.port_file, log_level=args.log_level,
+                      watch=args.watch)
         )
-    return asyncio.run(_serve_one(config, port_file=args.port_file, http_port=None, grpc_port=None, worker=False))
+    return asyncio.run(_serve_one(config, config_path=args.config, port_file=args.port_file, http_port=None,
+                                  grpc_port=None, worker=False, watch=args.watch))
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    _hold_sighup()
     config = load_config(args.config)
     tune_malloc(config.max_message_bytes)
     _install_uvloop()
     return asyncio.run(
-        _serve_one(config, port_file=None, http_port=args.http_port, grpc_port=args.grpc_port, worker=True)
+        _serve_one(config, config_path=args.config, port_file=None, http_port=args.http_port,
+                   grpc_port=args.grpc_port, worker=True, watch=False)
     )
 
 
@@ -138,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", required=True, help="YAML config file (see docs/config.md)")
     serve.add_argument("--workers", type=int, default=None, help="processes sharing the ports (default: config)")
     serve.add_argument("--port-file", help="write the bound ports as JSON here once serving")
+    serve.add_argument("--watch", action="store_true",
+                       help="reload the config when the file changes (SIGHUP always reloads it)")
     serve.set_defaults(func=cmd_serve)
 
     check = sub.add_parser("check", help="validate a config file and exit")

@@ -77,7 +77,7 @@ class HttpReply:
     the other without a join, or a StreamedBody (large pass-through answers)."""
 
     status: int
-    body: bytes | Sequence[bytes | memoryview] | StreamedBody
+    body: bytes | bytearray | Sequence[bytes | memoryview] | StreamedBody
     headers: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -97,7 +97,7 @@ class DataPlane(Protocol):
         ...
 
     async def infer_http(
-        self, model: str, version: str, body: bytes | IncomingBody, headers: Mapping[str, str]
+        self, model: str, version: str, body: bytes | bytearray | IncomingBody, headers: Mapping[str, str]
     ) -> HttpReply:
         """``body`` is the HTTP request body as received, or (large bodies with a
         Content-Length) an IncomingBody still to be read; ``headers`` lower-cased names."""

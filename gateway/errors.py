@@ -12,6 +12,7 @@ transports (codec, routing, config) import no grpc.
     ├── PayloadTooLarge       413  RESOURCE_EXHAUSTED body over the configured limit
     ├── Unsupported           400  UNIMPLEMENTED      a valid request the gateway cannot carry
     ├── NoEndpointAvailable   503  UNAVAILABLE        no endpoint of the pool answered
+    │   └── ModelNotReady     503  UNAVAILABLE        the route exists; no endpoint has the model ready
     ├── UpstreamTimeout       504  DEADLINE_EXCEEDED  the backend did not answer in time
     ├── BadUpstreamResponse   502  INTERNAL           the backend's answer could not be decoded
     └── UpstreamError         any  any                the backend's own error, relayed as-is
@@ -27,6 +28,7 @@ __all__ = [
     "InvalidRequest",
     "ListenError",
     "ModelNotFound",
+    "ModelNotReady",
     "NoEndpointAvailable",
     "Overloaded",
     "PayloadTooLarge",
@@ -71,6 +73,11 @@ class Unsupported(GatewayError):
 class NoEndpointAvailable(GatewayError):
     http_status = 503
     grpc_code = "UNAVAILABLE"
+
+
+class ModelNotReady(NoEndpointAvailable):
+    """The model is routed, but no endpoint of its pool has it ready now (a pod still
+    loading it, or every endpoint down): retry later. Not a 404: the route exists."""
 
 
 class Overloaded(GatewayError):

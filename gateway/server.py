@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import socket
 import ssl
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,15 +23,18 @@ import uvicorn
 from grpc import aio
 from prometheus_client import CollectorRegistry, make_asgi_app
 
-from .config.schema import GatewayConfig, HostPort, Tls
+from .config.loader import load_config
+from .config.schema import Backend, GatewayConfig, HostPort, Tls
 from .dataplane import DataPlane
-from .errors import ListenError
+from .errors import ConfigError, ListenError
 from .frontend.grpc import build_grpc_handler, server_options
 from .frontend.http import build_http_app
 from .observability.metrics import Metrics
-from .proxy import Proxy, build_pools
+from .proxy import Proxy, Routing, build_pool
 from .routing.table import RouteTable
+from .upstream.discovery import Discovery
 from .upstream.health import HealthChecker
+from .upstream.pool import Pool
 
 __all__ = ["Gateway", "Listeners", "Ports", "bind_socket"]
 
@@ -186,31 +190,67 @@ class Listeners:
         self._servers.clear()
 
 
+def exact_routes(config: GatewayConfig) -> list[tuple[str, str | None, str]]:
+    return [(r.model, r.version, r.backend) for r in config.routes if not r.is_glob]
+
+
 class Gateway:
-    """One gateway process: pools, health checks, proxy and listeners."""
+    """One gateway process: pools, discovery, health checks, proxy and listeners.
+
+    ``reload`` applies a new config atomically: pools whose backend is unchanged are
+    kept as they are; a changed backend gets a new pool that adopts the endpoints it
+    keeps (connections, health state); then one assignment swaps the routing, so
+    requests in flight finish on the pools they started on, and pools no longer used
+    close once those are done. Listener settings (ports, TLS, workers) take a restart.
+    """
 
     def __init__(self, config: GatewayConfig, *, registry: CollectorRegistry | None = None,
-                 reuse_port: bool = False) -> None:
+                 reuse_port: bool = False, quiet_reload_errors: bool = False) -> None:
         self.config = config
+        # A worker's supervisor checks the file and logs its problems: the workers do not repeat them.
+        self._reload_error_level = logging.DEBUG if quiet_reload_errors else logging.ERROR
         self.metrics = Metrics(registry, access_log=config.access_log)
-        self.table = RouteTable(config.routes)
-        self.pools = build_pools(config)
-        exact = [(r.model, r.version, r.backend) for r in config.routes if not r.is_glob]
+        pools = {name: self._pool(b) for name, b in config.backends.items()}
+        routing = Routing(config, RouteTable(config.routes), pools)
         self.health = HealthChecker(
-            self.pools,
-            exact,
+            pools,
+            exact_routes(config),
             interval_s=config.health.interval_s,
             timeout_s=config.health.timeout_s,
             on_round=self._record_health,
         )
-        self.proxy = Proxy(config, self.pools, self.table, self.health, self.metrics)
+        self.discovery = Discovery(config.dns)
+        self.proxy = Proxy(routing, self.health, self.metrics)
         self.listeners = Listeners(self.proxy, config.max_message_bytes, self.metrics, reuse_port=reuse_port,
                                    tls=config.listen.tls)
+        self._reloading = asyncio.Lock()
+        self._endpoint_labels: set[tuple[str, str]] = set()
+
+    def _pool(self, backend: Backend) -> Pool[Any]:
+        pool = build_pool(backend)
+        pool.on_event = functools.partial(self._pool_event, backend.name)
+        return pool
+
+    def _pool_event(self, backend: str, kind: str) -> None:
+        self.metrics.pool_events.labels(backend, kind).inc()
+
+    @property
+    def pools(self) -> Mapping[str, Pool[Any]]:
+        return self.proxy.routing.pools
 
     def _record_health(self, checker: HealthChecker) -> None:
+        labels = set()
         for pool in self.pools.values():
-            for ep in pool.endpoints:
-                self.metrics.endpoint_healthy.labels(pool.name, str(ep.address)).set(1 if ep.healthy else 0)
+            for ep in pool.endpoints.values():
+                key = (pool.name, str(ep.address))
+                labels.add(key)
+                self.metrics.endpoint_healthy.labels(*key).set(1 if ep.health.live else 0)
+                self.metrics.endpoint_ejected.labels(*key).set(0 if ep.health.ejected_until is None else 1)
+        for key in self._endpoint_labels - labels:  # endpoints gone (DNS, reload): their series go too
+            for gauge in (self.metrics.endpoint_healthy, self.metrics.endpoint_ejected):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*key)
+        self._endpoint_labels = labels
         self.metrics.ready.set(1 if checker.ready else 0)
 
     async def start(
@@ -220,10 +260,15 @@ class Gateway:
         grpc: HostPort | None = None,
         serve_metrics: bool = True,
     ) -> Ports:
-        """Start everything; ``http``/``grpc`` override the configured listeners (workers)."""
+        """Start everything; ``http``/``grpc`` override the configured listeners (workers).
+        Listeners open after the first DNS resolution and health round (each bounded),
+        so the first requests already go only where their models are ready."""
         for pool in self.pools.values():
             await pool.start()
+        self.discovery.update(self.pools, self.config.dns)
+        await self.discovery.resolved(self.config.dns.timeout_s * 2)
         self.health.start()
+        await self.health.first_round(self.config.health.timeout_s * 3)
         listen = self.config.listen
         return await self.listeners.start(
             http=http or listen.http,
@@ -231,6 +276,54 @@ class Gateway:
             metrics_addr=listen.metrics if serve_metrics else None,
             metrics_registry=self.metrics.registry,
         )
+
+    async def reload(self, config: GatewayConfig) -> None:
+        """Apply ``config`` (already validated) atomically."""
+        async with self._reloading:
+            await self._apply(config)
+
+    async def _apply(self, config: GatewayConfig) -> None:
+        old = self.proxy.routing
+        if (config.listen, config.workers, config.max_message_bytes) != (
+                old.config.listen, old.config.workers, old.config.max_message_bytes):
+            log.warning("reload: listen, workers and max_message_bytes take effect at the next restart")
+        pools: dict[str, Pool[Any]] = {}
+        for name, backend in config.backends.items():
+            prev = old.pools.get(name)
+            if prev is not None and prev.backend == backend:
+                pools[name] = prev
+                continue
+            pool = self._pool(backend)
+            if prev is not None:
+                pool.adopt(prev)
+            await pool.start()
+            pools[name] = pool
+        routing = Routing(config, RouteTable(config.routes), pools)
+        self.health.reconfigure(pools, exact_routes(config))
+        self.health.interval_s = config.health.interval_s
+        self.health.timeout_s = config.health.timeout_s
+        self.discovery.update(pools, config.dns)
+        self.proxy.swap(routing)
+        self.config = config
+        for name, prev in old.pools.items():
+            if pools.get(name) is not prev:
+                prev.retire()  # closes once the requests in flight on it are done
+        log.warning("config reloaded: %d backends, %d routes", len(config.backends), len(config.routes))
+
+    async def reload_file(self, path: str) -> bool:
+        """Load, validate and apply ``path``. An invalid file changes nothing: one log
+        line names its problems, and the reload metrics count the failure."""
+        async with self._reloading:  # loads and applies in signal order
+            try:
+                config = await asyncio.get_running_loop().run_in_executor(None, load_config, path)
+            except ConfigError as exc:
+                log.log(self._reload_error_level, "config reload refused, still serving the previous config: %s",
+                        "; ".join(exc.problems))
+                self.metrics.config_reloaded(False)
+                return False
+            await self._apply(config)
+        self.metrics.config_reloaded(True)
+        return True
 
     async def stop(self) -> None:
         if self.config.drain_s > 0:
@@ -241,6 +334,7 @@ class Gateway:
             log.warning("draining: not ready, serving for %.1f s more", self.config.drain_s)
             await asyncio.sleep(self.config.drain_s)
         await self.listeners.stop()
+        await self.discovery.stop()
         await self.health.stop()
         for pool in self.pools.values():
             await pool.close()

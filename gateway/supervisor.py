@@ -6,7 +6,9 @@ interpreters (``python -m gateway _worker``) that each bind the same port with
 SO_REUSEPORT and listen, so the kernel spreads connections across them. gRPC
 servers are created inside each worker (grpc does not survive fork). Metrics
 of all workers are aggregated by prometheus_client's multiprocess mode and
-served by the supervisor. A worker that dies is restarted.
+served by the supervisor. A worker that dies is restarted. SIGHUP (and, with
+``--watch``, a change of the config file) is checked here once and passed to
+every worker, which reloads the file itself.
 """
 from __future__ import annotations
 
@@ -23,8 +25,11 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, multiprocess
 
+from .config.loader import load_config
 from .config.schema import GatewayConfig
+from .errors import ConfigError
 from .server import Listeners, Ports, bind_socket
+from .watch import watch_file
 
 __all__ = ["supervise"]
 
@@ -43,7 +48,8 @@ async def _wait_ready(proc: asyncio.subprocess.Process, timeout: float) -> None:
 
 
 async def supervise(
-    config_path: str, config: GatewayConfig, workers: int, *, port_file: str | None, log_level: str
+    config_path: str, config: GatewayConfig, workers: int, *, port_file: str | None, log_level: str,
+    watch: bool = False,
 ) -> int:
     listen = config.listen
     held = []
@@ -88,6 +94,27 @@ async def supervise(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
+    async def reload() -> None:
+        """Check the file once here (one log line if it is refused), then every worker
+        reloads it itself (each counts the result in its metrics)."""
+        try:
+            await loop.run_in_executor(None, load_config, config_path)
+        except ConfigError as exc:
+            log.error("config reload refused, still serving the previous config: %s", "; ".join(exc.problems))
+        for p in procs:
+            if p.returncode is None:
+                p.send_signal(signal.SIGHUP)
+
+    reloads: set[asyncio.Task[None]] = set()
+
+    def on_hup() -> None:
+        task = loop.create_task(reload())
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_hup)
+    watcher = loop.create_task(watch_file(config_path, reload)) if watch else None
+
     restarts: list[float] = []
     while not stop.is_set():
         waits = {asyncio.ensure_future(p.wait()): i for i, p in enumerate(procs)}
@@ -111,6 +138,8 @@ async def supervise(
                     break
                 procs[i] = await spawn()
 
+    if watcher is not None:
+        watcher.cancel()
     for p in procs:
         if p.returncode is None:
             p.send_signal(signal.SIGTERM)

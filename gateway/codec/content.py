@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
 
 import orjson
 
@@ -51,7 +50,7 @@ def header_length(value: str | None, body_length: int) -> int | None:
     return n
 
 
-def decode_content(body: bytes, encoding: str | None, limit: int) -> bytes:
+def decode_content(body: bytes | bytearray, encoding: str | None, limit: int) -> bytes | bytearray:
     """Undo a gzip or deflate Content-Encoding, never inflating past ``limit`` bytes."""
     coding = (encoding or "").strip().lower()
     if coding in ("", "identity"):
@@ -90,7 +89,7 @@ def sequence_of_compressed(raw: bytes | bytearray, header_length_value: str | No
     return sequence_of_json(out, header_length_value) if out else None
 
 
-def _inflate(body: bytes, wbits: int, coding: str, limit: int) -> bytes:
+def _inflate(body: bytes | bytearray, wbits: int, coding: str, limit: int) -> bytes:
     inflater = zlib.decompressobj(wbits)
     out = inflater.decompress(body, limit + 1)
     if len(out) > limit:
@@ -113,14 +112,14 @@ def _accepted(accept_encoding: str | None) -> str | None:
 
 
 def encode_content(
-    chunks: Sequence[bytes | memoryview], accept_encoding: str | None
-) -> tuple[Sequence[bytes | memoryview], str | None]:
+    chunks: list[bytes | memoryview], accept_encoding: str | None
+) -> tuple[list[bytes | memoryview], str | None]:
     """Compress a response body when the client asked for gzip or deflate."""
     coding = _accepted(accept_encoding)
     if coding is None:
         return chunks, None
     comp = zlib.compressobj(6, zlib.DEFLATED, 31 if coding == "gzip" else zlib.MAX_WBITS)
-    out = [comp.compress(c) for c in chunks]
+    out: list[bytes | memoryview] = [comp.compress(c) for c in chunks]
     out.append(comp.flush())
     return out, coding
 

@@ -322,7 +322,7 @@ def _finish(doc: dict[str, Any], chunks: list[bytes | memoryview]) -> tuple[list
 
 # ------------------------------------------------------------------ public API
 def decode_request(
-    body: bytes | memoryview, header_length: int | None, model_name: str, model_version: str = ""
+    body: bytes | bytearray | memoryview, header_length: int | None, model_name: str, model_version: str = ""
 ) -> InferRequest:
     """Decode an inference request body; model and version come from the URL."""
     view = byte_view(body)
@@ -384,7 +384,7 @@ def encode_request(req: InferRequest, *, binary: bool = True) -> tuple[list[byte
     return _finish(doc, chunks)
 
 
-def decode_response(body: bytes | memoryview, header_length: int | None) -> InferResponse:
+def decode_response(body: bytes | bytearray | memoryview, header_length: int | None) -> InferResponse:
     """Decode a backend's inference response body (Triton, OVMS, MLServer)."""
     view = byte_view(body)
     doc, hl = _load_header(view, header_length, "inference response")

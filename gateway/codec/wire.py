@@ -91,9 +91,9 @@ def scan_name_version(buf: bytes | memoryview) -> tuple[str, str]:
     for fnum, wtype, value in iter_fields(view):
         if wtype == _LEN and fnum in (1, 2):
             if fnum == 1:
-                name = bytes(value)  # type: ignore[arg-type]
+                name = bytes(value)
             else:
-                version = bytes(value)  # type: ignore[arg-type]
+                version = bytes(value)
     try:
         return name.decode("utf-8"), version.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -107,7 +107,7 @@ def _sequence_of_entry(entry: memoryview) -> str | None:
     param: memoryview | None = None
     for fnum, wtype, value in iter_fields(entry):
         if wtype == _LEN and fnum == 1:
-            key = bytes(value)  # type: ignore[arg-type]
+            key = bytes(value)
         elif wtype == _LEN and fnum == 2:
             param = value  # type: ignore[assignment]
     if key != b"sequence_id" or param is None:
@@ -115,12 +115,12 @@ def _sequence_of_entry(entry: memoryview) -> str | None:
     found: str | None = None
     for fnum, wtype, value in iter_fields(param):
         if wtype == _VARINT and fnum in (2, 5):
-            number = int(value)  # type: ignore[arg-type]
+            number = int(value)
             if fnum == 2 and number >= 1 << 63:  # int64 is two's complement on the wire
                 number -= 1 << 64
             found = str(number) if number else None
         elif wtype == _LEN and fnum == 3:
-            found = bytes(value).decode("utf-8", "replace") or None  # type: ignore[arg-type]
+            found = bytes(value).decode("utf-8", "replace") or None
     return found
 
 
@@ -137,9 +137,9 @@ def scan_infer_routing(buf: bytes | memoryview) -> tuple[str, str, str | None]:
         if wtype != _LEN:
             continue
         if fnum == 1:
-            name = bytes(value)  # type: ignore[arg-type]
+            name = bytes(value)
         elif fnum == 2:
-            version = bytes(value)  # type: ignore[arg-type]
+            version = bytes(value)
         elif fnum == 4:
             found = _sequence_of_entry(value)  # type: ignore[arg-type]
             if found is not None:

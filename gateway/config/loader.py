@@ -6,6 +6,8 @@ check`` reports all problems at once.
 """
 from __future__ import annotations
 
+import functools
+import os
 import pathlib
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -13,19 +15,22 @@ from typing import Any, TypeVar
 import yaml
 
 from ..errors import ConfigError
-from .schema import Backend, BackendTls, GatewayConfig, Health, HostPort, Listen, Route, Tls
+from .schema import Backend, BackendTls, Dns, GatewayConfig, Health, HostPort, Listen, Outlier, Route, Tls
 
 __all__ = ["load_config", "parse_config"]
 
 T = TypeVar("T")
 
 _TOP_KEYS = {"listen", "backends", "routes", "health", "max_message_bytes", "workers", "access_log", "drain_s",
-             "max_inflight_bytes", "forward_headers"}
+             "max_inflight_bytes", "forward_headers", "dns"}
+_DNS_KEYS = {"nameservers", "refresh_s", "timeout_s"}
+_OUTLIER_KEYS = {"consecutive_failures", "base_ejection_s", "max_ejection_s", "max_ejection_percent"}
 _LISTEN_KEYS = {"http", "grpc", "metrics"}
 _TLS_KEYS = {"cert", "key", "client_ca"}
 _HEALTH_KEYS = {"interval_s", "timeout_s"}
 _BACKEND_KEYS = {"protocol", "endpoints", "timeout_s", "connect_timeout_s", "max_message_bytes", "binary_extension",
-                 "max_connections", "balance", "tls"}
+                 "max_connections", "balance", "tls", "retries", "retry_budget_percent", "outlier", "repository_index",
+                 "check_headers"}
 _BACKEND_TLS_KEYS = {"ca", "cert", "key", "server_name"}
 _ROUTE_KEYS = {"model", "version", "backend"}
 
@@ -107,14 +112,7 @@ def _tls(p: _Problems, raw: Any) -> Tls | None:
 
 
 def _health(p: _Problems, raw: Any) -> Health | None:
-    data = _mapping(p, "health", raw)
-    if data is None:
-        return None
-    p.check_keys("health", data, _HEALTH_KEYS)
-    kwargs = {k: _number(p, f"health.{k}", v) for k, v in data.items() if k in _HEALTH_KEYS}
-    if any(v is None for v in kwargs.values()):
-        return None
-    return p.build("health", lambda: Health(**kwargs))
+    return _section(p, "health", raw, _HEALTH_KEYS, Health)
 
 
 def _backend(p: _Problems, name: str, raw: Any) -> Backend | None:
@@ -129,27 +127,46 @@ def _backend(p: _Problems, name: str, raw: Any) -> Backend | None:
         ok = False
     eps_raw = data.get("endpoints")
     endpoints: list[HostPort] = []
+    dns: list[HostPort] = []
     if not isinstance(eps_raw, list) or not eps_raw:
-        p.add(f"{key}.endpoints", "required: a non-empty list of host:port")
+        p.add(f"{key}.endpoints", "required: a non-empty list of host:port (or dns: name:port)")
         ok = False
     else:
         for i, ep in enumerate(eps_raw):
-            hp = _hostport(p, f"{key}.endpoints[{i}]", ep)
-            if hp is None:
+            where = f"{key}.endpoints[{i}]"
+            if isinstance(ep, dict):
+                p.check_keys(where, ep, {"dns"})
+                hp = _hostport(p, f"{where}.dns", ep.get("dns")) if "dns" in ep else None
+                if "dns" not in ep:
+                    p.add(f"{where}.dns", "required: name:port of a DNS name to follow")
+                (dns if hp is not None else []).append(hp)  # type: ignore[arg-type]
+            else:
+                hp = _hostport(p, where, ep)
+                if hp is not None:
+                    endpoints.append(hp)
+            ok = ok and hp is not None
+    kwargs: dict[str, Any] = {}
+    for k in ("timeout_s", "connect_timeout_s", "max_message_bytes", "max_connections", "retries",
+              "retry_budget_percent"):
+        if k in data:
+            kwargs[k] = _number(p, f"{key}.{k}", data[k], int if k.startswith("max_") or k == "retries" else float)
+            ok = ok and kwargs[k] is not None
+    for k in ("binary_extension", "repository_index"):
+        if k in data:
+            if not isinstance(data[k], bool):
+                p.add(f"{key}.{k}", f"expected true or false, got {data[k]!r}")
                 ok = False
             else:
-                endpoints.append(hp)
-    kwargs: dict[str, Any] = {}
-    for k in ("timeout_s", "connect_timeout_s", "max_message_bytes", "max_connections"):
-        if k in data:
-            kwargs[k] = _number(p, f"{key}.{k}", data[k], int if k.startswith("max_") else float)
-            ok = ok and kwargs[k] is not None
-    if "binary_extension" in data:
-        if not isinstance(data["binary_extension"], bool):
-            p.add(f"{key}.binary_extension", f"expected true or false, got {data['binary_extension']!r}")
-            ok = False
-        else:
-            kwargs["binary_extension"] = data["binary_extension"]
+                kwargs[k] = data[k]
+    if data.get("outlier") is not None:
+        outlier = _section(p, f"{key}.outlier", data["outlier"], _OUTLIER_KEYS, Outlier,
+                           ints=("consecutive_failures",))
+        ok = ok and outlier is not None
+        kwargs["outlier"] = outlier
+    if data.get("check_headers") is not None:
+        headers = _check_headers(p, f"{key}.check_headers", data["check_headers"])
+        ok = ok and headers is not None
+        kwargs["check_headers"] = headers
     if "balance" in data:
         kwargs["balance"] = data["balance"]  # its values are checked by Backend
     if data.get("tls") is not None:
@@ -170,7 +187,89 @@ def _backend(p: _Problems, name: str, raw: Any) -> Backend | None:
             ok = False
     if not ok:
         return None
-    return p.build(key, lambda: Backend(name=name, protocol=data["protocol"], endpoints=tuple(endpoints), **kwargs))
+    return p.build(key, lambda: Backend(name=name, protocol=data["protocol"], endpoints=tuple(endpoints),
+                                        dns=tuple(dns), **kwargs))
+
+
+def _section(p: _Problems, key: str, raw: Any, keys: set[str], cls: Callable[..., T],
+             ints: tuple[str, ...] = ()) -> T | None:
+    """A mapping of numbers onto a frozen dataclass (health, outlier, dns timings)."""
+    data = _mapping(p, key, raw)
+    if data is None:
+        return None
+    p.check_keys(key, data, keys)
+    kwargs = {k: _number(p, f"{key}.{k}", v, int if k in ints else float) for k, v in data.items() if k in keys}
+    if any(v is None for v in kwargs.values()):
+        return None
+    return p.build(key, lambda: cls(**kwargs))
+
+
+def _secret(p: _Problems, key: str, raw: Any) -> str | None:
+    """A value given as ``{env: NAME}`` or ``{file: PATH}`` (a mounted Kubernetes Secret);
+    read now, at load. Never logged: problems name the variable or file, not the value."""
+    if not isinstance(raw, dict) or len(raw) != 1 or not set(raw) <= {"env", "file"}:
+        p.add(key, "expected {env: VARIABLE} or {file: PATH}")
+        return None
+    (kind, where), = raw.items()
+    if not isinstance(where, str) or not where:
+        p.add(f"{key}.{kind}", "expected a non-empty string")
+        return None
+    if kind == "env":
+        value = os.environ.get(where)
+        if value is None:
+            p.add(f"{key}.env", f"environment variable {where} is not set")
+            return None
+    else:
+        try:
+            value = pathlib.Path(where).read_text().strip()
+        except OSError as exc:
+            p.add(f"{key}.file", f"cannot read {where}: {exc.strerror}")
+            return None
+    if not value or any(c in value for c in "\r\n\0"):
+        p.add(key, "the value is empty or holds a line break")
+        return None
+    return value
+
+
+def _check_headers(p: _Problems, key: str, raw: Any) -> tuple[tuple[str, str], ...] | None:
+    data = _mapping(p, key, raw)
+    if data is None:
+        return None
+    out = []
+    for name, spec in data.items():
+        if not isinstance(name, str) or name != name.lower() or not name or not all(
+                c.isalnum() or c in "-_." for c in name):
+            p.add(f"{key}.{name}", "expected a lower-case header name")
+            continue
+        value = _secret(p, f"{key}.{name}", spec)
+        if value is not None:
+            out.append((name, value))
+    return tuple(out) if len(out) == len(data) else None
+
+
+def _nameserver(text: Any) -> HostPort:
+    """``ip``, ``ip:port`` or ``[v6]:port``; port 53 when none is given."""
+    if not isinstance(text, str):
+        raise ValueError(f"expected ip or ip:port, got {text!r}")
+    if text.startswith("[") or text.count(":") == 1:
+        return HostPort.parse(text)
+    return HostPort(text, 53)  # a bare IPv4 or IPv6 address
+
+
+def _dns(p: _Problems, raw: Any) -> Dns | None:
+    data = _mapping(p, "dns", raw)
+    if data is None:
+        return None
+    p.check_keys("dns", data, _DNS_KEYS)
+    names = data.get("nameservers", [])
+    if not isinstance(names, list):
+        p.add("dns.nameservers", f"expected a list of ip:port, got {names!r}")
+        return None
+    servers = [p.build(f"dns.nameservers[{i}]", functools.partial(_nameserver, ns)) for i, ns in enumerate(names)]
+    kwargs = {k: _number(p, f"dns.{k}", v) for k, v in data.items() if k in ("refresh_s", "timeout_s")}
+    if None in servers or None in kwargs.values():
+        return None
+    return p.build("dns", lambda: Dns(nameservers=tuple(servers), **kwargs))  # type: ignore[arg-type]
 
 
 def _route(p: _Problems, i: int, raw: Any) -> Route | None:
@@ -184,13 +283,14 @@ def _route(p: _Problems, i: int, raw: Any) -> Route | None:
         if not isinstance(data.get(req), str) or not data.get(req):
             p.add(f"{key}.{req}", "required: a non-empty string")
             ok = False
-    version = data.get("version")
-    if version is not None:
-        if isinstance(version, bool) or not isinstance(version, (str, int)):
-            p.add(f"{key}.version", f"expected a string, got {version!r}")
+    raw_version = data.get("version")
+    version: str | None = None
+    if raw_version is not None:
+        if isinstance(raw_version, bool) or not isinstance(raw_version, (str, int)):
+            p.add(f"{key}.version", f"expected a string, got {raw_version!r}")
             ok = False
         else:
-            version = str(version)  # YAML reads `version: 1` as an int; V2 versions are strings
+            version = str(raw_version)  # YAML reads `version: 1` as an int; V2 versions are strings
     if not ok:
         return None
     return p.build(key, lambda: Route(model=data["model"], backend=data["backend"], version=version))
@@ -205,6 +305,7 @@ def parse_config(raw: Any) -> GatewayConfig:
 
     listen = _listen(p, raw.get("listen")) if "listen" in raw else Listen()
     health = _health(p, raw.get("health")) if "health" in raw else Health()
+    dns = _dns(p, raw.get("dns")) if "dns" in raw else Dns()
 
     backends: dict[str, Backend] = {}
     braw = _mapping(p, "backends", raw.get("backends"))
@@ -251,11 +352,12 @@ def parse_config(raw: Any) -> GatewayConfig:
         else:
             p.add("access_log", f"expected true or false, got {raw['access_log']!r}")
 
-    if p.items:
+    if p.items or listen is None or health is None or dns is None:
         raise ConfigError(p.items)
     cfg = p.build(
         "(config)",
-        lambda: GatewayConfig(backends=backends, routes=tuple(routes), listen=listen, health=health, **extra),  # type: ignore[arg-type]
+        lambda: GatewayConfig(backends=backends, routes=tuple(routes), listen=listen, health=health, dns=dns,
+                              **extra),
     )
     if p.items or cfg is None:
         raise ConfigError(p.items)

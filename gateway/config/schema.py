@@ -13,10 +13,12 @@ from typing import Literal
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "Backend",
+    "Dns",
     "GatewayConfig",
     "Health",
     "HostPort",
     "Listen",
+    "Outlier",
     "Route",
 ]
 
@@ -128,10 +130,53 @@ class Health:
 
 
 @dataclass(frozen=True, slots=True)
+class Outlier:
+    """Passive outlier ejection of one pool (Envoy's consecutive gateway failures):
+    ``consecutive_failures`` transport failures in a row eject an endpoint for
+    ``base_ejection_s`` × its number of ejections (at most ``max_ejection_s``); no more
+    than ``max_ejection_percent`` of the pool is ejected at once (one endpoint always may)."""
+
+    consecutive_failures: int = 5
+    base_ejection_s: float = 30.0
+    max_ejection_s: float = 300.0
+    max_ejection_percent: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.consecutive_failures < 1:
+            raise ValueError("consecutive_failures must be >= 1")
+        if self.base_ejection_s <= 0 or self.max_ejection_s < self.base_ejection_s:
+            raise ValueError("base_ejection_s must be > 0 and max_ejection_s >= base_ejection_s")
+        if not 0 <= self.max_ejection_percent <= 100:
+            raise ValueError("max_ejection_percent must be between 0 and 100")
+
+    def may_eject(self, ejected: int, total: int) -> bool:
+        """Whether one more of ``total`` endpoints may be ejected with ``ejected`` out already.
+        As Envoy: at least one endpoint may always be ejected, whatever the percentage."""
+        return (ejected == 0 and total > 1) or (ejected + 1) * 100 <= self.max_ejection_percent * total
+
+
+@dataclass(frozen=True, slots=True)
+class Dns:
+    """DNS discovery: ``nameservers`` ((ip, port) pairs; empty = the system's
+    /etc/resolv.conf), how often names are re-resolved, and the query timeout."""
+
+    nameservers: tuple[HostPort, ...] = ()
+    refresh_s: float = 5.0
+    timeout_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.refresh_s <= 0 or self.timeout_s <= 0:
+            raise ValueError("refresh_s and timeout_s must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
 class Backend:
     name: str
     protocol: Protocol
     endpoints: tuple[HostPort, ...]
+    # DNS names (host = the name) re-resolved every dns.refresh_s; every A/AAAA record
+    # becomes an endpoint on the given port (a Kubernetes headless Service: one per pod).
+    dns: tuple[HostPort, ...] = ()
     timeout_s: float = 60.0
     connect_timeout_s: float = 5.0
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
@@ -145,15 +190,26 @@ class Backend:
     balance: str = "round_robin"
     # TLS to the endpoints (None: plain text).
     tls: BackendTls | None = None
+    # Attempts on another ready endpoint after one refused before any inference ran.
+    retries: int = 1
+    # Retries in progress stay within this share of the pool's requests in flight.
+    retry_budget_percent: float = 20.0
+    outlier: Outlier = field(default_factory=Outlier)
+    # Ask each endpoint for its repository index (one call per round) before falling
+    # back to per-model ready calls.
+    repository_index: bool = True
+    # Sent with the health checker's calls (HTTP headers / gRPC metadata): Triton's
+    # restricted repository API wants one (--http-restricted-api=model-repository:k=v).
+    check_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         if self.balance not in ("round_robin", "least_request"):
             raise ValueError(f"balance must be 'round_robin' or 'least_request', got {self.balance!r}")
         if self.protocol not in ("http", "grpc"):
             raise ValueError(f"protocol must be 'http' or 'grpc', got {self.protocol!r}")
-        if not self.endpoints:
-            raise ValueError("endpoints must list at least one host:port")
-        if len(set(self.endpoints)) != len(self.endpoints):
+        if not self.endpoints and not self.dns:
+            raise ValueError("endpoints must list at least one host:port or dns: name:port")
+        if len(set(self.endpoints)) != len(self.endpoints) or len(set(self.dns)) != len(self.dns):
             raise ValueError("endpoints has duplicates")
         if self.timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("timeouts must be > 0")
@@ -161,6 +217,10 @@ class Backend:
             raise ValueError("max_message_bytes must be > 0")
         if self.max_connections < 1:
             raise ValueError("max_connections must be >= 1")
+        if not 0 <= self.retries <= 5:
+            raise ValueError("retries must be between 0 and 5")
+        if not 0 < self.retry_budget_percent <= 100:
+            raise ValueError("retry_budget_percent must be > 0 and <= 100")
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +267,7 @@ class GatewayConfig:
     # Client headers (HTTP) / metadata (gRPC) passed on to backends on every path, besides
     # the trace context (traceparent, tracestate, x-request-id) that always is. Lower case.
     forward_headers: tuple[str, ...] = ()
+    dns: Dns = field(default_factory=Dns)
 
     def __post_init__(self) -> None:
         for name in self.forward_headers:

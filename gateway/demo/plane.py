@@ -73,7 +73,7 @@ class DemoPlane:
         raise Unsupported(f"the reference server does not implement {rpc} (a Triton extension)")
 
     async def infer_http(
-        self, model: str, version: str, body: bytes | IncomingBody, headers: Mapping[str, str]
+        self, model: str, version: str, body: bytes | bytearray | IncomingBody, headers: Mapping[str, str]
     ) -> HttpReply:
         target = self.repository.resolve(model, version)
         if not isinstance(body, (bytes, bytearray)):

@@ -255,7 +255,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                 streamed = reply.body
                 parts = []
             else:
-                parts = list(reply.body)
+                parts = list(reply.body)  # type: ignore[arg-type]
         except ClientDisconnected:
             return
         except GatewayError as err:

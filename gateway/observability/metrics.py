@@ -50,6 +50,23 @@ class Metrics:
             "oip_gateway_endpoint_healthy", "1 when the last health check reached the endpoint.",
             ["backend", "endpoint"], registry=r, multiprocess_mode="max",
         )
+        self.endpoint_ejected = Gauge(
+            "oip_gateway_endpoint_ejected", "1 while passive outlier detection keeps the endpoint out.",
+            ["backend", "endpoint"], registry=r, multiprocess_mode="max",
+        )
+        self.pool_events = Counter(
+            "oip_gateway_pool_events", "What pools did: retry, retry_budget_exhausted, ejection.",
+            ["backend", "event"], registry=r,
+        )
+        self.config_reloads = Counter(
+            "oip_gateway_config_reloads", "Config reloads (SIGHUP or a watched file change), by result.",
+            ["result"], registry=r,
+        )
+        self.config_last_reload_ok = Gauge(
+            "oip_gateway_config_last_reload_successful", "0 when the last config reload was refused.",
+            registry=r, multiprocess_mode="min",
+        )
+        self.config_last_reload_ok.set(1)
         self.inflight_bytes = Gauge(
             "oip_gateway_inflight_request_bytes", "Bytes of inference request bodies being handled now.",
             registry=r, multiprocess_mode="livesum",
@@ -58,6 +75,10 @@ class Metrics:
             "oip_gateway_ready", "1 when every exact-name route has a ready endpoint.",
             registry=r, multiprocess_mode="max",
         )
+
+    def config_reloaded(self, ok: bool) -> None:
+        self.config_reloads.labels("success" if ok else "failure").inc()
+        self.config_last_reload_ok.set(1 if ok else 0)
 
     def observe(self, protocol: str, api: str, route: str, code: str | int, seconds: float,
                 model: str = "", version: str = "") -> None:

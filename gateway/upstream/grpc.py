@@ -3,29 +3,34 @@
 One ``grpc.aio`` channel per endpoint, max message sizes set on each (gRPC's
 4 MiB default is the most reported failure of other gateways). ModelInfer goes
 through a generic multi-callable with no serializers: the request bytes are
-sent as received and the response bytes returned as received.
+sent as received and the response bytes returned as received. An HTTP client's
+request is converted (``codec/convert.py``).
 """
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
 from grpc import aio
 
 from .._pb import grpc_predict_v2_pb2 as pb
+from ..codec.convert import grpc_answer_to_http, http_request_to_grpc
+from ..codec.repository import INDEX_REQUEST_PB, IndexEntry, parse_index_pb
 from ..config.schema import Backend, BackendTls, HostPort
-from ..errors import NoEndpointAvailable, UpstreamError, UpstreamTimeout
-from ..routing.balancer import RoundRobin, balancer
+from ..dataplane import HttpReply, IncomingBody
+from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable, Unsupported, UpstreamError, UpstreamTimeout
+from .pool import Endpoint, Pool, Refused, is_not_ready_message
 
-__all__ = ["METHOD_PREFIX", "RAW_RPCS", "GrpcEndpoint", "GrpcPool"]
+__all__ = ["METHOD_PREFIX", "RAW_RPCS", "GrpcEndpoint", "GrpcPool", "channel_options"]
 
 METHOD_PREFIX = "/inference.GRPCInferenceService/"
 
 # Triton's per-model extension RPCs, relayed as bytes (their messages come from Triton's
 # model_config.proto, which the V2 spec does not define).
-RAW_RPCS = ("ModelConfig", "ModelStatistics")
+RAW_RPCS = ("ModelConfig", "ModelStatistics", "RepositoryIndex")
+
+_TRITON_PREFIX = "triton-grpc-protocol-"
 
 # Unary RPCs other than ModelInfer: (request type, response type).
 _TYPED: dict[str, tuple[Any, Any]] = {
@@ -44,11 +49,17 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int | str]]:
         ("grpc.keepalive_time_ms", 30_000),
         ("grpc.keepalive_timeout_ms", 10_000),
         ("grpc.http2.max_pings_without_data", 0),
-        # The pool fails over itself (on UNAVAILABLE); grpc-core's transparent-retry
+        # The pool retries itself (safe retries only); grpc-core's transparent-retry
         # machinery only adds per-call buffering. Measured here on a pass-through
         # proxy: +37% RPC/s with retries off, +42% with throughput tuning too.
         ("grpc.enable_retries", 0),
         ("grpc.optimization_target", "throughput"),
+        # A restarted pod is reconnected within a second or two of coming back, not
+        # after grpc's default backoff (up to 120 s): the health checker decides when
+        # it takes traffic again.
+        # (Not min_reconnect_backoff_ms: grpc also takes it as the connect timeout.)
+        ("grpc.initial_reconnect_backoff_ms", 250),
+        ("grpc.max_reconnect_backoff_ms", 2_000),
     ]
 
 
@@ -62,121 +73,215 @@ def _credentials(tls: BackendTls) -> grpc.ChannelCredentials:
     return grpc.ssl_channel_credentials(read(tls.ca), read(tls.key), read(tls.cert))
 
 
-@dataclass(slots=True)
-class GrpcEndpoint:
-    address: HostPort
-    channel: aio.Channel
-    infer: aio.UnaryUnaryMultiCallable
-    stream: aio.StreamStreamMultiCallable
-    typed: dict[str, aio.UnaryUnaryMultiCallable] = field(default_factory=dict)
-    raw: dict[str, aio.UnaryUnaryMultiCallable] = field(default_factory=dict)
-    healthy: bool = True
-    inflight: int = 0  # calls and open streams on this endpoint now
+class GrpcEndpoint(Endpoint):
+    __slots__ = ("_grace", "_inflight", "channel", "infer", "raw", "stream", "typed")
+
+    def __init__(self, address: HostPort, backend: Backend) -> None:
+        super().__init__(address)
+        opts = channel_options(backend.max_message_bytes)
+        tls = backend.tls
+        if tls is None:
+            ch = aio.insecure_channel(str(address), options=opts)
+        else:
+            extra = [("grpc.ssl_target_name_override", tls.server_name)] if tls.server_name else []
+            ch = aio.secure_channel(str(address), _credentials(tls), options=opts + extra)
+        self.channel = ch
+        self.infer = ch.unary_unary(METHOD_PREFIX + "ModelInfer")
+        self.stream = ch.stream_stream(METHOD_PREFIX + "ModelStreamInfer")
+        self.typed = {
+            name: ch.unary_unary(METHOD_PREFIX + name, request_serializer=req.SerializeToString,
+                                 response_deserializer=resp.FromString)
+            for name, (req, resp) in _TYPED.items()
+        }
+        self.raw = {name: ch.unary_unary(METHOD_PREFIX + name) for name in RAW_RPCS}
+        self._inflight = 0  # calls and open streams on this endpoint now
+        self._grace = backend.timeout_s
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    async def close(self) -> None:
+        # Calls in flight finish (bounded by their own timeouts) before the channel goes.
+        await self.channel.close(grace=None if self._inflight == 0 else self._grace)
 
 
-class GrpcPool:
+class GrpcPool(Pool[GrpcEndpoint]):
     protocol = "grpc"
 
     def __init__(self, backend: Backend) -> None:
-        self.backend = backend
-        self.name = backend.name
-        self.endpoints: list[GrpcEndpoint] = []
-        self.balancer: RoundRobin[GrpcEndpoint] | None = None
+        super().__init__(backend)
+        # Triton's --grpc-restricted-protocol=<api>:<key>=<value> wants the metadata key
+        # "triton-grpc-protocol-<key>"; other servers take the plain name. Both are sent.
+        self._check_metadata = tuple(
+            pair for k, v in backend.check_headers
+            for pair in ([(k, v)] if k.startswith(_TRITON_PREFIX) else [(k, v), (_TRITON_PREFIX + k, v)])) or None
 
-    async def start(self) -> None:
-        # Channels are created inside the running loop (grpc.aio binds them to it).
-        opts = channel_options(self.backend.max_message_bytes)
-        for addr in self.backend.endpoints:
-            tls = self.backend.tls
-            if tls is None:
-                ch = aio.insecure_channel(str(addr), options=opts)
-            else:
-                extra = [("grpc.ssl_target_name_override", tls.server_name)] if tls.server_name else []
-                ch = aio.secure_channel(str(addr), _credentials(tls), options=opts + extra)
-            infer = ch.unary_unary(METHOD_PREFIX + "ModelInfer")
-            stream = ch.stream_stream(METHOD_PREFIX + "ModelStreamInfer")
-            typed = {
-                name: ch.unary_unary(
-                    METHOD_PREFIX + name,
-                    request_serializer=req.SerializeToString,
-                    response_deserializer=resp.FromString,
-                )
-                for name, (req, resp) in _TYPED.items()
-            }
-            raw = {name: ch.unary_unary(METHOD_PREFIX + name) for name in RAW_RPCS}
-            self.endpoints.append(GrpcEndpoint(addr, ch, infer, stream, typed, raw))
-        self.balancer = balancer(self.backend.balance, self.endpoints)
+    def _make(self, address: HostPort) -> GrpcEndpoint:
+        return GrpcEndpoint(address, self.backend)
 
-    async def close(self) -> None:
-        for ep in self.endpoints:
-            await ep.channel.close()
-        self.endpoints.clear()
+    # -- one call on one endpoint --------------------------------------------------------
+    async def _call(self, ep: GrpcEndpoint, pick: Callable[[GrpcEndpoint], aio.UnaryUnaryMultiCallable],
+                    request: Any, timeout: float | None, metadata: Sequence[tuple[str, str]] | None = None,
+                    model: str = "", version: str = "") -> Any:
+        """Raises Refused on UNAVAILABLE: the endpoint could not be reached (or went away
+        before answering), so the request may go to another one."""
+        tmo = self.backend.timeout_s if timeout is None else min(timeout, self.backend.timeout_s)
+        ep._inflight += 1
+        try:
+            return await pick(ep)(request, timeout=tmo, metadata=metadata or None)
+        except aio.AioRpcError as exc:
+            raise self._mapped(ep, exc, tmo, model, version) from exc
+        finally:
+            ep._inflight -= 1
 
-    async def infer(self, message: bytes, timeout: float | None, affinity: str | None = None,
-                    metadata: tuple[tuple[str, str], ...] = ()) -> bytes:
-        """Forward a serialized ModelInferRequest; return the serialized response."""
-        return await self._call(lambda ep: ep.infer, message, timeout, affinity=affinity, metadata=metadata)
+    def _mapped(self, ep: GrpcEndpoint, exc: aio.AioRpcError, tmo: float | None, model: str = "",
+                version: str = "") -> Exception:
+        code = exc.code()
+        where = f"backend '{self.name}' endpoint {ep.address}"
+        if code == grpc.StatusCode.UNAVAILABLE:
+            # Nothing ran: the endpoint was unreachable or went away (grpc's own message),
+            # or refused the request (Triton: queue full, model not ready).
+            if _transport_failure(exc):
+                return Refused(NoEndpointAvailable(f"{where}: {exc.details()}"), kind=Refused.TRANSPORT)
+            error = UpstreamError(exc.details() or code.name, grpc_code=code.name)
+            return self.refusal(ep, model, version, error, True) if is_not_ready_message(error.message) else \
+                Refused(error, kind=Refused.BUSY)
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return UpstreamTimeout(f"{where} did not answer within {tmo}s")
+        # The backend's own error: relay its code and message unchanged.
+        return UpstreamError(exc.details() or code.name, grpc_code=code.name)
 
-    async def stream(self, requests: AsyncIterator[bytes], timeout: float | None,
-                     affinity: str | None = None, metadata: tuple[tuple[str, str], ...] = ()) -> AsyncIterator[bytes]:
+    async def _unary(self, model: str, version: str, affinity: str | None,
+                     pick: Callable[[GrpcEndpoint], aio.UnaryUnaryMultiCallable], request: Any,
+                     timeout: float | None, metadata: Sequence[tuple[str, str]] = ()) -> Any:
+        async def send(ep: GrpcEndpoint) -> Any:
+            try:
+                return await self._call(ep, pick, request, timeout, metadata, model, version)
+            except UpstreamError as err:
+                if err.grpc_code not in ("NOT_FOUND", "INVALID_ARGUMENT"):
+                    raise
+                raise self.refusal(ep, model, version, err, True) from None
+
+        return await self.attempt(model, version, affinity, send)
+
+    # -- health checker ------------------------------------------------------------------
+    async def check_live(self, ep: GrpcEndpoint, timeout: float) -> bool:
+        try:
+            resp = await self._call(ep, lambda e: e.typed["ServerLive"], pb.ServerLiveRequest(), timeout,
+                                    self._check_metadata)
+            return bool(resp.live)
+        except (GatewayError, Refused):
+            return False
+
+    async def check_index(self, ep: GrpcEndpoint, timeout: float) -> list[IndexEntry] | None:
+        try:
+            answer = await self._call(ep, lambda e: e.raw["RepositoryIndex"], INDEX_REQUEST_PB, timeout,
+                                      self._check_metadata)
+            return parse_index_pb(answer)
+        except (GatewayError, Refused):
+            return None  # no repository extension (UNIMPLEMENTED), or restricted
+
+    async def check_model(self, ep: GrpcEndpoint, model: str, version: str, timeout: float) -> bool:
+        try:
+            resp = await self._call(ep, lambda e: e.typed["ModelReady"],
+                                    pb.ModelReadyRequest(name=model, version=version), timeout, self._check_metadata)
+            return bool(resp.ready)
+        except (GatewayError, Refused):
+            return False
+
+    # -- client-facing -------------------------------------------------------------------
+    async def model_ready(self, model: str, version: str) -> bool:
+        try:
+            resp = await self._unary(model, version, None, lambda e: e.typed["ModelReady"],
+                                     pb.ModelReadyRequest(name=model, version=version), None)
+        except ModelNotReady:
+            return False
+        return bool(resp.ready)
+
+    async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
+        resp = await self._unary(model, version, None, lambda e: e.typed["ModelMetadata"],
+                                 pb.ModelMetadataRequest(name=model, version=version), None)
+        return _metadata_to_dict(resp)
+
+    async def extension_http(self, model: str, version: str, what: str) -> HttpReply:
+        raise Unsupported(f"model {what} of '{model}': backend '{self.name}' speaks gRPC; Triton's "
+                          "model configuration and statistics are relayed only between the same protocols")
+
+    async def extension_grpc(self, rpc: str, message: bytes, model: str, version: str,
+                             timeout: float | None) -> bytes:
+        return await self._unary(model, version, None, lambda e: e.raw[rpc], message, timeout)
+
+    # -- inference -----------------------------------------------------------------------
+    async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
+                         affinity: str | None, metadata: tuple[tuple[str, str], ...]) -> bytes:
+        """Pass-through: the serialized request out, the serialized response back."""
+        return await self._unary(model, version, affinity, lambda e: e.infer, message, timeout, metadata)
+
+    async def infer_http(self, model: str, version: str, body: bytes | bytearray | IncomingBody,
+                         headers: Mapping[str, str],
+                         forwarded: Sequence[str], limit: int) -> HttpReply:
+        """An HTTP client's request, converted: raw contents out, JSON or binary back."""
+        if not isinstance(body, (bytes, bytearray)):
+            body = await body.read()
+        message, affinity, form = http_request_to_grpc(body, headers, model, version, limit)
+        del body  # the HTTP body is not needed while the backend works
+        trace = tuple((k, v) for k in forwarded if k not in _FRAMING and (v := headers.get(k)) is not None)
+        answer = await self._unary(model, version, affinity, lambda e: e.infer, message, None, trace)
+        del message
+        chunks, out_headers = grpc_answer_to_http(answer, form, self.name)
+        return HttpReply(200, chunks, out_headers)
+
+    async def infer_stream(self, requests: AsyncIterator[bytes], model: str, version: str,
+                           timeout: float | None, affinity: str | None,
+                           metadata: tuple[tuple[str, str], ...]) -> AsyncIterator[bytes]:
         """Triton's ModelStreamInfer, passed through: serialized ModelInferRequests out,
-        serialized ModelStreamInferResponses back, as they come, on one endpoint (the
-        first of the balancer's order: a stream's requests may depend on each other, so
-        there is no failover once it is open). ``timeout`` is the client's deadline, if
-        any: a stream carries many requests, so ``timeout_s`` does not bound it."""
-        assert self.balancer is not None, "pool not started"
-        ep = self.balancer.order(affinity)[0]
+        serialized ModelStreamInferResponses back, as they come, on one endpoint (a
+        stream's requests may depend on each other, so there is no retry once it is
+        open). ``timeout`` is the client's deadline, if any: a stream carries many
+        requests, so ``timeout_s`` does not bound it."""
+        ep = self.first(model, version, affinity)
         call = ep.stream(requests, timeout=timeout, metadata=metadata or None)
-        ep.inflight += 1
+        ep._inflight += 1
         try:
             async for answer in call:
                 yield answer
         except aio.AioRpcError as exc:
-            code = exc.code()
-            if code == grpc.StatusCode.UNAVAILABLE:
-                ep.healthy = False
-                raise NoEndpointAvailable(f"backend '{self.name}' endpoint {ep.address}: {exc.details()}") from exc
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise UpstreamTimeout(f"backend '{self.name}' endpoint {ep.address}: stream deadline passed") from exc
-            raise UpstreamError(exc.details() or code.name, grpc_code=code.name) from exc
+            error = self._mapped(ep, exc, timeout)
+            if isinstance(error, Refused):
+                if error.kind == Refused.TRANSPORT:
+                    self.transport_failed(ep, live=False)
+                raise error.error from exc
+            raise error from exc
         finally:
-            ep.inflight -= 1
+            ep._inflight -= 1
             call.cancel()  # a no-op once the stream ended; stops it if the client went away
 
-    async def raw(self, rpc: str, message: bytes, timeout: float | None) -> bytes:
-        """One of RAW_RPCS, bytes in and out."""
-        return await self._call(lambda ep: ep.raw[rpc], message, timeout)
 
-    async def call(self, rpc: str, request: Any, timeout: float | None = None,
-                   endpoint: GrpcEndpoint | None = None) -> Any:
-        return await self._call(lambda ep: ep.typed[rpc], request, timeout, endpoint)
+# Headers an HTTP client sends that become gRPC metadata on a converted request: all
+# forwarded ones except the HTTP body's own framing.
+_FRAMING = frozenset({"content-type", "inference-header-content-length", "content-encoding", "accept-encoding"})
 
-    async def _call(self, pick, request: Any, timeout: float | None,
-                    endpoint: GrpcEndpoint | None = None, affinity: str | None = None,
-                    metadata: tuple[tuple[str, str], ...] = ()) -> Any:
-        assert self.balancer is not None, "pool not started"
-        order = [endpoint] if endpoint is not None else self.balancer.order(affinity)
-        tmo = self.backend.timeout_s if timeout is None else min(timeout, self.backend.timeout_s)
-        failures: list[str] = []
-        for ep in order:
-            ep.inflight += 1
-            try:
-                return await pick(ep)(request, timeout=tmo, metadata=metadata or None)
-            except aio.AioRpcError as exc:
-                code = exc.code()
-                if code == grpc.StatusCode.UNAVAILABLE:
-                    # The endpoint could not be reached (or is shutting down): try the next.
-                    ep.healthy = False
-                    failures.append(f"{ep.address}: {exc.details()}")
-                    continue
-                if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    raise UpstreamTimeout(
-                        f"backend '{self.name}' endpoint {ep.address} did not answer within {tmo}s"
-                    ) from exc
-                # The backend's own error: relay its code and message unchanged.
-                raise UpstreamError(exc.details() or code.name, grpc_code=code.name) from exc
-            finally:
-                ep.inflight -= 1
-        raise NoEndpointAvailable(
-            f"no endpoint of backend '{self.name}' is reachable ({'; '.join(failures)})"
-        )
+
+def _transport_failure(exc: aio.AioRpcError) -> bool:
+    """UNAVAILABLE raised by grpc itself (connect failed, connection reset) rather than
+    a backend's own answer: grpc's messages for those are fixed strings."""
+    details = (exc.details() or "").lower()
+    return any(s in details for s in (
+        "failed to connect", "connection refused", "connection reset", "socket closed", "connect failed",
+        "broken pipe", "endpoint closing", "transport closing", "goaway", "unreachable", "no connection",
+        "failed to pick subchannel", "dns resolution failed", "connections to all backends failing",
+        "recvmsg", "sendmsg", "end of tcp stream", "keepalive", "stream removed"))
+
+
+def _metadata_to_dict(msg: Any) -> dict[str, Any]:
+    def tensors(ts: Any) -> list[dict[str, Any]]:
+        return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in ts]
+
+    out: dict[str, Any] = {"name": msg.name}
+    if msg.versions:
+        out["versions"] = list(msg.versions)
+    out["platform"] = msg.platform
+    out["inputs"] = tensors(msg.inputs)
+    out["outputs"] = tensors(msg.outputs)
+    return out

@@ -154,7 +154,7 @@ class BodyStream:
 class H1Response:
     status: int
     headers: dict[str, str]  # lower-case names; a repeated header keeps its last value
-    body: bytes | BodyStream
+    body: bytes | bytearray | BodyStream
 
 
 class _Connection(asyncio.Protocol):
@@ -287,7 +287,8 @@ class _Connection(asyncio.Protocol):
             self._end_stream()
             return
         if self._buf is not None:
-            body = self._buf.obj[: self._pos] if self._pos != len(self._buf) else self._buf.obj
+            buf: bytearray = self._buf.obj  # type: ignore[assignment]
+            body: bytes | bytearray = buf[: self._pos] if self._pos != len(buf) else buf
             self._buf = None
         else:
             body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
@@ -467,6 +468,7 @@ class H1ConnectionPool:
         self._connect_timeout = connect_timeout
         self._idle: list[_Connection] = []
         self._max_idle = max_idle
+        self.closed = False  # closed pools keep no connection: those in use close when done
 
     @property
     def busy(self) -> int:
@@ -512,7 +514,7 @@ class H1ConnectionPool:
             body = [b if isinstance(b, (bytes, bytearray)) else memoryview(b).cast("B") for b in body]
             length: int | None = sum(len(b) for b in body)
         elif hasattr(body, "__aiter__"):
-            length = body.length
+            length = body.length  # type: ignore[union-attr]
         else:
             length = len(body) if body is not None else None
         head = self._head(method, path, headers, length)
@@ -576,7 +578,7 @@ class H1ConnectionPool:
         return False
 
     def _release(self, conn: _Connection) -> None:
-        if conn.closed or not conn.keep_alive or not conn.sent_all:
+        if conn.closed or not conn.keep_alive or not conn.sent_all or self.closed:
             conn.close()
         elif len(self._idle) < self._max_idle:
             conn.idle_since = asyncio.get_running_loop().time()
@@ -585,6 +587,7 @@ class H1ConnectionPool:
             conn.close()
 
     def close(self) -> None:
+        self.closed = True
         for conn in self._idle:
             conn.close()
         self._idle.clear()

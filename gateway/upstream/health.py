@@ -1,70 +1,59 @@
-"""Background health and readiness checks (never per request).
+"""Background health and model-readiness checks (never per request).
 
-Each round asks every endpoint whether it is live, then asks, for every route
-with an exact model name, whether some endpoint of its pool reports that model
-ready. The gateway is ready when every such route is, and never with no
-backends. Results are plain attributes read by the proxy and metrics.
+Each round, for every endpoint of every pool:
+
+1. server-live. A server that was down (or is new) and answers again is a new
+   process: what was known of its models is forgotten (``EndpointHealth.set_live``);
+2. its repository index, one call (Triton, MLServer): every model with its state;
+3. where there is no index (OVMS; Triton with a restricted repository API and no
+   ``check_headers``): per-model ready calls for the pool's exact routes. Their cost
+   is bounded for large route tables: a model not ready is re-checked with
+   exponential backoff (every round at first, then every 2, 4, … up to
+   ``max_backoff_rounds``), and a rolling window of ``recheck_per_round`` ready ones
+   is re-checked (to notice a model being unloaded). With 10,000 routes that is
+   hundreds of calls per round, not 10,000 — the benchmark measured 10,000
+   never-ready routes doubling gRPC CPU per request when each was probed every round.
+
+The gateway is ready when every exact route has an endpoint with its model ready,
+and never with no live backend. Results live on the endpoints (``ep.health``) and
+in ``ready`` / ``not_ready``; the pools read them to choose endpoints.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
-from .._pb import grpc_predict_v2_pb2 as pb
-from ..errors import GatewayError
-from .grpc import GrpcPool
-from .http import HttpPool
+from ..routing.readiness import Ready
+from .pool import Endpoint, Pool
 
 __all__ = ["HealthChecker"]
 
 log = logging.getLogger("oip_gateway.health")
 
-Pool = HttpPool | GrpcPool
+T = TypeVar("T")
+Route = tuple[str, str | None, str]  # (model, version or None, backend)
 
 
-async def endpoint_live(pool: Pool, ep, timeout: float) -> bool:
-    try:
-        if isinstance(pool, HttpPool):
-            reply = await pool.request("GET", "/v2/health/live", timeout=timeout, endpoint=ep)
-            return reply.status == 200
-        resp = await pool.call("ServerLive", pb.ServerLiveRequest(), timeout=timeout, endpoint=ep)
-        return bool(resp.live)
-    except GatewayError:
-        return False
+class _Schedule:
+    """Per-model checks of one endpoint without an index: when each is due next."""
 
+    __slots__ = ("backoff", "cursor", "due")
 
-async def endpoint_model_ready(pool: Pool, ep, model: str, version: str, timeout: float) -> bool:
-    try:
-        if isinstance(pool, HttpPool):
-            path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/ready"
-            reply = await pool.request("GET", path, timeout=timeout, endpoint=ep)
-            return reply.status == 200
-        resp = await pool.call(
-            "ModelReady", pb.ModelReadyRequest(name=model, version=version), timeout=timeout, endpoint=ep
-        )
-        return bool(resp.ready)
-    except GatewayError:
-        return False
+    def __init__(self) -> None:
+        self.backoff: dict[tuple[str, str], int] = {}
+        self.due: dict[tuple[str, str], int] = {}
+        self.cursor = 0
 
 
 class HealthChecker:
-    """Keeps ``ready``, ``not_ready`` and each endpoint's ``healthy`` current.
-
-    Cost is bounded for large route tables: every round checks each endpoint's
-    liveness; a route not known ready is checked with exponential backoff (every
-    round at first, then every 2, 4, … up to ``max_backoff_rounds`` rounds while
-    it stays unready); and a rolling window of ``recheck_per_round`` routes
-    already known ready is re-checked (to notice a model being unloaded). With
-    10,000 routes that is hundreds of calls per round, not 10,000 — the
-    benchmark measured 10,000 never-ready routes doubling gRPC CPU per request
-    when every one was probed every round.
-    """
-
     def __init__(
         self,
-        pools: dict[str, Pool],
-        exact_routes: Sequence[tuple[str, str | None, str]],
+        pools: Mapping[str, Pool[Any]],
+        exact_routes: Sequence[Route],
         *,
         interval_s: float,
         timeout_s: float,
@@ -73,9 +62,6 @@ class HealthChecker:
         recheck_per_round: int = 256,
         max_backoff_rounds: int = 32,
     ) -> None:
-        self.pools = pools
-        # (model, version or None, backend), deduplicated, in config order.
-        self.exact_routes = list(dict.fromkeys(exact_routes))
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.ready = False
@@ -83,85 +69,123 @@ class HealthChecker:
         self.not_ready: list[str] = []
         self._on_round = on_round
         self._sem = asyncio.Semaphore(concurrency)
-        self._task: asyncio.Task[None] | None = None
-        # Per route: the endpoint (object) last seen with the model ready, or None.
-        self._ready_on: list[object | None] = [None] * len(self.exact_routes)
         self._recheck = recheck_per_round
-        self._cursor = 0
         self._max_backoff = max_backoff_rounds
-        self._backoff = [1] * len(self.exact_routes)  # rounds between checks of an unready route
-        self._due = [0] * len(self.exact_routes)  # round at which an unready route is checked next
+        self._task: asyncio.Task[None] | None = None
+        self._kick = asyncio.Event()
+        self._first = asyncio.Event()
+        self._schedules: dict[int, _Schedule] = {}
+        self.pools: Mapping[str, Pool[Any]] = {}
+        self.exact_routes: list[Route] = []
+        self._keys: dict[str, list[tuple[str, str]]] = {}
+        self.reconfigure(pools, exact_routes)
 
-    async def _bounded(self, coro):
+    def reconfigure(self, pools: Mapping[str, Pool[Any]], exact_routes: Sequence[Route]) -> None:
+        """New pools and routes (a config reload); endpoints keep their state. The next
+        round comes at once."""
+        self.pools = pools
+        # (model, version or None, backend), deduplicated, in config order.
+        self.exact_routes = list(dict.fromkeys(exact_routes))
+        keys: dict[str, list[tuple[str, str]]] = {name: [] for name in pools}
+        for model, version, backend in self.exact_routes:
+            if backend in keys:
+                keys[backend].append((model, version or ""))
+        self._keys = {name: list(dict.fromkeys(k)) for name, k in keys.items()}
+        for name, pool in pools.items():
+            pool.routed = frozenset(m for m, _ in self._keys[name])
+            pool.on_new_endpoints = self.kick
+        self.kick()
+
+    def kick(self) -> None:
+        """Run the next round now (new endpoints, a reload)."""
+        self._kick.set()
+
+    async def _bounded(self, coro: Awaitable[T]) -> T:
         async with self._sem:
             return await coro
 
-    async def _route_ready(self, i: int) -> None:
-        model, version, backend = self.exact_routes[i]
-        pool = self.pools[backend]
-        known = self._ready_on[i]
-        # Try the endpoint that had it last first; then the other healthy ones.
-        candidates = [ep for ep in pool.endpoints if ep.healthy]
-        if known in candidates:
-            candidates.remove(known)
-            candidates.insert(0, known)
-        for ep in candidates:
-            if await self._bounded(endpoint_model_ready(pool, ep, model, version or "", self.timeout_s)):
-                self._ready_on[i] = ep
-                self._backoff[i] = 1
+    async def _check_endpoint(self, pool: Pool[Any], ep: Endpoint) -> bool:
+        live = await self._bounded(pool.check_live(ep, self.timeout_s))
+        ep.health.set_live(live)
+        if not live:
+            return False
+        ep.health.readmit(time.monotonic())
+        index = await self._bounded(pool.check_index(ep, self.timeout_s)) if pool.backend.repository_index else None
+        if index is not None:
+            ep.health.set_index(index)
+            return True
+        ep.health.names = None  # index gone (restricted, or never had one): per-model calls
+        await self._check_models(pool, ep)
+        return True
+
+    async def _check_models(self, pool: Pool[Any], ep: Endpoint) -> None:
+        keys = self._keys.get(pool.name, [])
+        if not keys:
+            return
+        sched = self._schedules.setdefault(id(ep), _Schedule())
+        known = ep.health.per_model
+        todo = {k for k in keys if k not in known or (not known[k] and sched.due.get(k, 0) <= self.rounds)}
+        window = min(self._recheck, len(keys))
+        todo.update(keys[(sched.cursor + i) % len(keys)] for i in range(window))
+        sched.cursor = (sched.cursor + window) % len(keys)
+
+        async def one(key: tuple[str, str]) -> None:
+            ok = await self._bounded(pool.check_model(ep, key[0], key[1], self.timeout_s))
+            was = known.get(key)
+            ep.health.set_model(key, ok)
+            if ok:
+                sched.backoff.pop(key, None)
                 return
-        if self._ready_on[i] is not None:
-            self._backoff[i] = 1  # it just went away: look again next round
-        else:
-            self._backoff[i] = min(self._backoff[i] * 2, self._max_backoff)
-        self._ready_on[i] = None
-        self._due[i] = self.rounds + self._backoff[i]
+            backoff = 1 if was else min(sched.backoff.get(key, 1) * 2, self._max_backoff)
+            sched.backoff[key] = backoff
+            sched.due[key] = self.rounds + backoff
+
+        await asyncio.gather(*(one(k) for k in todo))
 
     async def check_once(self) -> bool:
-        eps = [(pool, ep) for pool in self.pools.values() for ep in pool.endpoints]
-        live = await asyncio.gather(*(self._bounded(endpoint_live(p, ep, self.timeout_s)) for p, ep in eps))
-        for (_, ep), ok in zip(eps, live):
-            ep.healthy = ok
+        pairs = [(pool, ep) for pool in self.pools.values() for ep in list(pool.endpoints.values())]
+        live = await asyncio.gather(*(self._check_endpoint(p, ep) for p, ep in pairs))
+        alive = {id(ep) for _, ep in pairs}
+        for key in [k for k in self._schedules if k not in alive]:
+            del self._schedules[key]
 
-        n = len(self.exact_routes)
-        todo = set()
-        for i in range(n):
-            ep = self._ready_on[i]
-            if ep is None:
-                if self._due[i] <= self.rounds:
-                    todo.add(i)
-            elif not ep.healthy:  # type: ignore[attr-defined]
-                todo.add(i)
-        window = min(self._recheck, n)
-        todo.update((self._cursor + k) % n for k in range(window))
-        self._cursor = (self._cursor + window) % n if n else 0
-        await asyncio.gather(*(self._route_ready(i) for i in sorted(todo)))
-
-        self.not_ready = [
-            m + (f"/{v}" if v else "") for (m, v, _), ep in zip(self.exact_routes, self._ready_on) if ep is None
-        ]
-        self.ready = any(live) and not self.not_ready
+        now = time.monotonic()
+        not_ready = []
+        for model, version, backend in self.exact_routes:
+            pool = self.pools.get(backend)
+            eps = pool.endpoints.values() if pool is not None else ()
+            if not any(ep.health.usable(now) and ep.health.ready_for(model, version or "") == Ready.YES
+                       for ep in eps):
+                not_ready.append(model + (f"/{version}" if version else ""))
+        self.not_ready = not_ready
+        self.ready = any(live) and not not_ready
         self.rounds += 1
+        self._first.set()
         if self._on_round is not None:
             self._on_round(self)
         return self.ready
 
     async def _run(self) -> None:
         while True:
+            self._kick.clear()
             try:
                 await self.check_once()
             except Exception:
                 log.exception("health round failed")
-            await asyncio.sleep(self.interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), self.interval_s)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
+    async def first_round(self, timeout: float) -> None:
+        """Wait (bounded) for the first round: requests then go only where models are ready."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._first.wait(), timeout)
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None

@@ -1,44 +1,78 @@
 """HTTP backend pools: the only HTTP client code of the gateway.
 
 Each endpoint has a pool of keep-alive HTTP/1.1 connections (``h1.py``).
-Bodies go out and come back as bytes, untouched — a compressed answer reaches
-a client that asked for it byte for byte. Foreign errors are mapped to the
-gateway's error tree here, once (``raise ... from exc``).
+Pass-through bodies go out and come back as bytes, untouched — a compressed
+answer reaches a client that asked for it byte for byte. A gRPC client's request
+is converted (``codec/convert.py``). Foreign errors are mapped to the gateway's
+error tree here, once (``raise ... from exc``).
 """
 from __future__ import annotations
 
 import ssl
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote
 
 import orjson
 
+from ..codec.content import HEADER_LENGTH, inflate_prefix, sequence_of_compressed, sequence_of_json
+from ..codec.convert import grpc_request_to_http, http_answer_to_grpc
+from ..codec.repository import INDEX_REQUEST_JSON, IndexEntry, parse_index_json
 from ..config.schema import Backend, BackendTls, HostPort
-from ..dataplane import IncomingBody
-from ..errors import BadUpstreamResponse, NoEndpointAvailable, RequestTimeout, UpstreamError, UpstreamTimeout
-from ..routing.balancer import RoundRobin, balancer
+from ..dataplane import HttpReply, IncomingBody
+from ..errors import (
+    BadUpstreamResponse,
+    GatewayError,
+    InvalidRequest,
+    ModelNotReady,
+    NoEndpointAvailable,
+    RequestTimeout,
+    Unsupported,
+    UpstreamError,
+    UpstreamTimeout,
+)
 from .h1 import BodyStream, ConnectFailed, ConnectionDropped, H1ConnectionPool, SourceStalled
+from .pool import Endpoint, Pool, Refused
 
-__all__ = ["BodyStream", "HttpEndpoint", "HttpPool", "UpstreamReply", "error_from_reply", "model_path"]
+__all__ = ["STREAM_MIN", "BodyStream", "HttpEndpoint", "HttpPool", "UpstreamReply", "error_from_reply",
+           "model_path"]
+
+# Pass-through answers at least this large are relayed chunk by chunk as they
+# arrive instead of being held whole; large binary-extension requests stream to
+# the backend the same way (the front end hands them over unread). A request in
+# flight then holds a few chunks, not 2x its payload (issue 3's memory target).
+STREAM_MIN = 256 * 1024
+
+# Response headers worth relaying to the client; hop-by-hop and framing
+# headers (content-length, transfer-encoding, connection) are the server's own.
+_RELAYED = ("content-type", "inference-header-content-length", "content-encoding")
+
+# Error answers that may mean "model not (yet) here": read as such only from an
+# endpoint the checker thought ready (Pool.refusal).
+_NOT_READY_STATUS = frozenset({400, 404, 503})
 
 
-@dataclass(slots=True)
-class HttpEndpoint:
-    address: HostPort
-    connections: H1ConnectionPool = field(repr=False)
-    healthy: bool = True
+class HttpEndpoint(Endpoint):
+    __slots__ = ("connections",)
+
+    def __init__(self, address: HostPort, connections: H1ConnectionPool) -> None:
+        super().__init__(address)
+        self.connections = connections
 
     @property
     def inflight(self) -> int:
         """Exchanges in progress on this endpoint (a streamed answer counts until its end)."""
         return self.connections.busy
 
+    async def close(self) -> None:
+        self.connections.close()  # idle connections now; busy ones when their exchange ends
+
 
 @dataclass(frozen=True, slots=True)
 class UpstreamReply:
     status: int
-    body: bytes | BodyStream  # a BodyStream only when the caller passed ``stream_min``
+    body: bytes | bytearray | BodyStream  # a BodyStream only when the caller passed ``stream_min``
     headers: Mapping[str, str]
 
 
@@ -63,9 +97,10 @@ def model_path(model: str, version: str) -> str:
 def error_from_reply(reply: UpstreamReply) -> UpstreamError:
     """A backend's HTTP error, relayed: status and body unchanged; the message is
     the body's ``error`` string (spec "Inference Response JSON Error Object")."""
-    message = reply.body.decode("utf-8", "replace")
+    body = bytes(reply.body) if isinstance(reply.body, (bytes, bytearray)) else b""
+    message = body.decode("utf-8", "replace")
     try:
-        parsed = orjson.loads(reply.body)
+        parsed = orjson.loads(body)
         if isinstance(parsed, dict) and isinstance(parsed.get("error"), str):
             message = parsed["error"]
     except orjson.JSONDecodeError:
@@ -73,84 +108,55 @@ def error_from_reply(reply: UpstreamReply) -> UpstreamError:
     return UpstreamError(
         message or f"backend answered HTTP {reply.status}",
         http_status=reply.status,
-        body=reply.body,
+        body=body,
         content_type=reply.headers.get("content-type"),
     )
 
 
-# Response headers worth relaying to the client; hop-by-hop and framing
-# headers (content-length, transfer-encoding, connection) are the server's own.
-_RELAYED = ("content-type", "inference-header-content-length", "content-encoding")
+Body = bytes | bytearray | list[bytes | memoryview] | IncomingBody | None
 
 
-class HttpPool:
+class HttpPool(Pool[HttpEndpoint]):
     protocol = "http"
 
     def __init__(self, backend: Backend) -> None:
-        self.backend = backend
-        self.name = backend.name
-        self.endpoints = [
-            HttpEndpoint(ep, H1ConnectionPool(ep.host, ep.port, connect_timeout=backend.connect_timeout_s,
-                                              ssl=ssl_context(backend.tls),
-                                              server_name=backend.tls.server_name if backend.tls else None,
-                                              max_connections=backend.max_connections))
-            for ep in backend.endpoints
-        ]
-        self.balancer: RoundRobin[HttpEndpoint] = balancer(backend.balance, self.endpoints)
+        super().__init__(backend)
+        self._ssl = ssl_context(backend.tls)
+        self._check_headers = dict(backend.check_headers)
+        self._apply(frozenset())  # static endpoints exist from the start: no loop needed
 
-    async def start(self) -> None:
-        """Connections are opened on first use."""
+    def _make(self, address: HostPort) -> HttpEndpoint:
+        b = self.backend
+        return HttpEndpoint(address, H1ConnectionPool(
+            address.host, address.port, connect_timeout=b.connect_timeout_s, ssl=self._ssl,
+            server_name=b.tls.server_name if b.tls else None, max_connections=b.max_connections))
 
-    async def close(self) -> None:
-        for ep in self.endpoints:
-            ep.connections.close()
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: bytes | bytearray | list[bytes | memoryview] | IncomingBody | None = None,
-        headers: Mapping[str, str] | None = None,
-        timeout: float | None = None,
-        endpoint: HttpEndpoint | None = None,
-        affinity: str | None = None,
-        stream_min: int | None = None,
-    ) -> UpstreamReply:
-        """Send to the pool (or to one ``endpoint``); fail over to the next endpoint
-        only when no answer could have been produced (connection refused, or closed
-        before a byte of the answer), so a request that a backend answered never runs twice.
-        Answers of at least ``stream_min`` bytes come back as a BodyStream whose
-        errors are this module's (BadUpstreamResponse, UpstreamTimeout)."""
-        order = [endpoint] if endpoint is not None else self.balancer.order(affinity)
+    # -- one exchange on one endpoint ---------------------------------------------------
+    async def _send(self, ep: HttpEndpoint, method: str, path: str, *, body: Body = None,
+                    headers: Mapping[str, str] | None = None, timeout: float | None = None,
+                    stream_min: int | None = None) -> UpstreamReply:
+        """Raises Refused when nothing of an answer came (connection refused, or closed
+        before a byte of it), so the request may go to another endpoint."""
         tmo = self.backend.timeout_s if timeout is None else min(timeout, self.backend.timeout_s)
-        failures: list[str] = []
-        for ep in order:
-            try:
-                resp = await ep.connections.request(method, path, body=body, headers=headers, timeout=tmo,
-                                                    stream_min=stream_min)
-            except SourceStalled as exc:
-                raise RequestTimeout(str(exc)) from exc
-            except TimeoutError as exc:
-                detail = str(exc) or f"did not answer within {tmo}s"
-                raise UpstreamTimeout(f"backend '{self.name}' endpoint {ep.address}: {detail}") from exc
-            except ConnectFailed as exc:
-                ep.healthy = False
-                failures.append(f"{ep.address}: {exc}")
-                continue
-            except ConnectionDropped as exc:
-                if exc.before_response:
-                    ep.healthy = False
-                    failures.append(f"{ep.address}: {exc}")
-                    continue
-                raise BadUpstreamResponse(f"backend '{self.name}' endpoint {ep.address}: {exc}") from exc
-            relayed = {k: v for k in _RELAYED if (v := resp.headers.get(k)) is not None}
-            if isinstance(resp.body, BodyStream):
-                resp.body.map_error = self._stream_error(ep, tmo)
-            return UpstreamReply(resp.status, resp.body, relayed)
-        raise NoEndpointAvailable(
-            f"no endpoint of backend '{self.name}' is reachable ({'; '.join(failures)})"
-        )
+        where = f"backend '{self.name}' endpoint {ep.address}"
+        try:
+            resp = await ep.connections.request(method, path, body=body, headers=headers, timeout=tmo,  # type: ignore[arg-type]
+                                                stream_min=stream_min)
+        except SourceStalled as exc:
+            raise RequestTimeout(str(exc)) from exc
+        except TimeoutError as exc:
+            raise UpstreamTimeout(f"{where}: {exc or f'did not answer within {tmo}s'}") from exc
+        except ConnectFailed as exc:
+            raise Refused(NoEndpointAvailable(f"{where} is unreachable: {exc}"), kind=Refused.TRANSPORT) from exc
+        except ConnectionDropped as exc:
+            if exc.before_response:
+                raise Refused(NoEndpointAvailable(f"{where}: {exc}"), kind=Refused.TRANSPORT) from exc
+            self.transport_failed(ep)
+            raise BadUpstreamResponse(f"{where}: {exc}") from exc
+        relayed = {k: v for k in _RELAYED if (v := resp.headers.get(k)) is not None}
+        if isinstance(resp.body, BodyStream):
+            resp.body.map_error = self._stream_error(ep, tmo)
+        return UpstreamReply(resp.status, resp.body, relayed)
 
     def _stream_error(self, ep: HttpEndpoint, tmo: float):
         def mapped(exc: Exception) -> Exception:
@@ -160,3 +166,137 @@ class HttpPool:
             return BadUpstreamResponse(f"backend '{self.name}' endpoint {ep.address}: {exc}")
 
         return mapped
+
+    async def request(self, method: str, path: str, model: str, version: str, *, body: Body = None,
+                      headers: Mapping[str, str] | None = None, timeout: float | None = None,
+                      affinity: str | None = None, stream_min: int | None = None) -> UpstreamReply:
+        """One exchange on the pool for ``model``: chosen endpoint, safe retries. An error
+        answer meaning "model not here" from an endpoint thought ready is retried too."""
+        resendable = (lambda: not body.consumed) if isinstance(body, IncomingBody) else (lambda: True)
+
+        async def send(ep: HttpEndpoint) -> UpstreamReply:
+            reply = await self._send(ep, method, path, body=body, headers=headers, timeout=timeout,
+                                     stream_min=stream_min)
+            if reply.status in _NOT_READY_STATUS and not isinstance(reply.body, BodyStream):
+                error = error_from_reply(reply)
+                outcome = self.refusal(ep, model, version, error, resendable())
+                if outcome is not error:
+                    raise outcome
+            return reply
+
+        return await self.attempt(model, version, affinity, send, resendable)
+
+    # -- health checker ----------------------------------------------------------------
+    async def check_live(self, ep: HttpEndpoint, timeout: float) -> bool:
+        try:
+            reply = await self._send(ep, "GET", "/v2/health/live", headers=self._check_headers, timeout=timeout)
+            return reply.status == 200
+        except (GatewayError, Refused):
+            return False
+
+    async def check_index(self, ep: HttpEndpoint, timeout: float) -> list[IndexEntry] | None:
+        headers = {"content-type": "application/json", **self._check_headers}
+        try:
+            reply = await self._send(ep, "POST", "/v2/repository/index", body=INDEX_REQUEST_JSON,
+                                     headers=headers, timeout=timeout)
+            if reply.status != 200 or isinstance(reply.body, BodyStream):
+                return None  # no repository extension (OVMS), or restricted (Triton: 4xx)
+            return parse_index_json(reply.body)
+        except (GatewayError, Refused):
+            return None
+
+    async def check_model(self, ep: HttpEndpoint, model: str, version: str, timeout: float) -> bool:
+        try:
+            reply = await self._send(ep, "GET", model_path(model, version) + "/ready",
+                                     headers=self._check_headers, timeout=timeout)
+            return reply.status == 200
+        except (GatewayError, Refused):
+            return False
+
+    # -- client-facing ------------------------------------------------------------------
+    async def model_ready(self, model: str, version: str) -> bool:
+        try:
+            return (await self.request("GET", model_path(model, version) + "/ready", model, version)).status == 200
+        except ModelNotReady:
+            return False
+
+    async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
+        reply = await self.request("GET", model_path(model, version), model, version)
+        if reply.status != 200:
+            raise error_from_reply(reply)
+        assert not isinstance(reply.body, BodyStream)
+        return orjson.loads(reply.body)
+
+    async def extension_http(self, model: str, version: str, what: str) -> HttpReply:
+        reply = await self.request("GET", f"{model_path(model, version)}/{what}", model, version)
+        return HttpReply(reply.status, reply.body, reply.headers)
+
+    async def extension_grpc(self, rpc: str, message: bytes, model: str, version: str,
+                             timeout: float | None) -> bytes:
+        raise Unsupported(f"{rpc} of '{model}': backend '{self.name}' speaks HTTP; Triton's model "
+                          "configuration and statistics are relayed only between the same protocols")
+
+    def infer_stream(self, requests: AsyncIterator[bytes], model: str, version: str, timeout: float | None,
+                     affinity: str | None, metadata: tuple[tuple[str, str], ...]) -> AsyncIterator[bytes]:
+        raise Unsupported(f"ModelStreamInfer for model '{model}': backend '{self.name}' speaks HTTP, "
+                          "which has no streaming inference; route it to a gRPC pool")
+
+    # -- inference ----------------------------------------------------------------------
+    async def infer_http(self, model: str, version: str, body: bytes | bytearray | IncomingBody,
+                         headers: Mapping[str, str],
+                         forwarded: Sequence[str], limit: int) -> HttpReply:
+        """Pass-through: the body goes out as received (streamed when large), the
+        backend's status, headers and body come back unchanged, errors included."""
+        fwd = {k: v for k in forwarded if (v := headers.get(k)) is not None}
+        json_length = headers.get(HEADER_LENGTH)
+        compressed = headers.get("content-encoding", "identity").strip().lower() != "identity"
+        several = len(self.endpoints) > 1
+        if compressed and not several:
+            affinity = None  # one endpoint: nothing to choose, nothing to inflate
+        elif compressed:
+            if not isinstance(body, (bytes, bytearray)) and not (json_length or "").strip().isdigit():
+                body = await body.read()  # all JSON: a sequence_id could be anywhere in it
+            affinity = await _compressed_sequence(body, json_length, limit)
+        elif isinstance(body, (bytes, bytearray)):
+            affinity = sequence_of_json(body, json_length)
+        elif json_length is not None and json_length.strip().isdigit():
+            # Binary extension: the JSON part comes first and holds any sequence_id;
+            # the tensor bytes behind it stream to the backend as they arrive.
+            affinity = sequence_of_json(await body.prefix(int(json_length)), json_length)
+        else:
+            body = await body.read()  # all JSON: a sequence_id could be anywhere in it
+            affinity = sequence_of_json(body, None)
+        reply = await self.request("POST", model_path(model, version) + "/infer", model, version, body=body,
+                                   headers=fwd, affinity=affinity, stream_min=STREAM_MIN)
+        return HttpReply(reply.status, reply.body, reply.headers)
+
+    async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
+                         affinity: str | None, metadata: tuple[tuple[str, str], ...]) -> bytes:
+        """A gRPC client's request, converted: binary extension (or JSON) out, raw back."""
+        chunks, headers = grpc_request_to_http(message, binary=self.backend.binary_extension)
+        del message
+        reply = await self.request("POST", model_path(model, version) + "/infer", model, version, body=chunks,
+                                   headers={**headers, **dict(metadata)}, timeout=timeout, affinity=affinity)
+        del chunks
+        if reply.status != 200:
+            raise error_from_reply(reply)
+        assert not isinstance(reply.body, BodyStream)  # no stream_min asked
+        return http_answer_to_grpc(reply.body, reply.headers, self.backend.max_message_bytes, self.name)
+
+
+async def _compressed_sequence(body: bytes | bytearray | IncomingBody, json_length: str | None,
+                               limit: int) -> str | None:
+    """``sequence_id`` of a gzip/deflate body bound for a pool of several endpoints. A
+    binary-extension body still arriving is inflated only up to its JSON part, from as
+    little of it as that takes (the rest still streams)."""
+    if isinstance(body, (bytes, bytearray)):
+        return sequence_of_compressed(body, json_length, limit)
+    if json_length is None:
+        raise InvalidRequest("compressed body without Inference-Header-Content-Length read unread")
+    need, size = int(json_length.strip()), 1 << 16
+    while True:
+        raw = await body.prefix(size)
+        out = inflate_prefix(raw, need)
+        if out is None or len(out) >= need or len(raw) < size:
+            return sequence_of_json(out, json_length) if out else None
+        size *= 4

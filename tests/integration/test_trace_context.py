@@ -43,10 +43,14 @@ def grpc_backend():
     def ok(request: bytes, context: grpc.ServicerContext) -> bytes:
         return pb.ServerLiveResponse(live=True).SerializeToString()
 
+    def ready(request: bytes, context: grpc.ServicerContext) -> bytes:
+        return pb.ModelReadyResponse(ready=True).SerializeToString()
+
     server = grpc.server(futures.ThreadPoolExecutor(4))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {
         "ModelInfer": grpc.unary_unary_rpc_method_handler(infer),
         "ServerLive": grpc.unary_unary_rpc_method_handler(ok),
+        "ModelReady": grpc.unary_unary_rpc_method_handler(ready),
     }),))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()

@@ -2,7 +2,8 @@
 connection, keep-alive. Each request is parsed (request line, lower-cased headers, body
 by Content-Length) and handed to ``on_post`` for POSTs, which returns the answer body
 (sent as ``200 application/json``); GETs — health and readiness probes — get an empty
-``200`` at once."""
+``200`` at once, and the repository index a ``404`` (a backend without Triton's repository
+extension, as OVMS: the gateway's health checker then asks per model)."""
 from __future__ import annotations
 
 import socket
@@ -51,7 +52,9 @@ class ScriptedHttp:
                 while len(buf) < length:
                     buf += conn.recv(65536)
                 body, buf = buf[:length], buf[length:]
-                if lines[0].startswith("POST"):
+                if lines[0].startswith("POST /v2/repository/index"):
+                    conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+                elif lines[0].startswith("POST"):
                     answer = self._on_post(lines[0], fields, body)
                     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                                  % (len(answer), answer))

@@ -57,25 +57,24 @@ def test_json_sequence_id_only_in_the_json_part():
 @dataclass
 class Ep:
     address: str
-    healthy: bool = True
+    inflight: int = 0
 
 
 def test_same_key_same_endpoint_and_keys_spread():
     eps = [Ep(f"10.0.0.{i}:8001") for i in range(3)]
-    rr = RoundRobin(eps)
-    first = {key: rr.order(key)[0].address for key in map(str, range(300))}
+    rr = RoundRobin()
+    first = {key: rr.order(eps, key)[0].address for key in map(str, range(300))}
     for key in ("1", "77", "299"):
-        assert all(rr.order(key)[0].address == first[key] for _ in range(5))
+        assert all(rr.order(eps, key)[0].address == first[key] for _ in range(5))
     counts = {a: list(first.values()).count(a) for a in {e.address for e in eps}}
     assert len(counts) == 3 and min(counts.values()) > 50, counts
 
 
-def test_unhealthy_endpoint_moves_only_its_own_sequences():
+def test_endpoint_leaving_moves_only_its_own_sequences():
     eps = [Ep(f"10.0.0.{i}:8001") for i in range(3)]
-    rr = RoundRobin(eps)
-    before = {key: rr.order(key)[0].address for key in map(str, range(300))}
-    eps[0].healthy = False
-    after = {key: rr.order(key)[0].address for key in map(str, range(300))}
+    rr = RoundRobin()
+    before = {key: rr.order(eps, key)[0].address for key in map(str, range(300))}
+    after = {key: rr.order(eps[1:], key)[0].address for key in map(str, range(300))}
     for key in before:
         if before[key] != eps[0].address:
             assert after[key] == before[key]

@@ -60,7 +60,6 @@ def test_glob_cache_is_bounded():
 @dataclass
 class Ep:
     name: str
-    healthy: bool = True
     inflight: int = 0
 
     @property
@@ -68,45 +67,40 @@ class Ep:
         return self.name
 
 
-def test_round_robin_rotates_and_prefers_healthy():
+def test_round_robin_rotates_over_the_candidates_it_is_given():
     eps = [Ep("a"), Ep("b"), Ep("c")]
-    rr = RoundRobin(eps)
-    firsts = [rr.order()[0].name for _ in range(6)]
+    rr = RoundRobin()
+    firsts = [rr.order(eps)[0].name for _ in range(6)]
     assert firsts == ["a", "b", "c", "a", "b", "c"]
-    eps[1].healthy = False
+    # The pool passes only the endpoints that may take the request (live, model ready).
     for _ in range(6):
-        order = rr.order()
-        assert order[0].name != "b" and order[-1].name == "b" and len(order) == 3
+        order = rr.order([eps[0], eps[2]])
+        assert {e.name for e in order} == {"a", "c"} and len(order) == 2
+    assert rr.order([]) == []
 
 
-def test_round_robin_all_unhealthy_still_tries_all():
-    eps = [Ep("a", False), Ep("b", False)]
-    assert {e.name for e in RoundRobin(eps).order()} == {"a", "b"}
-
-
-def test_least_request_prefers_the_least_loaded_healthy_endpoint():
+def test_least_request_prefers_the_least_loaded_endpoint():
     eps = [Ep("a", inflight=3), Ep("b", inflight=1), Ep("c", inflight=2)]
-    lr = LeastRequest(eps)
-    assert [e.name for e in lr.order()] == ["b", "c", "a"]
-    eps[1].healthy = False  # unhealthy goes last whatever its load
-    assert [e.name for e in lr.order()] == ["c", "a", "b"]
+    lr = LeastRequest()
+    assert [e.name for e in lr.order(eps)] == ["b", "c", "a"]
+    eps[1].inflight = 9
+    assert [e.name for e in lr.order(eps)] == ["c", "a", "b"]
 
 
 def test_least_request_ties_rotate():
     eps = [Ep("a"), Ep("b"), Ep("c")]
-    lr = LeastRequest(eps)
-    assert [lr.order()[0].name for _ in range(6)] == ["a", "b", "c", "a", "b", "c"]
+    lr = LeastRequest()
+    assert [lr.order(eps)[0].name for _ in range(6)] == ["a", "b", "c", "a", "b", "c"]
 
 
 def test_least_request_keeps_sequence_affinity():
     eps = [Ep("a"), Ep("b"), Ep("c")]
-    lr, rr = LeastRequest(eps), RoundRobin(eps)
-    first = rr.order("seq-7")[0]
+    lr, rr = LeastRequest(), RoundRobin()
+    first = rr.order(eps, "seq-7")[0]
     first.inflight = 100  # loaded, but it holds the sequence's state
-    assert lr.order("seq-7")[0] is first
+    assert lr.order(eps, "seq-7")[0] is first
 
 
 def test_balancer_by_name():
-    eps = [Ep("a")]
-    assert type(balancer("least_request", eps)) is LeastRequest
-    assert type(balancer("round_robin", eps)) is RoundRobin
+    assert type(balancer("least_request")) is LeastRequest
+    assert type(balancer("round_robin")) is RoundRobin

@@ -1,0 +1,78 @@
+"""Cross-protocol inference as pure functions: prepare the outgoing message, finish
+the answer. No I/O: the pools (``upstream/``) call these around their own sends.
+
+Each direction is decode → encode through the codec, which keeps tensor bytes as
+memoryview slices of the received buffers: on the binary and raw paths the bytes are
+copied once per direction, when the outgoing message is joined.
+
+- HTTP → gRPC: JSON ``data`` and binary-extension inputs become
+  ``raw_input_contents``; the answer's outputs go back as JSON or binary as the
+  request asked (``binary_data`` per output, ``binary_data_output`` per request).
+- gRPC → HTTP: raw or typed contents become a binary-extension request (JSON
+  for pools with ``binary_extension: false``, e.g. MLServer); the answer always
+  goes back as ``raw_output_contents`` — tritonclient's gRPC client reads nothing else.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..errors import BadUpstreamResponse, InvalidRequest
+from . import grpc as grpc_codec
+from . import http as http_codec
+from .content import HEADER_LENGTH, decode_content, encode_content, header_length, reply_headers, sequence_key
+
+__all__ = ["AnswerForm", "grpc_answer_to_http", "grpc_request_to_http", "http_answer_to_grpc", "http_request_to_grpc"]
+
+Chunks = list[bytes | memoryview]
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerForm:
+    """How an HTTP client wants its outputs: binary or JSON per output, and compression."""
+
+    default_binary: bool
+    overrides: dict[str, bool]
+    accept_encoding: str | None
+
+
+def http_request_to_grpc(body: bytes | bytearray, headers: Mapping[str, str], model: str, version: str,
+                         limit: int) -> tuple[bytes, str | None, AnswerForm]:
+    """An HTTP inference body → (ModelInferRequest bytes, sequence affinity, answer form)."""
+    body = decode_content(body, headers.get("content-encoding"), limit)
+    request = http_codec.decode_request(body, header_length(headers.get(HEADER_LENGTH), len(body)), model, version)
+    default_binary, overrides = http_codec.binary_policy(request)
+    message = grpc_codec.encode_request(request)
+    form = AnswerForm(default_binary, overrides, headers.get("accept-encoding"))
+    return message, sequence_key(request.parameters.get("sequence_id")), form
+
+
+def grpc_answer_to_http(answer: bytes, form: AnswerForm, backend: str) -> tuple[Chunks, dict[str, str]]:
+    """A ModelInferResponse → (HTTP body parts, headers) in the form the client asked for."""
+    try:
+        response = grpc_codec.decode_response(answer)
+    except InvalidRequest as exc:
+        raise BadUpstreamResponse(f"backend '{backend}' sent an unreadable response: {exc.message}") from exc
+    chunks, json_length = http_codec.encode_response(response, default_binary=form.default_binary,
+                                                     overrides=form.overrides)
+    chunks, coding = encode_content(chunks, form.accept_encoding)
+    return chunks, reply_headers(json_length, coding)
+
+
+def grpc_request_to_http(message: bytes, *, binary: bool) -> tuple[Chunks, dict[str, str]]:
+    """A ModelInferRequest → (HTTP body parts, headers): binary extension, or JSON only."""
+    request = grpc_codec.decode_request(message)
+    chunks, json_length = http_codec.encode_request(request, binary=binary)
+    return chunks, reply_headers(json_length)
+
+
+def http_answer_to_grpc(body: bytes | bytearray, headers: Mapping[str, str], limit: int, backend: str) -> bytes:
+    """A 200 HTTP inference answer → ModelInferResponse bytes."""
+    try:
+        body = decode_content(body, headers.get("content-encoding"), limit)
+        # Read by Inference-Header-Content-Length, never by content type: OVMS sends
+        # binary answers as application/json with that header.
+        response = http_codec.decode_response(body, header_length(headers.get(HEADER_LENGTH), len(body)))
+    except InvalidRequest as exc:
+        raise BadUpstreamResponse(f"backend '{backend}' sent an unreadable response: {exc.message}") from exc
+    return grpc_codec.encode_response(response)

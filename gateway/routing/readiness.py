@@ -1,0 +1,143 @@
+"""Per-endpoint health: liveness, which models are ready there, passive outlier
+ejection. Pure state, no I/O: the health checker (``upstream/health.py``) and the
+pools' calls write it, endpoint choice reads it.
+
+Why per endpoint and per model: a Triton pod that restarts opens its ports and
+answers server-live long before its models are loaded; a pool that only knows
+"live" sends it requests that come back "unknown model". An endpoint takes a
+model's traffic only once a check has seen that model ready on it.
+
+Two sources of model readiness:
+
+- a repository index (Triton's ``POST /v2/repository/index``, gRPC
+  ``RepositoryIndex``): every model of the endpoint's repository with its state,
+  one call per endpoint per round. ``names`` holds every model the index lists
+  (ready or not), so a model the fleet has but cannot serve now is told apart
+  from one no endpoint has ever heard of;
+- per-model ready calls (MLServer or OVMS when the index is refused): only the
+  routed exact models, kept in ``per_model``.
+
+Outlier ejection (Envoy's consecutive-gateway-failure detector): ``failures``
+consecutive transport failures eject the endpoint for ``base_s`` times the number
+of times it has been ejected (capped), as long as no more than the allowed share of
+the pool is ejected. When the time is up the endpoint stays out until the health
+checker next finds it live (``readmit``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..config.schema import Outlier
+
+__all__ = ["EndpointHealth", "Ready"]
+
+# (model, version) — version "" means "no particular version".
+ModelKey = tuple[str, str]
+
+
+class Ready:
+    """Answers of :meth:`EndpointHealth.ready_for`."""
+
+    YES = 1
+    NO = 0
+    UNKNOWN = -1  # nothing checked says (a glob-routed model on an endpoint without an index)
+
+
+@dataclass(slots=True)
+class EndpointHealth:
+    # None until the first check: a new endpoint takes no traffic before it is checked.
+    live: bool | None = None
+    # From the repository index: every listed name, and the ready (model, version) pairs.
+    # None while the endpoint has no index (never fetched, refused, or not live).
+    names: frozenset[str] | None = None
+    ready: frozenset[ModelKey] = frozenset()
+    ready_names: frozenset[str] = frozenset()
+    # From per-model ready calls (no index): (model, route version or "") -> ready.
+    per_model: dict[ModelKey, bool] = field(default_factory=dict)
+    # Passive outlier state.
+    failures: int = 0
+    ejections: int = 0
+    ejected_until: float | None = None  # monotonic time; stays set past it until readmitted
+
+    # -- checker side -----------------------------------------------------------------
+    def set_live(self, live: bool) -> None:
+        """A liveness answer. A server that was down (or never seen) and is up again is a
+        new process: everything known about its models is forgotten until checked again."""
+        if live and self.live is not True:
+            self.forget_models()
+        if not live:
+            self.forget_models()
+        self.live = live
+
+    def forget_models(self) -> None:
+        self.names = None
+        self.ready = frozenset()
+        self.ready_names = frozenset()
+        self.per_model.clear()
+
+    def set_index(self, entries: list[tuple[str, str, bool]]) -> None:
+        """A repository index: (name, version, ready) per entry."""
+        self.names = frozenset(name for name, _, _ in entries)
+        self.ready = frozenset((name, version) for name, version, ok in entries if ok)
+        self.ready_names = frozenset(name for name, _ in self.ready)
+
+    def set_model(self, key: ModelKey, ready: bool) -> None:
+        self.per_model[key] = ready
+
+    def readmit(self, now: float) -> None:
+        """The checker found the endpoint live: an ejection whose time is up ends."""
+        if self.ejected_until is not None and now >= self.ejected_until:
+            self.ejected_until = None
+
+    # -- request side -----------------------------------------------------------------
+    def ready_for(self, model: str, version: str) -> int:
+        if self.names is not None:
+            if version:
+                return Ready.YES if (model, version) in self.ready else Ready.NO
+            return Ready.YES if model in self.ready_names else Ready.NO
+        state = self.per_model.get((model, version))
+        if state is None and version:
+            state = self.per_model.get((model, ""))  # checked without a version: any version
+        if state is None:
+            return Ready.UNKNOWN
+        return Ready.YES if state else Ready.NO
+
+    def ready_exactly(self, model: str, version: str) -> bool:
+        """A check saw this very version (or, without one, the model) ready here — not
+        inferred from a check of another version."""
+        if self.names is not None:
+            return (model, version) in self.ready if version else model in self.ready_names
+        return self.per_model.get((model, version)) is True
+
+    def knows(self, model: str) -> bool:
+        """The endpoint's index lists ``model`` (ready or not) or it was checked by name."""
+        if self.names is not None:
+            return model in self.names
+        return any(m == model for m, _ in self.per_model)
+
+    def usable(self, now: float) -> bool:
+        return self.live is True and self.ejected_until is None
+
+    def not_ready(self, model: str, version: str) -> None:
+        """The endpoint answered "unknown model / not ready" although a check said ready:
+        stop sending it the model until a check says otherwise."""
+        if self.names is not None:
+            self.ready = frozenset(k for k in self.ready if k[0] != model)
+            self.ready_names = self.ready_names - {model}
+        for key in [k for k in self.per_model if k[0] == model]:
+            self.per_model[key] = False
+        if (model, version) not in self.per_model and self.names is None:
+            self.per_model[(model, version)] = False
+
+    def succeeded(self) -> None:
+        self.failures = 0
+
+    def failed(self, outlier: Outlier, now: float, may_eject: bool) -> bool:
+        """A transport failure (refused, reset, 502 from the hop). True when it ejects."""
+        self.failures += 1
+        if self.failures < outlier.consecutive_failures or self.ejected_until is not None or not may_eject:
+            return False
+        self.ejections += 1
+        self.failures = 0
+        self.ejected_until = now + min(outlier.base_ejection_s * self.ejections, outlier.max_ejection_s)
+        return True

@@ -1,0 +1,313 @@
+"""The one pool interface, and what every pool does the same way.
+
+A pool is a named set of endpoints speaking one protocol (``http.py``,
+``grpc.py``). The proxy sees only :class:`Pool`: live / ready / model
+readiness for the health checker, metadata, and inference in either client
+form (``infer_http``, ``infer_grpc``) — a pool that speaks the other protocol
+converts through ``codec/convert.py``. No caller branches on the pool type.
+
+Shared here:
+
+- **endpoint set**: static addresses plus those DNS discovery finds; endpoints
+  come and go (``set_addresses``) without disturbing requests in flight on them;
+  on a config reload a new pool adopts the endpoints (connections, health
+  state) of the old one that it keeps (``adopt``);
+- **choice** (:meth:`Pool.candidates`): only endpoints that are live, not
+  ejected, and have the model ready (``routing/readiness.py``), ordered by the
+  balancer;
+- **safe retries** (:meth:`Pool.attempt`): an attempt refused before any
+  inference could have run (:class:`Refused`: connection refused or reset before
+  a byte of the answer, or "unknown model / not ready" from an endpoint the
+  checker thought ready) is retried on the next candidate, ``retries`` times at
+  most and within the pool's retry budget. A timeout or an answer broken off is
+  never retried (no duplicate inference), nor is a streamed body already sent.
+- **passive outlier ejection**: transport failures counted per endpoint.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
+
+from ..codec.repository import IndexEntry
+from ..config.schema import Backend, HostPort
+from ..dataplane import HttpReply, IncomingBody
+from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable
+from ..routing.balancer import balancer
+from ..routing.readiness import EndpointHealth, Ready
+from ..routing.retry import RetryBudget
+
+__all__ = ["Endpoint", "Pool", "Refused", "is_not_ready_message"]
+
+log = logging.getLogger("oip_gateway.pool")
+
+T = TypeVar("T")
+
+# How backends say "I do not have this model (yet)": Triton "Request for unknown model",
+# "... has no available versions", "... is not ready"; MLServer "Model x not found";
+# OVMS "Model with requested name is not found", "... version is not loaded yet".
+_NOT_READY = re.compile(
+    r"unknown model|model\b.{0,200}\b(not found|not ready|no available version|not loaded|is unavailable)",
+    re.IGNORECASE | re.DOTALL)
+
+
+def is_not_ready_message(message: str) -> bool:
+    return _NOT_READY.search(message) is not None
+
+
+class Refused(Exception):
+    """An attempt that failed before any inference could have run: another endpoint may
+    take the request. ``error`` is what the client gets if none does. ``kind``:
+    TRANSPORT (unreachable or reset: counted for ejection, no traffic until seen live),
+    NOT_READY (the model is not there: none of its traffic until a check sees it), or
+    BUSY (the backend refused it for now, e.g. Triton's queue is full)."""
+
+    TRANSPORT, NOT_READY, BUSY = "transport", "not_ready", "busy"
+
+    def __init__(self, error: GatewayError, *, kind: str) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.kind = kind
+
+
+class Endpoint:
+    """One address of a pool and what is known of its health."""
+
+    __slots__ = ("address", "health")
+
+    def __init__(self, address: HostPort) -> None:
+        self.address = address
+        self.health = EndpointHealth()
+
+    @property
+    def inflight(self) -> int:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Stop using the endpoint; requests in flight on it finish first."""
+        raise NotImplementedError
+
+
+E = TypeVar("E", bound=Endpoint)
+
+# Backend fields that an endpoint's connections depend on: a reloaded pool keeps an
+# endpoint (its connections and health state) only when these are unchanged.
+_TRANSPORT_FIELDS = ("protocol", "tls", "connect_timeout_s", "max_connections", "max_message_bytes")
+
+
+class Pool(Generic[E]):
+    protocol = ""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.name = backend.name
+        self.endpoints: dict[HostPort, E] = {}
+        self.balancer = balancer(backend.balance)
+        self.budget = RetryBudget(backend.retry_budget_percent)
+        # Exact model names routed to this pool: a model ready nowhere is then "not
+        # ready" (503), where an unknown glob-routed one is left for a backend to refuse.
+        self.routed: frozenset[str] = frozenset()
+        # Called when endpoints appear, so the health checker looks at them at once.
+        self.on_new_endpoints: Callable[[], None] | None = None
+        # Counts what the pool did for metrics: "retry", "ejection".
+        self.on_event: Callable[[str], None] = lambda kind: None
+        self._dns: frozenset[HostPort] = frozenset()
+        self._started = False
+        self._closing: set[asyncio.Task[None]] = set()  # removed endpoints finishing their requests
+
+    # -- endpoint set ---------------------------------------------------------------
+    def _make(self, address: HostPort) -> E:
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        """Create the static endpoints (inside the running loop: grpc.aio binds to it)."""
+        self._started = True
+        self._apply(self._dns)
+
+    def set_dns_addresses(self, addresses: Iterable[HostPort]) -> None:
+        """What DNS discovery resolved now: added endpoints are created (and take traffic
+        once checked ready), removed ones retire after their requests in flight."""
+        self._dns = frozenset(addresses)
+        if self._started:
+            self._apply(self._dns)
+
+    def _apply(self, dns: frozenset[HostPort]) -> None:
+        wanted = list(dict.fromkeys([*self.backend.endpoints, *sorted(dns, key=str)]))
+        added = False
+        for addr in wanted:
+            if addr not in self.endpoints:
+                self.endpoints[addr] = self._make(addr)
+                added = True
+        for addr in [a for a in self.endpoints if a not in wanted]:
+            log.info("backend '%s': endpoint %s removed", self.name, addr)
+            self._retire(self.endpoints.pop(addr))
+        if added and self.on_new_endpoints is not None:
+            self.on_new_endpoints()
+
+    def adopt(self, old: Pool[Any]) -> None:
+        """Take over ``old``'s endpoints that this pool also has (hot reload): their
+        connections and health state carry over; ``old`` no longer owns them."""
+        if old.protocol != self.protocol or any(
+                getattr(old.backend, f) != getattr(self.backend, f) for f in _TRANSPORT_FIELDS):
+            return
+        self._dns = old._dns if self.backend.dns == old.backend.dns else self._dns
+        for addr in list(old.endpoints):
+            if addr in self.backend.endpoints or addr in self._dns:
+                self.endpoints[addr] = old.endpoints.pop(addr)
+
+    def _retire(self, ep: E) -> None:
+        task = asyncio.ensure_future(ep.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    def retire(self) -> None:
+        """The pool is no longer routed to (a reload): its endpoints close in the
+        background once the requests in flight on them are done."""
+        for ep in self.endpoints.values():
+            self._retire(ep)
+        self.endpoints.clear()
+
+    async def close(self) -> None:
+        """Close every endpoint still owned; requests in flight finish first."""
+        eps = list(self.endpoints.values())
+        self.endpoints.clear()
+        for ep in eps:
+            await ep.close()
+
+    # -- choice ---------------------------------------------------------------------
+    def candidates(self, model: str, version: str, affinity: str | None = None) -> list[E]:
+        """Endpoints that may take a request for ``model`` now, the chosen one first.
+        Raises ModelNotReady (routed, ready nowhere) or NoEndpointAvailable."""
+        eps = list(self.endpoints.values())
+        if not eps:
+            raise NoEndpointAvailable(f"backend '{self.name}' has no endpoints (its DNS names resolve to nothing)")
+        now = time.monotonic()
+        usable = [ep for ep in eps if ep.health.usable(now)]
+        if not usable:
+            # Nothing checked yet, or every endpoint down or ejected: try them all rather
+            # than refuse outright (Envoy's panic routing) — the health state may be stale,
+            # and a refused connection is answered in microseconds.
+            return self.balancer.order(eps, affinity)
+        ready = [ep for ep in usable if ep.health.ready_for(model, version) != Ready.NO]
+        if ready:
+            return self.balancer.order(ready, affinity)
+        if model in self.routed or any(ep.health.knows(model) for ep in eps):
+            what = f"model '{model}'" + (f" version {version}" if version else "")
+            raise ModelNotReady(f"{what} is not ready on any endpoint of backend '{self.name}' "
+                                f"({len(usable)} live endpoints); retry later")
+        # No endpoint has heard of the model: the backend answers for itself (its own 404).
+        return self.balancer.order(usable, affinity)
+
+    def first(self, model: str, version: str, affinity: str | None = None) -> E:
+        return self.candidates(model, version, affinity)[0]
+
+    async def attempt(self, model: str, version: str, affinity: str | None,
+                      send: Callable[[E], Awaitable[T]], resendable: Callable[[], bool] = lambda: True) -> T:
+        """``send`` to the chosen endpoint; on :class:`Refused`, to the next one while the
+        retries, the retry budget and ``resendable()`` allow."""
+        order = self.candidates(model, version, affinity)
+        budget = self.budget
+        budget.active += 1
+        retrying = False
+        left = self.backend.retries
+        try:
+            error: GatewayError | None = None
+            for i, ep in enumerate(order):
+                if i > 0:
+                    if left <= 0 or not resendable():
+                        break
+                    if not retrying:
+                        if not budget.allows():
+                            self.on_event("retry_budget_exhausted")
+                            break
+                        retrying = True
+                        budget.retrying += 1
+                    left -= 1
+                    self.on_event("retry")
+                try:
+                    result = await send(ep)
+                except Refused as exc:
+                    error = exc.error
+                    if exc.kind == Refused.TRANSPORT:
+                        self.transport_failed(ep, live=False)
+                    elif exc.kind == Refused.NOT_READY:
+                        ep.health.not_ready(model, version)
+                    continue
+                ep.health.succeeded()
+                return result
+            assert error is not None
+            raise error
+        finally:
+            budget.active -= 1
+            if retrying:
+                budget.retrying -= 1
+
+    def transport_failed(self, ep: E, *, live: bool = True) -> None:
+        """A transport failure on ``ep``: counted for ejection; ``live=False`` (the
+        connection was refused) also stops traffic to it until the checker sees it live."""
+        if not live:
+            ep.health.set_live(False)
+        now = time.monotonic()
+        eps = self.endpoints.values()
+        ejected = sum(1 for e in eps if e.health.ejected_until is not None)
+        if ep.health.failed(self.backend.outlier, now, self.backend.outlier.may_eject(ejected, len(eps))):
+            self.on_event("ejection")
+            log.warning("backend '%s': endpoint %s ejected for %.0f s after %d consecutive failures",
+                        self.name, ep.address, ep.health.ejected_until - now,  # type: ignore[operator]
+                        self.backend.outlier.consecutive_failures)
+
+    def refusal(self, ep: E, model: str, version: str, error: GatewayError, resendable: bool) -> Exception:
+        """What to raise for a backend's error answer: a :class:`Refused` (retry elsewhere)
+        when it says "unknown model / not ready" and the checker thought the model ready
+        there; ModelNotReady when such a request cannot be resent; else ``error`` itself."""
+        if not is_not_ready_message(error.message) or not ep.health.ready_exactly(model, version):
+            return error
+        if not resendable:
+            ep.health.not_ready(model, version)
+            return ModelNotReady(f"model '{model}' is not ready on endpoint {ep.address} of backend "
+                                 f"'{self.name}' ({error.message}); the request could not be resent")
+        return Refused(ModelNotReady(f"model '{model}' is not ready on backend '{self.name}': {error.message}"),
+                       kind=Refused.NOT_READY)
+
+    # -- the health checker's questions (errors are answers: False / None) ----------
+    async def check_live(self, ep: E, timeout: float) -> bool:
+        raise NotImplementedError
+
+    async def check_index(self, ep: E, timeout: float) -> list[IndexEntry] | None:
+        """The endpoint's repository index, or None when it has none (or refuses it)."""
+        raise NotImplementedError
+
+    async def check_model(self, ep: E, model: str, version: str, timeout: float) -> bool:
+        raise NotImplementedError
+
+    # -- client-facing calls ----------------------------------------------------------
+    async def model_ready(self, model: str, version: str) -> bool:
+        raise NotImplementedError
+
+    async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def infer_http(self, model: str, version: str, body: bytes | bytearray | IncomingBody,
+                         headers: Mapping[str, str],
+                         forwarded: Sequence[str], limit: int) -> HttpReply:
+        """An HTTP client's inference (headers lower-cased; ``forwarded``: the names passed on)."""
+        raise NotImplementedError
+
+    async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
+                         affinity: str | None, metadata: tuple[tuple[str, str], ...]) -> bytes:
+        raise NotImplementedError
+
+    def infer_stream(self, requests: AsyncIterator[bytes], model: str, version: str, timeout: float | None,
+                     affinity: str | None, metadata: tuple[tuple[str, str], ...]) -> AsyncIterator[bytes]:
+        raise NotImplementedError
+
+    async def extension_http(self, model: str, version: str, what: str) -> HttpReply:
+        raise NotImplementedError
+
+    async def extension_grpc(self, rpc: str, message: bytes, model: str, version: str,
+                             timeout: float | None) -> bytes:
+        raise NotImplementedError
+
