@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 
 from . import __version__
 from .config import DEFAULT_MAX_MESSAGE_BYTES, HostPort, load_config
+from .config.loader import read_config
 from .errors import ConfigError, ListenError
 from .malloc import tune_malloc
 
@@ -47,6 +49,8 @@ async def _serve_one(config, *, config_path: str, port_file: str | None, http_po
     from .watch import watch_file
 
     gw = Gateway(config, reuse_port=worker, quiet_reload_errors=worker)
+    with contextlib.suppress(ConfigError):
+        gw.config_digest = read_config(config_path)[1]  # what --watch compares changes against
     # SIGHUP reloads the config file (a worker's supervisor forwards it); --watch also
     # reloads when the file changes. A SIGHUP during start-up is applied once started.
     loop = asyncio.get_running_loop()
@@ -74,7 +78,8 @@ async def _serve_one(config, *, config_path: str, port_file: str | None, http_po
         sys.stdout.flush()
     else:
         announce(ports, port_file)
-    watcher = loop.create_task(watch_file(config_path, lambda: gw.reload_file(config_path))) if watch else None
+    watcher = loop.create_task(watch_file(config_path, lambda: gw.reload_file(config_path, if_changed=True))) \
+        if watch else None
     try:
         await wait_for_signal()
     finally:

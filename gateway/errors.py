@@ -178,9 +178,11 @@ class ListenError(Exception):
 class ConfigError(Exception):
     """A configuration file is invalid. Not a GatewayError: it never reaches a client.
 
-    ``problems`` lists one message per error, each naming the key.
+    ``problems`` lists one message per error, each naming the key; ``digest`` is the
+    SHA-256 of the file's bytes when it could be read.
     """
 
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: list[str], digest: bytes | None = None) -> None:
         super().__init__("\n".join(problems))
         self.problems = problems
+        self.digest = digest

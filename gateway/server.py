@@ -23,7 +23,7 @@ import uvicorn
 from grpc import aio
 from prometheus_client import CollectorRegistry, make_asgi_app
 
-from .config.loader import load_config
+from .config.loader import read_config
 from .config.schema import Backend, GatewayConfig, HostPort, Tls
 from .dataplane import DataPlane
 from .errors import ConfigError, ListenError
@@ -224,6 +224,9 @@ class Gateway:
         self.listeners = Listeners(self.proxy, config.max_message_bytes, self.metrics, reuse_port=reuse_port,
                                    tls=config.listen.tls)
         self._reloading = asyncio.Lock()
+        # SHA-256 of the config file content last loaded or refused (set by the caller
+        # that read the first one): what a file watch compares a change against.
+        self.config_digest: bytes | None = None
         self._endpoint_labels: set[tuple[str, str]] = set()
 
     def _pool(self, backend: Backend) -> Pool[Any]:
@@ -310,17 +313,26 @@ class Gateway:
                 prev.retire()  # closes once the requests in flight on it are done
         log.warning("config reloaded: %d backends, %d routes", len(config.backends), len(config.routes))
 
-    async def reload_file(self, path: str) -> bool:
+    async def reload_file(self, path: str, *, if_changed: bool = False) -> bool:
         """Load, validate and apply ``path``. An invalid file changes nothing: one log
-        line names its problems, and the reload metrics count the failure."""
+        line names its problems, and the reload metrics count the failure. ``if_changed``
+        (a watched file changed): skip content already loaded or refused — the last
+        content seen is remembered whichever way it came (SIGHUP or the watch)."""
         async with self._reloading:  # loads and applies in signal order
+            unless = self.config_digest if if_changed else None
             try:
-                config = await asyncio.get_running_loop().run_in_executor(None, load_config, path)
+                config, digest = await asyncio.get_running_loop().run_in_executor(None, read_config, path, unless)
             except ConfigError as exc:
+                if unless is not None and exc.digest == unless:
+                    return False  # the same invalid content, already refused once
+                self.config_digest = exc.digest
                 log.log(self._reload_error_level, "config reload refused, still serving the previous config: %s",
                         "; ".join(exc.problems))
                 self.metrics.config_reloaded(False)
                 return False
+            if config is None:
+                return True  # unchanged
+            self.config_digest = digest
             await self._apply(config)
         self.metrics.config_reloaded(True)
         return True

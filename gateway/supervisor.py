@@ -13,6 +13,7 @@ every worker, which reloads the file itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, multiprocess
 
-from .config.loader import load_config
+from .config.loader import read_config
 from .config.schema import GatewayConfig
 from .errors import ConfigError
 from .server import Listeners, Ports, bind_socket
@@ -94,12 +95,20 @@ async def supervise(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    async def reload() -> None:
+    seen: list[bytes | None] = [None]  # digest of the content last passed on
+
+    async def reload(if_changed: bool = False) -> None:
         """Check the file once here (one log line if it is refused), then every worker
         reloads it itself (each counts the result in its metrics)."""
         try:
-            await loop.run_in_executor(None, load_config, config_path)
+            config, seen[0] = await loop.run_in_executor(None, read_config, config_path,
+                                                         seen[0] if if_changed else None)
+            if config is None:
+                return  # a watched file whose content did not change
         except ConfigError as exc:
+            if if_changed and exc.digest == seen[0]:
+                return
+            seen[0] = exc.digest
             log.error("config reload refused, still serving the previous config: %s", "; ".join(exc.problems))
         for p in procs:
             if p.returncode is None:
@@ -113,7 +122,9 @@ async def supervise(
         task.add_done_callback(reloads.discard)
 
     loop.add_signal_handler(signal.SIGHUP, on_hup)
-    watcher = loop.create_task(watch_file(config_path, reload)) if watch else None
+    with contextlib.suppress(ConfigError):
+        seen[0] = read_config(config_path)[1]
+    watcher = loop.create_task(watch_file(config_path, lambda: reload(if_changed=True))) if watch else None
 
     restarts: list[float] = []
     while not stop.is_set():

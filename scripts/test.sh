@@ -3,7 +3,8 @@
 # CI runs exactly this command (.ci/run). Extra arguments go to pytest.
 #
 # - .venv: the project with its [test] extra (tritonclient, nvidia-pytriton
-#   with Triton's server binary, hypothesis, pytest).
+#   with Triton's server binary, hypothesis, pytest, mypy — run on gateway/
+#   before the tests, settings in pyproject.toml).
 # - .mlserver-venv: MLServer in its own environment (its pins clash with ours);
 #   built by tests/support/mlserver.py on first use.
 # - CI=1 makes a backend that cannot start a failure, not a skip.
@@ -38,4 +39,6 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[test]'
 export CI="${CI:-1}"
+# Types first: a type error fails the run before the (minutes-long) suite starts.
+.venv/bin/python -m mypy
 exec .venv/bin/python -m pytest "$@"

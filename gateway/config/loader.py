@@ -7,6 +7,8 @@ check`` reports all problems at once.
 from __future__ import annotations
 
 import functools
+import hashlib
+import ipaddress
 import os
 import pathlib
 from collections.abc import Callable
@@ -17,7 +19,7 @@ import yaml
 from ..errors import ConfigError
 from .schema import Backend, BackendTls, Dns, GatewayConfig, Health, HostPort, Listen, Outlier, Route, Tls
 
-__all__ = ["load_config", "parse_config"]
+__all__ = ["load_config", "parse_config", "read_config"]
 
 T = TypeVar("T")
 
@@ -251,9 +253,12 @@ def _nameserver(text: Any) -> HostPort:
     """``ip``, ``ip:port`` or ``[v6]:port``; port 53 when none is given."""
     if not isinstance(text, str):
         raise ValueError(f"expected ip or ip:port, got {text!r}")
-    if text.startswith("[") or text.count(":") == 1:
-        return HostPort.parse(text)
-    return HostPort(text, 53)  # a bare IPv4 or IPv6 address
+    hp = HostPort.parse(text) if text.startswith("[") or text.count(":") == 1 else HostPort(text, 53)
+    try:
+        ipaddress.ip_address(hp.host)
+    except ValueError:
+        raise ValueError(f"{hp.host!r} is not an IP address (a resolver is reached by address)") from None
+    return hp
 
 
 def _dns(p: _Problems, raw: Any) -> Dns | None:
@@ -364,13 +369,27 @@ def parse_config(raw: Any) -> GatewayConfig:
     return cfg
 
 
-def load_config(path: str | pathlib.Path) -> GatewayConfig:
+def read_config(path: str | pathlib.Path, unless: bytes | None = None) -> tuple[GatewayConfig | None, bytes]:
+    """The config in ``path`` and the SHA-256 of the bytes it was read from; None (not
+    parsed) when that digest is ``unless`` — a watched file that did not really change."""
     try:
-        text = pathlib.Path(path).read_text()
+        data = pathlib.Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read: {exc.strerror}"]) from exc
+    digest = hashlib.sha256(data).digest()
+    if digest == unless:
+        return None, digest
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.safe_load(data)
     except yaml.YAMLError as exc:
-        raise ConfigError([f"{path}: not valid YAML: {exc}"]) from exc
-    return parse_config(raw)
+        raise ConfigError([f"{path}: not valid YAML: {exc}"], digest) from exc
+    try:
+        return parse_config(raw), digest
+    except ConfigError as exc:
+        raise ConfigError(exc.problems, digest) from None
+
+
+def load_config(path: str | pathlib.Path) -> GatewayConfig:
+    config, _ = read_config(path)
+    assert config is not None
+    return config

@@ -7,6 +7,7 @@ that exists is valid.
 """
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -167,6 +168,11 @@ class Dns:
     def __post_init__(self) -> None:
         if self.refresh_s <= 0 or self.timeout_s <= 0:
             raise ValueError("refresh_s and timeout_s must be > 0")
+        for ns in self.nameservers:
+            try:
+                ipaddress.ip_address(ns.host)
+            except ValueError:
+                raise ValueError(f"nameserver {ns} is not an IP address (a resolver is reached by address)") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,9 @@ class EndpointHealth:
     ready_names: frozenset[str] = frozenset()
     # From per-model ready calls (no index): (model, route version or "") -> ready.
     per_model: dict[ModelKey, bool] = field(default_factory=dict)
+    # The models were checked since the server was last seen coming up: until then
+    # nothing is ready here (a restarted pod answers live before it has loaded anything).
+    models_checked: bool = False
     # Passive outlier state.
     failures: int = 0
     ejections: int = 0
@@ -70,6 +73,7 @@ class EndpointHealth:
         self.live = live
 
     def forget_models(self) -> None:
+        self.models_checked = False
         self.names = None
         self.ready = frozenset()
         self.ready_names = frozenset()
@@ -80,6 +84,7 @@ class EndpointHealth:
         self.names = frozenset(name for name, _, _ in entries)
         self.ready = frozenset((name, version) for name, version, ok in entries if ok)
         self.ready_names = frozenset(name for name, _ in self.ready)
+        self.models_checked = True
 
     def set_model(self, key: ModelKey, ready: bool) -> None:
         self.per_model[key] = ready
@@ -99,7 +104,8 @@ class EndpointHealth:
         if state is None and version:
             state = self.per_model.get((model, ""))  # checked without a version: any version
         if state is None:
-            return Ready.UNKNOWN
+            # Unknown — unless the models have not been checked since the server came up.
+            return Ready.UNKNOWN if self.models_checked else Ready.NO
         return Ready.YES if state else Ready.NO
 
     def ready_exactly(self, model: str, version: str) -> bool:

@@ -116,6 +116,7 @@ class HealthChecker:
             return True
         ep.health.names = None  # index gone (restricted, or never had one): per-model calls
         await self._check_models(pool, ep)
+        ep.health.models_checked = True
         return True
 
     async def _check_models(self, pool: Pool[Any], ep: Endpoint) -> None:

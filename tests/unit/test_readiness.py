@@ -1,0 +1,220 @@
+"""Per-endpoint health (routing/readiness.py) and Outlier.may_eject: pure state, explicit clocks."""
+from __future__ import annotations
+
+import pytest
+
+from gateway.config.schema import Outlier
+from gateway.routing.readiness import EndpointHealth, Ready
+
+
+def indexed(*entries: tuple[str, str, bool]) -> EndpointHealth:
+    h = EndpointHealth()
+    h.set_live(True)
+    h.set_index(list(entries))
+    return h
+
+
+# -- liveness ------------------------------------------------------------------------
+
+def test_new_endpoint_is_not_usable_before_a_check():
+    h = EndpointHealth()
+    assert h.live is None and not h.usable(0.0)
+    h.set_live(True)
+    assert h.usable(0.0)
+    h.set_live(False)
+    assert not h.usable(0.0)
+
+
+def test_server_coming_back_forgets_its_models():
+    h = indexed(("m", "1", True))
+    h.set_model(("x", ""), True)
+    h.set_live(False)
+    assert h.names is None and not h.ready and not h.ready_names and not h.per_model
+    h.set_index([("m", "1", True)])  # stale state written while down
+    h.set_model(("x", ""), True)
+    h.set_live(True)  # a new process: nothing known until checked again
+    assert h.names is None and not h.ready and not h.per_model
+    assert h.ready_for("m", "1") == Ready.NO  # no traffic before its models are checked
+    h.models_checked = True  # the checker's round found no index and no per-model answer
+    assert h.ready_for("m", "1") == Ready.UNKNOWN
+
+
+def test_staying_live_keeps_what_is_known():
+    h = indexed(("m", "1", True))
+    h.set_live(True)
+    assert h.ready_for("m", "1") == Ready.YES
+    p = EndpointHealth()
+    p.set_live(True)
+    p.set_model(("m", ""), True)
+    p.set_live(True)
+    assert p.per_model == {("m", ""): True}
+
+
+# -- model readiness -----------------------------------------------------------------
+
+def test_index_readiness_needs_the_exact_version_when_one_is_asked():
+    h = indexed(("m", "1", True), ("m", "2", False), ("loading", "1", False), ("bare", "", False))
+    assert h.ready_for("m", "1") == Ready.YES
+    assert h.ready_for("m", "2") == Ready.NO
+    assert h.ready_for("m", "3") == Ready.NO
+    assert h.ready_for("m", "") == Ready.YES  # some version is ready
+    assert h.ready_for("loading", "") == Ready.NO
+    assert h.ready_for("bare", "") == Ready.NO
+    assert h.ready_for("never-heard-of", "") == Ready.NO  # the index is the whole truth
+
+
+def test_per_model_check_without_version_counts_for_any_version():
+    h = EndpointHealth()
+    h.set_live(True)
+    assert h.ready_for("m", "") == Ready.NO  # not checked since it came up
+    h.models_checked = True
+    assert h.ready_for("m", "") == Ready.UNKNOWN
+    h.set_model(("m", ""), True)
+    assert h.ready_for("m", "") == Ready.YES
+    assert h.ready_for("m", "7") == Ready.YES
+    h.set_model(("m", "7"), False)  # a check of that very version wins over the unversioned one
+    assert h.ready_for("m", "7") == Ready.NO
+    assert h.ready_for("m", "8") == Ready.YES
+    h.set_model(("v", "2"), True)
+    assert h.ready_for("v", "2") == Ready.YES
+    assert h.ready_for("v", "") == Ready.UNKNOWN  # a versioned check says nothing of others
+    assert h.ready_for("v", "3") == Ready.UNKNOWN
+
+
+def test_index_wins_over_per_model_state():
+    h = EndpointHealth()
+    h.set_live(True)
+    h.set_model(("m", ""), True)
+    h.set_index([("other", "1", True)])
+    assert h.ready_for("m", "") == Ready.NO
+
+
+def test_ready_exactly_is_not_inferred_from_another_version():
+    h = EndpointHealth()
+    h.set_live(True)
+    h.set_model(("m", ""), True)
+    assert h.ready_exactly("m", "")
+    assert not h.ready_exactly("m", "4")  # ready_for says YES, but nobody checked version 4
+    assert h.ready_for("m", "4") == Ready.YES
+    i = indexed(("m", "1", True), ("m", "2", False))
+    assert i.ready_exactly("m", "1") and i.ready_exactly("m", "")
+    assert not i.ready_exactly("m", "2") and not i.ready_exactly("n", "")
+
+
+def test_knows_tells_a_listed_model_from_an_unknown_one():
+    h = indexed(("loading", "1", False), ("ready", "1", True))
+    assert h.knows("loading") and h.knows("ready") and not h.knows("nope")
+    p = EndpointHealth()
+    p.set_live(True)
+    assert not p.knows("m")
+    p.set_model(("m", "3"), False)
+    assert p.knows("m") and not p.knows("n")
+
+
+def test_not_ready_stops_the_model_on_an_indexed_endpoint():
+    h = indexed(("m", "1", True), ("m", "2", True), ("n", "1", True))
+    h.not_ready("m", "1")
+    assert h.ready_for("m", "1") == Ready.NO and h.ready_for("m", "2") == Ready.NO
+    assert h.ready_for("m", "") == Ready.NO
+    assert h.ready_for("n", "1") == Ready.YES
+    assert h.knows("m")  # still listed: "not ready", not "unknown"
+
+
+def test_not_ready_marks_every_per_model_key_of_the_model():
+    h = EndpointHealth()
+    h.set_live(True)
+    h.set_model(("m", ""), True)
+    h.set_model(("n", ""), True)
+    h.not_ready("m", "5")
+    assert h.per_model == {("m", ""): False, ("m", "5"): False, ("n", ""): True}
+    assert h.ready_for("m", "6") == Ready.NO
+    fresh = EndpointHealth()
+    fresh.set_live(True)
+    fresh.not_ready("g", "")  # a glob-routed model never checked: now known not ready
+    assert fresh.ready_for("g", "") == Ready.NO and fresh.knows("g")
+
+
+# -- outlier ejection ----------------------------------------------------------------
+
+OUTLIER = Outlier(consecutive_failures=3, base_ejection_s=10.0, max_ejection_s=25.0)
+
+
+def fail_until_ejected(h: EndpointHealth, now: float) -> int:
+    for n in range(1, 100):
+        if h.failed(OUTLIER, now, may_eject=True):
+            return n
+    raise AssertionError("never ejected")
+
+
+def test_consecutive_failures_eject_with_growing_capped_duration():
+    h = EndpointHealth()
+    h.set_live(True)
+    assert fail_until_ejected(h, 100.0) == 3
+    assert h.ejected_until == 110.0 and not h.usable(100.0)
+    h.readmit(110.0)
+    assert fail_until_ejected(h, 200.0) == 3
+    assert h.ejected_until == 220.0  # twice the base
+    h.readmit(220.0)
+    assert fail_until_ejected(h, 300.0) == 3
+    assert h.ejected_until == 325.0  # 30 s capped at max_ejection_s
+    assert h.ejections == 3
+
+
+def test_success_resets_the_count():
+    h = EndpointHealth()
+    h.set_live(True)
+    for _ in range(5):
+        assert not h.failed(OUTLIER, 0.0, may_eject=True)
+        assert not h.failed(OUTLIER, 0.0, may_eject=True)
+        h.succeeded()
+    assert h.ejected_until is None and h.failures == 0
+
+
+def test_no_ejection_when_the_pool_may_not_eject_more():
+    h = EndpointHealth()
+    for _ in range(10):
+        assert not h.failed(OUTLIER, 0.0, may_eject=False)
+    assert h.ejected_until is None
+    assert h.failed(OUTLIER, 0.0, may_eject=True)  # once allowed, the next failure ejects
+
+
+def test_already_ejected_is_not_ejected_again():
+    h = EndpointHealth()
+    fail_until_ejected(h, 0.0)
+    until = h.ejected_until
+    for _ in range(10):
+        assert not h.failed(OUTLIER, 5.0, may_eject=True)
+    assert h.ejected_until == until and h.ejections == 1
+
+
+def test_readmit_only_once_the_time_is_up():
+    h = EndpointHealth()
+    h.set_live(True)
+    fail_until_ejected(h, 50.0)
+    h.readmit(59.999)
+    assert h.ejected_until == 60.0 and not h.usable(59.999)
+    h.readmit(1000.0)  # time up, but still out until the checker readmits: usable() has no clock
+    assert h.ejected_until is None and h.usable(1000.0)
+
+
+# -- Outlier.may_eject ---------------------------------------------------------------
+
+@pytest.mark.parametrize("percent", [0.0, 10.0, 50.0])
+@pytest.mark.parametrize("total", [2, 3, 10])
+def test_one_of_several_endpoints_may_always_be_ejected(percent, total):
+    assert Outlier(max_ejection_percent=percent).may_eject(0, total)
+
+
+@pytest.mark.parametrize("percent", [0.0, 10.0, 50.0, 99.0])
+def test_a_lone_endpoint_is_never_ejected(percent):
+    assert not Outlier(max_ejection_percent=percent).may_eject(0, 1)
+
+
+def test_percent_bounds_further_ejections():
+    ten = Outlier(max_ejection_percent=10.0)
+    assert not ten.may_eject(1, 10)  # 2 of 10 would be 20 %
+    assert ten.may_eject(1, 20)  # 2 of 20 is 10 %
+    assert not ten.may_eject(2, 20)
+    half = Outlier(max_ejection_percent=50.0)
+    assert half.may_eject(1, 4) and not half.may_eject(2, 4)
+    assert not Outlier(max_ejection_percent=0.0).may_eject(1, 100)
