@@ -374,7 +374,7 @@ class _Connection(asyncio.Protocol):
                     return
                 finally:
                     handle.cancel()
-                if fut.done() or self.closed:
+                if fut.done() or self.closed or self._transport.is_closing():
                     self.sent_all = False
                     return
                 self._transport.write(chunk)
@@ -405,6 +405,11 @@ class _Connection(asyncio.Protocol):
         ``timeout`` instead. When the answer is streamed and not yet complete, ``on_end``
         is called once it ends; otherwise the exchange is over on return."""
         assert self._transport is not None
+        if self._transport.is_closing():
+            # The peer closed this idle connection and the loop has not told us yet
+            # (uvloop refuses the write): nothing was sent, so it is the keep-alive race.
+            self.closed = True
+            raise ConnectionDropped("connection closed by the backend", before_response=True)
         self._fut = self._loop.create_future()
         self._headers = {}
         self._body = []
