@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from ..config.schema import Outlier
 
-__all__ = ["EndpointHealth", "Ready"]
+__all__ = ["EndpointHealth", "Generation", "Ready"]
 
 # (model, version) — version "" means "no particular version".
 ModelKey = tuple[str, str]
@@ -41,6 +41,17 @@ class Ready:
     YES = 1
     NO = 0
     UNKNOWN = -1  # nothing checked says (a glob-routed model on an endpoint without an index)
+
+
+class Generation:
+    """A counter shared by the endpoints of one pool, bumped whenever anything that
+    decides where a request may go changes: the pool caches its choice per model
+    until it moves (the hot path does not re-derive it per request)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
 
 
 @dataclass(slots=True)
@@ -61,6 +72,7 @@ class EndpointHealth:
     failures: int = 0
     ejections: int = 0
     ejected_until: float | None = None  # monotonic time; stays set past it until readmitted
+    gen: Generation = field(default_factory=Generation, repr=False, compare=False)
 
     # -- checker side -----------------------------------------------------------------
     def set_live(self, live: bool) -> None:
@@ -68,11 +80,12 @@ class EndpointHealth:
         new process: everything known about its models is forgotten until checked again."""
         if live and self.live is not True:
             self.forget_models()
-        if not live:
+        if not live and self.live is not False:
             self.forget_models()
         self.live = live
 
     def forget_models(self) -> None:
+        self.gen.n += 1
         self.models_checked = False
         self.names = None
         self.ready = frozenset()
@@ -81,17 +94,36 @@ class EndpointHealth:
 
     def set_index(self, entries: list[tuple[str, str, bool]]) -> None:
         """A repository index: (name, version, ready) per entry."""
-        self.names = frozenset(name for name, _, _ in entries)
-        self.ready = frozenset((name, version) for name, version, ok in entries if ok)
-        self.ready_names = frozenset(name for name, _ in self.ready)
+        names = frozenset(name for name, _, _ in entries)
+        ready = frozenset((name, version) for name, version, ok in entries if ok)
+        if names == self.names and ready == self.ready and self.models_checked:
+            return  # the same as last round: what is cached stays valid
+        self.gen.n += 1
+        self.names = names
+        self.ready = ready
+        self.ready_names = frozenset(name for name, _ in ready)
         self.models_checked = True
 
+    def set_no_index(self) -> None:
+        """The endpoint has no index (any more): per-model checks decide."""
+        if self.names is not None:
+            self.gen.n += 1
+            self.names = None
+
+    def set_models_checked(self) -> None:
+        if not self.models_checked:
+            self.gen.n += 1
+            self.models_checked = True
+
     def set_model(self, key: ModelKey, ready: bool) -> None:
+        if self.per_model.get(key) is not ready:
+            self.gen.n += 1
         self.per_model[key] = ready
 
     def readmit(self, now: float) -> None:
         """The checker found the endpoint live: an ejection whose time is up ends."""
         if self.ejected_until is not None and now >= self.ejected_until:
+            self.gen.n += 1
             self.ejected_until = None
 
     # -- request side -----------------------------------------------------------------
@@ -121,12 +153,15 @@ class EndpointHealth:
             return model in self.names
         return any(m == model for m, _ in self.per_model)
 
-    def usable(self, now: float) -> bool:
+    def usable(self) -> bool:
+        """Live and not ejected. No clock: an ejection ends only through ``readmit`` (so
+        what it answers changes only with ``gen``, and can be cached)."""
         return self.live is True and self.ejected_until is None
 
     def not_ready(self, model: str, version: str) -> None:
         """The endpoint answered "unknown model / not ready" although a check said ready:
         stop sending it the model until a check says otherwise."""
+        self.gen.n += 1
         if self.names is not None:
             self.ready = frozenset(k for k in self.ready if k[0] != model)
             self.ready_names = self.ready_names - {model}
@@ -143,6 +178,7 @@ class EndpointHealth:
         self.failures += 1
         if self.failures < outlier.consecutive_failures or self.ejected_until is not None or not may_eject:
             return False
+        self.gen.n += 1
         self.ejections += 1
         self.failures = 0
         self.ejected_until = now + min(outlier.base_ejection_s * self.ejections, outlier.max_ejection_s)

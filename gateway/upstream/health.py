@@ -114,9 +114,9 @@ class HealthChecker:
         if index is not None:
             ep.health.set_index(index)
             return True
-        ep.health.names = None  # index gone (restricted, or never had one): per-model calls
+        ep.health.set_no_index()  # index gone (restricted, or never had one): per-model calls
         await self._check_models(pool, ep)
-        ep.health.models_checked = True
+        ep.health.set_models_checked()
         return True
 
     async def _check_models(self, pool: Pool[Any], ep: Endpoint) -> None:
@@ -150,12 +150,11 @@ class HealthChecker:
         for key in [k for k in self._schedules if k not in alive]:
             del self._schedules[key]
 
-        now = time.monotonic()
         not_ready = []
         for model, version, backend in self.exact_routes:
             pool = self.pools.get(backend)
             eps = pool.endpoints.values() if pool is not None else ()
-            if not any(ep.health.usable(now) and ep.health.ready_for(model, version or "") == Ready.YES
+            if not any(ep.health.usable() and ep.health.ready_for(model, version or "") == Ready.YES
                        for ep in eps):
                 not_ready.append(model + (f"/{version}" if version else ""))
         self.not_ready = not_ready

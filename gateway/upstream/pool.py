@@ -37,7 +37,7 @@ from ..config.schema import Backend, HostPort
 from ..dataplane import HttpReply, IncomingBody
 from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable
 from ..routing.balancer import balancer
-from ..routing.readiness import EndpointHealth, Ready
+from ..routing.readiness import EndpointHealth, Generation, Ready
 from ..routing.retry import RetryBudget
 
 __all__ = ["Endpoint", "Pool", "Refused", "is_not_ready_message"]
@@ -56,6 +56,10 @@ _NOT_READY = re.compile(
 
 def is_not_ready_message(message: str) -> bool:
     return _NOT_READY.search(message) is not None
+
+
+def _always() -> bool:
+    return True
 
 
 class Refused(Exception):
@@ -107,9 +111,13 @@ class Pool(Generic[E]):
         self.endpoints: dict[HostPort, E] = {}
         self.balancer = balancer(backend.balance)
         self.budget = RetryBudget(backend.retry_budget_percent)
+        # Bumped by every change of what decides where a request may go (endpoint health,
+        # the endpoint set, ``routed``); the eligible endpoints per model are cached against it.
+        self._gen = Generation()
+        self._choice: dict[tuple[str, str], tuple[int, list[E]]] = {}
         # Exact model names routed to this pool: a model ready nowhere is then "not
         # ready" (503), where an unknown glob-routed one is left for a backend to refuse.
-        self.routed: frozenset[str] = frozenset()
+        self._routed: frozenset[str] = frozenset()
         # Called when endpoints appear, so the health checker looks at them at once.
         self.on_new_endpoints: Callable[[], None] | None = None
         # Counts what the pool did for metrics: "retry", "ejection".
@@ -118,9 +126,23 @@ class Pool(Generic[E]):
         self._started = False
         self._closing: set[asyncio.Task[None]] = set()  # removed endpoints finishing their requests
 
+    @property
+    def routed(self) -> frozenset[str]:
+        return self._routed
+
+    @routed.setter
+    def routed(self, names: frozenset[str]) -> None:
+        self._routed = names
+        self._gen.n += 1
+
     # -- endpoint set ---------------------------------------------------------------
     def _make(self, address: HostPort) -> E:
         raise NotImplementedError
+
+    def _own(self, ep: E) -> E:
+        ep.health.gen = self._gen  # its health changes now invalidate this pool's choices
+        self._gen.n += 1
+        return ep
 
     async def start(self) -> None:
         """Create the static endpoints (inside the running loop: grpc.aio binds to it)."""
@@ -139,11 +161,12 @@ class Pool(Generic[E]):
         added = False
         for addr in wanted:
             if addr not in self.endpoints:
-                self.endpoints[addr] = self._make(addr)
+                self.endpoints[addr] = self._own(self._make(addr))
                 added = True
         for addr in [a for a in self.endpoints if a not in wanted]:
             log.info("backend '%s': endpoint %s removed", self.name, addr)
             self._retire(self.endpoints.pop(addr))
+            self._gen.n += 1
         if added and self.on_new_endpoints is not None:
             self.on_new_endpoints()
 
@@ -156,7 +179,8 @@ class Pool(Generic[E]):
         self._dns = old._dns if self.backend.dns == old.backend.dns else self._dns
         for addr in list(old.endpoints):
             if addr in self.backend.endpoints or addr in self._dns:
-                self.endpoints[addr] = old.endpoints.pop(addr)
+                self.endpoints[addr] = self._own(old.endpoints.pop(addr))
+                old._gen.n += 1
 
     def _retire(self, ep: E) -> None:
         task = asyncio.ensure_future(ep.close())
@@ -169,11 +193,13 @@ class Pool(Generic[E]):
         for ep in self.endpoints.values():
             self._retire(ep)
         self.endpoints.clear()
+        self._gen.n += 1
 
     async def close(self) -> None:
         """Close every endpoint still owned; requests in flight finish first."""
         eps = list(self.endpoints.values())
         self.endpoints.clear()
+        self._gen.n += 1
         for ep in eps:
             await ep.close()
 
@@ -181,31 +207,40 @@ class Pool(Generic[E]):
     def candidates(self, model: str, version: str, affinity: str | None = None) -> list[E]:
         """Endpoints that may take a request for ``model`` now, the chosen one first.
         Raises ModelNotReady (routed, ready nowhere) or NoEndpointAvailable."""
+        key = (model, version)
+        hit = self._choice.get(key)
+        if hit is None or hit[0] != self._gen.n:
+            hit = (self._gen.n, self._eligible(model, version))
+            if len(self._choice) >= 4096:  # clients choose model names: keep it bounded
+                self._choice.clear()
+            self._choice[key] = hit
+        return self.balancer.order(hit[1], affinity)
+
+    def _eligible(self, model: str, version: str) -> list[E]:
         eps = list(self.endpoints.values())
         if not eps:
             raise NoEndpointAvailable(f"backend '{self.name}' has no endpoints (its DNS names resolve to nothing)")
-        now = time.monotonic()
-        usable = [ep for ep in eps if ep.health.usable(now)]
+        usable = [ep for ep in eps if ep.health.usable()]
         if not usable:
             # Nothing checked yet, or every endpoint down or ejected: try them all rather
             # than refuse outright (Envoy's panic routing) — the health state may be stale,
             # and a refused connection is answered in microseconds.
-            return self.balancer.order(eps, affinity)
+            return eps
         ready = [ep for ep in usable if ep.health.ready_for(model, version) != Ready.NO]
         if ready:
-            return self.balancer.order(ready, affinity)
+            return ready
         if model in self.routed or any(ep.health.knows(model) for ep in eps):
             what = f"model '{model}'" + (f" version {version}" if version else "")
             raise ModelNotReady(f"{what} is not ready on any endpoint of backend '{self.name}' "
                                 f"({len(usable)} live endpoints); retry later")
         # No endpoint has heard of the model: the backend answers for itself (its own 404).
-        return self.balancer.order(usable, affinity)
+        return usable
 
     def first(self, model: str, version: str, affinity: str | None = None) -> E:
         return self.candidates(model, version, affinity)[0]
 
     async def attempt(self, model: str, version: str, affinity: str | None,
-                      send: Callable[[E], Awaitable[T]], resendable: Callable[[], bool] = lambda: True) -> T:
+                      send: Callable[[E], Awaitable[T]], resendable: Callable[[], bool] = _always) -> T:
         """``send`` to the chosen endpoint; on :class:`Refused`, to the next one while the
         retries, the retry budget and ``resendable()`` allow."""
         order = self.candidates(model, version, affinity)
@@ -236,7 +271,8 @@ class Pool(Generic[E]):
                     elif exc.kind == Refused.NOT_READY:
                         ep.health.not_ready(model, version)
                     continue
-                ep.health.succeeded()
+                if ep.health.failures:
+                    ep.health.succeeded()
                 return result
             assert error is not None
             raise error

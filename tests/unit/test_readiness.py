@@ -18,11 +18,11 @@ def indexed(*entries: tuple[str, str, bool]) -> EndpointHealth:
 
 def test_new_endpoint_is_not_usable_before_a_check():
     h = EndpointHealth()
-    assert h.live is None and not h.usable(0.0)
+    assert h.live is None and not h.usable()
     h.set_live(True)
-    assert h.usable(0.0)
+    assert h.usable()
     h.set_live(False)
-    assert not h.usable(0.0)
+    assert not h.usable()
 
 
 def test_server_coming_back_forgets_its_models():
@@ -150,7 +150,7 @@ def test_consecutive_failures_eject_with_growing_capped_duration():
     h = EndpointHealth()
     h.set_live(True)
     assert fail_until_ejected(h, 100.0) == 3
-    assert h.ejected_until == 110.0 and not h.usable(100.0)
+    assert h.ejected_until == 110.0 and not h.usable()
     h.readmit(110.0)
     assert fail_until_ejected(h, 200.0) == 3
     assert h.ejected_until == 220.0  # twice the base
@@ -192,9 +192,9 @@ def test_readmit_only_once_the_time_is_up():
     h.set_live(True)
     fail_until_ejected(h, 50.0)
     h.readmit(59.999)
-    assert h.ejected_until == 60.0 and not h.usable(59.999)
+    assert h.ejected_until == 60.0 and not h.usable()
     h.readmit(1000.0)  # time up, but still out until the checker readmits: usable() has no clock
-    assert h.ejected_until is None and h.usable(1000.0)
+    assert h.ejected_until is None and h.usable()
 
 
 # -- Outlier.may_eject ---------------------------------------------------------------
