@@ -177,7 +177,7 @@ class HttpPool(Pool[HttpEndpoint]):
         answer meaning "model not here" from an endpoint thought ready is retried too."""
         # (Not isinstance(body, IncomingBody): a runtime Protocol check costs ~20 µs.)
         resendable = _always if body is None or isinstance(body, (bytes, bytearray, list)) \
-            else (lambda: not body.consumed)  # type: ignore[union-attr]
+            else (lambda: not body.consumed)
 
         async def send(ep: HttpEndpoint) -> UpstreamReply:
             reply = await self._send(ep, method, path, body=body, headers=headers, timeout=timeout,
