@@ -3,6 +3,7 @@ request is refused at once with 503 / UNAVAILABLE, the gateway keeps serving, an
 in-flight gauge goes back to 0 when the requests are over."""
 from __future__ import annotations
 
+import http.client
 import threading
 import urllib.request
 
@@ -41,13 +42,17 @@ def inflight(g: GatewayProcess) -> float:
 
 
 def post(url: str, model: str, body: bytes) -> tuple[int, bytes]:
-    req = urllib.request.Request(f"http://{url}/v2/models/{model}/infer", data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
+    """POST on a keep-alive connection. (urllib sends ``Connection: close``: a server that
+    refuses a request before reading its body then closes with the body unread, and the
+    client, still sending, sees EPIPE instead of the answer — timing-dependent.)"""
+    host, port = url.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
     try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
+        conn.request("POST", f"/v2/models/{model}/infer", body=body, headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
 
 
 def json_body(nbytes: int) -> bytes:
