@@ -21,6 +21,14 @@ def _unavailable(what: str, reason: str) -> None:
     pytest.skip(f"{what} unavailable: {reason}")
 
 
+@pytest.fixture
+def triton_required() -> None:
+    """For tests that start Triton processes of their own (fleet faults)."""
+    reason = triton_available()
+    if reason is not None:
+        _unavailable("Triton", reason)
+
+
 @pytest.fixture(scope="session")
 def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     """One real Triton (tests/models/triton) for the whole session."""

@@ -10,13 +10,13 @@ answer for itself (its own "unknown model").
 """
 from __future__ import annotations
 
-import os
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.integration.conftest import _unavailable
 from tests.support.gateway import GatewayProcess, gateway_config
 from tests.support.procs import wait_for
 from tests.support.triton import TritonServer, triton_available
@@ -32,9 +32,7 @@ RESTRICTED = [f"--http-restricted-api=model-repository:admin-key={KEY}",
 def restricted_triton(tmp_path_factory: pytest.TempPathFactory):
     reason = triton_available()
     if reason is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"Triton must run in CI: {reason}")
-        pytest.skip(f"Triton unavailable: {reason}")
+        _unavailable("Triton", reason)
     server = TritonServer(extra_args=RESTRICTED, startup_models=["add_sub"])
     server.start(tmp_path_factory.mktemp("restricted"))
     try:

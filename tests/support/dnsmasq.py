@@ -22,14 +22,12 @@ ours, not whoever took the port.
 
 from __future__ import annotations
 
-import ctypes
 import grp
 import ipaddress
 import os
 import pwd
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -46,7 +44,7 @@ import dns.query
 import dns.rcode
 import dns.rdatatype
 
-from .procs import terminate, wait_for
+from .procs import terminate, terminate_with_parent, wait_for
 
 __all__ = ["Dnsmasq", "DnsmasqStartupError", "dnsmasq_available"]
 
@@ -83,17 +81,6 @@ def dnsmasq_available() -> str | None:
     if "no-inotify" in out.stdout:
         return "dnsmasq was built without inotify; --hostsdir would not pick up changes"
     return None
-
-
-def _terminate_with_parent(parent_pid: int) -> None:
-    """preexec_fn: SIGTERM dnsmasq when the process that started it dies, even by SIGKILL (Linux only)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _free_udp_port() -> int:
@@ -184,7 +171,7 @@ class Dnsmasq:
                 stdin=subprocess.DEVNULL,
                 stdout=err,
                 stderr=subprocess.STDOUT,
-                preexec_fn=lambda: _terminate_with_parent(parent),
+                preexec_fn=lambda: terminate_with_parent(parent),
             )
 
         def up() -> bool:

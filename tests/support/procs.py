@@ -6,13 +6,15 @@ ever probes for a free port and races another process for it.
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["listening_ports", "terminate", "wait_for", "wait_for_ports"]
+__all__ = ["listening_ports", "terminate", "terminate_with_parent", "wait_for", "wait_for_ports"]
 
 T = TypeVar("T")
 _LISTEN = "0A"
@@ -111,3 +113,15 @@ def terminate(proc: subprocess.Popen, *, timeout: float = 15.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=timeout)
+
+
+def terminate_with_parent(parent_pid: int) -> None:
+    """preexec_fn: SIGTERM the child when the process that started it dies, even by SIGKILL
+    (Linux only), so no test server outlives a killed test run."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -37,7 +37,6 @@ with its models still loading.
 
 from __future__ import annotations
 
-import ctypes
 import http.client
 import importlib.util
 import json
@@ -56,7 +55,7 @@ from functools import cache
 from pathlib import Path
 from typing import Self
 
-from .procs import listening_ports, terminate, wait_for, wait_for_ports
+from .procs import listening_ports, terminate, terminate_with_parent, wait_for, wait_for_ports
 
 __all__ = [
     "MODEL_REPOSITORY",
@@ -211,17 +210,6 @@ def _symlink(src: Path, dst: Path) -> None:
     if dst.is_symlink() or dst.exists():
         dst.unlink()
     dst.symlink_to(src)
-
-
-def _terminate_with_parent(parent_pid: int) -> None:
-    """preexec_fn: SIGTERM Triton when the process that started it dies, even by SIGKILL (Linux only)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
 
 
 # ------------------------------------------------------------------------------------------- probing
@@ -671,7 +659,7 @@ class TritonServer:
         preexec = None
         if threading.current_thread() is threading.main_thread():
             parent = os.getpid()
-            preexec = lambda: _terminate_with_parent(parent)
+            preexec = lambda: terminate_with_parent(parent)
         began = time.monotonic()
         with open(self.log_path, "wb") as log:
             log.write(("$ " + " ".join(cmd) + "\n").encode())
