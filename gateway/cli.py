@@ -167,10 +167,12 @@ def cmd_reference(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="oip-gateway", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="oip-gateway",
+        description="A gateway for Open Inference Protocol (KServe V2) servers: Triton, OVMS, MLServer.")
     parser.add_argument("--version", action="version", version=f"oip-gateway {__version__}")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,check,demo,reference}")
 
     serve = sub.add_parser("serve", help="run the gateway from a config file")
     serve.add_argument("--config", required=True, help="YAML config file (see docs/config.md)")
@@ -198,11 +200,13 @@ def build_parser() -> argparse.ArgumentParser:
     ref.add_argument("--port-file", help="write the bound ports as JSON here once serving")
     ref.set_defaults(func=cmd_reference)
 
-    worker = sub.add_parser("_worker", help=argparse.SUPPRESS)
+    # Started by the supervisor of --workers N; not for people (kept out of --help).
+    worker = sub.add_parser("_worker")
     worker.add_argument("--config", required=True)
     worker.add_argument("--http-port", type=int)
     worker.add_argument("--grpc-port", type=int)
     worker.set_defaults(func=cmd_worker)
+    sub._choices_actions = [a for a in sub._choices_actions if a.dest != "_worker"]
     return parser
 
 

@@ -19,7 +19,7 @@ from .codec.wire import scan_infer_routing
 from .config.schema import Backend, GatewayConfig
 from .dataplane import TRACE_HEADERS, ClientDisconnected, HttpReply, IncomingBody, pick_headers
 from .errors import GatewayError, InvalidRequest, ModelNotFound, Overloaded, PayloadTooLarge, Unsupported
-from .observability.metrics import UNROUTED, Metrics
+from .observability.metrics import UNROUTED, Metrics, RouteLabel
 from .routing.table import RouteTable
 from .upstream.grpc import GrpcPool
 from .upstream.health import HealthChecker
@@ -116,11 +116,13 @@ class Proxy:
     def server_metadata(self) -> dict[str, Any]:
         return {"name": "oip-gateway", "version": __version__, "extensions": list(EXTENSIONS)}
 
-    def route_label(self, model: str, version: str) -> str:
+    def route_label(self, model: str, version: str) -> RouteLabel:
+        """(route pattern, pool) for the metrics: bounded by the config, never a client's string."""
         try:
-            return self.routing.table.resolve(model, version).label
+            match = self.routing.table.resolve(model, version)
         except Exception:
             return UNROUTED
+        return match.label, match.backend
 
     async def timed(self, pool: Pool[Any], call: Awaitable[T]) -> T:
         """Await a backend call, recording its duration and any failure under the pool's name."""

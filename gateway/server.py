@@ -209,7 +209,7 @@ class Gateway:
         self.config = config
         # A worker's supervisor checks the file and logs its problems: the workers do not repeat them.
         self._reload_error_level = logging.DEBUG if quiet_reload_errors else logging.ERROR
-        self.metrics = Metrics(registry, access_log=config.access_log)
+        self.metrics = Metrics(registry, access_log=config.access_log, access_sample=config.access_log_sample)
         pools = {name: self._pool(b) for name, b in config.backends.items()}
         routing = Routing(config, RouteTable(config.routes), pools)
         self.health = HealthChecker(
@@ -228,6 +228,8 @@ class Gateway:
         # that read the first one): what a file watch compares a change against.
         self.config_digest: bytes | None = None
         self._endpoint_labels: set[tuple[str, str]] = set()
+        self._route_labels: set[tuple[str, str]] = set()
+        self._event_children: dict[tuple[str, str], Any] = {}
 
     def _pool(self, backend: Backend) -> Pool[Any]:
         pool = build_pool(backend)
@@ -235,7 +237,16 @@ class Gateway:
         return pool
 
     def _pool_event(self, backend: str, kind: str) -> None:
-        self.metrics.pool_events.labels(backend, kind).inc()
+        """A pool's event: a conversion (per request: the metric child is cached) or a
+        retry / ejection."""
+        child = self._event_children.get((backend, kind))
+        if child is None:
+            if kind in ("http_to_grpc", "grpc_to_http"):
+                child = self.metrics.conversions.labels(backend, kind)
+            else:
+                child = self.metrics.pool_events.labels(backend, kind)
+            self._event_children[(backend, kind)] = child
+        child.inc()
 
     @property
     def pools(self) -> Mapping[str, Pool[Any]]:
@@ -254,6 +265,12 @@ class Gateway:
                 with contextlib.suppress(KeyError):
                     gauge.remove(*key)
         self._endpoint_labels = labels
+        for key, ok in checker.route_states.items():
+            self.metrics.route_ready.labels(*key).set(1 if ok else 0)
+        for key in self._route_labels - checker.route_states.keys():  # routes a reload removed
+            with contextlib.suppress(KeyError):
+                self.metrics.route_ready.remove(*key)
+        self._route_labels = set(checker.route_states)
         self.metrics.ready.set(1 if checker.ready else 0)
 
     async def start(
@@ -311,7 +328,7 @@ class Gateway:
         for name, prev in old.pools.items():
             if pools.get(name) is not prev:
                 prev.retire()  # closes once the requests in flight on it are done
-        log.warning("config reloaded: %d backends, %d routes", len(config.backends), len(config.routes))
+        log.info("config reloaded: %d backends, %d routes", len(config.backends), len(config.routes))
 
     async def reload_file(self, path: str, *, if_changed: bool = False) -> bool:
         """Load, validate and apply ``path``. An invalid file changes nothing: one log

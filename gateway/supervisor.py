@@ -172,7 +172,7 @@ def announce(ports: Ports, port_file: str | None, workers: int = 1) -> None:
     """Log the bound ports and, if asked, write them to ``port_file`` atomically (tests read it)."""
     import orjson
 
-    logging.getLogger("oip_gateway").warning(
+    logging.getLogger("oip_gateway").info(
         "oip-gateway serving http=%s grpc=%s metrics=%s workers=%d",
         ports.http, ports.grpc, ports.metrics, workers,
     )

@@ -127,6 +127,14 @@ def _backend(p: _Problems, name: str, raw: Any) -> Backend | None:
     if "protocol" not in data:
         p.add(f"{key}.protocol", "required (http or grpc)")
         ok = False
+    elif data["protocol"] not in ("http", "grpc"):
+        # Checked here, not only by Backend(): reported even when another key of the
+        # backend is wrong too (every problem in one run).
+        p.add(f"{key}.protocol", f"expected http or grpc, got {data['protocol']!r}")
+        ok = False
+    if "balance" in data and data["balance"] not in ("round_robin", "least_request"):
+        p.add(f"{key}.balance", f"expected round_robin or least_request, got {data['balance']!r}")
+        ok = False
     eps_raw = data.get("endpoints")
     endpoints: list[HostPort] = []
     dns: list[HostPort] = []
@@ -352,10 +360,17 @@ def parse_config(raw: Any) -> GatewayConfig:
     if "max_inflight_bytes" in raw:
         extra["max_inflight_bytes"] = _number(p, "max_inflight_bytes", raw["max_inflight_bytes"], int)
     if "access_log" in raw:
-        if isinstance(raw["access_log"], bool):
-            extra["access_log"] = raw["access_log"]
+        value = raw["access_log"]
+        if isinstance(value, bool):
+            extra["access_log"] = value
+        elif isinstance(value, dict):
+            p.check_keys("access_log", value, {"sample"})
+            sample = _number(p, "access_log.sample", value.get("sample", 1.0))
+            if sample is not None:
+                extra["access_log"] = True
+                extra["access_log_sample"] = float(sample)
         else:
-            p.add("access_log", f"expected true or false, got {raw['access_log']!r}")
+            p.add("access_log", f"expected true, false or {{sample: 0.1}}, got {value!r}")
 
     if p.items or listen is None or health is None or dns is None:
         raise ConfigError(p.items)

@@ -263,6 +263,8 @@ class GatewayConfig:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     workers: int = 1
     access_log: bool = False
+    # Share of requests the access log writes (``access_log: {sample: 0.1}``), in (0, 1].
+    access_log_sample: float = 1.0
     # On SIGTERM: answer "not ready" but keep serving this long, so a load balancer
     # (a Kubernetes Service) stops sending new requests before the listeners close.
     drain_s: float = 0.0
@@ -284,6 +286,8 @@ class GatewayConfig:
                                  "the gateway sets it itself")
         if self.workers < 1:
             raise ValueError("workers must be >= 1")
+        if not 0 < self.access_log_sample <= 1:
+            raise ValueError("access_log.sample must be > 0 and <= 1")
         if self.max_message_bytes <= 0:
             raise ValueError("max_message_bytes must be > 0")
         if self.max_inflight_bytes < 0:

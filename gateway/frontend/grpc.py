@@ -19,8 +19,9 @@ from grpc import aio
 from .._pb import grpc_predict_v2_pb2 as pb
 from ..codec.wire import scan_infer_routing
 from ..dataplane import DataPlane
-from ..errors import GatewayError, InvalidRequest
-from ..observability.metrics import UNROUTED, Metrics
+from ..errors import GatewayError, InvalidRequest, UpstreamError
+from ..observability.access import AccessRecord
+from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
 
 __all__ = ["SERVICE", "build_grpc_handler", "server_options"]
 
@@ -59,18 +60,32 @@ def _metadata_message(d: dict[str, Any]) -> pb.ModelMetadataResponse:
 
 
 def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.GenericRpcHandler:
-    route_label: Callable[[str, str], str] = getattr(plane, "route_label", lambda m, v: UNROUTED)
+    route_label: Callable[[str, str], RouteLabel] = getattr(plane, "route_label", lambda m, v: UNROUTED)
+
+    access = metrics.access if metrics is not None else None
+
+    def begin(context: aio.ServicerContext, request: Any) -> AccessRecord | None:
+        if access is None:
+            return None
+        rid = next((v for k, v in context.invocation_metadata() or () if k == "x-request-id"), None)
+        return access.begin(rid if isinstance(rid, str) else None, len(request) if isinstance(request, bytes) else 0)
 
     def wrap(api: str, fn: Callable[[Any, aio.ServicerContext], Awaitable[Any]]):
         async def run(request: Any, context: aio.ServicerContext) -> Any:
             start = time.perf_counter()
             code = "OK"
-            label = model = version = ""
+            label: RouteLabel = SERVER_LEVEL
+            model = version = ""
+            record = begin(context, request)
             try:
                 result, label, model, version = await fn(request, context)
+                if record is not None and isinstance(result, bytes):
+                    record.bytes_out = len(result)
                 return result
             except GatewayError as err:
                 code = err.grpc_code
+                if record is not None and not isinstance(err, UpstreamError):
+                    record.reason = err.message
                 await context.abort(grpc.StatusCode[err.grpc_code], err.message)
             except aio.AbortError:
                 raise
@@ -80,18 +95,18 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
                 await context.abort(grpc.StatusCode.INTERNAL, "internal gateway error")
             finally:
                 if metrics is not None:
-                    metrics.observe("grpc", api, label, code, time.perf_counter() - start, model, version)
+                    metrics.observe("grpc", api, label, code, time.perf_counter() - start, model, version, record)
 
         return run
 
     async def server_live(req: pb.ServerLiveRequest, ctx: aio.ServicerContext):
-        return pb.ServerLiveResponse(live=plane.server_live()), "", "", ""
+        return pb.ServerLiveResponse(live=plane.server_live()), SERVER_LEVEL, "", ""
 
     async def server_ready(req: pb.ServerReadyRequest, ctx: aio.ServicerContext):
-        return pb.ServerReadyResponse(ready=plane.server_ready()), "", "", ""
+        return pb.ServerReadyResponse(ready=plane.server_ready()), SERVER_LEVEL, "", ""
 
     async def server_metadata(req: pb.ServerMetadataRequest, ctx: aio.ServicerContext):
-        return pb.ServerMetadataResponse(**plane.server_metadata()), "", "", ""
+        return pb.ServerMetadataResponse(**plane.server_metadata()), SERVER_LEVEL, "", ""
 
     async def model_ready(req: pb.ModelReadyRequest, ctx: aio.ServicerContext):
         if not req.name:
@@ -122,7 +137,9 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
         to the gRPC pool the first request routes to."""
         start = time.perf_counter()
         code = "OK"
-        label = model = version = ""
+        label: RouteLabel = SERVER_LEVEL
+        model = version = ""
+        record = begin(ctx, b"")
         try:
             first = await anext(aiter(requests), None)
             if first is None:
@@ -137,6 +154,8 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
                 yield answer
         except GatewayError as err:
             code = err.grpc_code
+            if record is not None and not isinstance(err, UpstreamError):
+                record.reason = err.message
             await ctx.abort(grpc.StatusCode[err.grpc_code], err.message)
         except aio.AbortError:
             raise
@@ -146,7 +165,8 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
             await ctx.abort(grpc.StatusCode.INTERNAL, "internal gateway error")
         finally:
             if metrics is not None:
-                metrics.observe("grpc", "stream_infer", label, code, time.perf_counter() - start, model, version)
+                metrics.observe("grpc", "stream_infer", label, code, time.perf_counter() - start, model, version,
+                                record)
 
     def extension(rpc: str):
         # ModelConfigRequest and ModelStatisticsRequest carry name and version in

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..budget import ByteBudget
 from ..dataplane import ClientDisconnected, DataPlane, StreamedBody
 from ..errors import GatewayError, InvalidRequest, PayloadTooLarge, UpstreamError
-from ..observability.metrics import UNROUTED, Metrics
+from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
 
 __all__ = ["build_http_app", "error_response"]
 
@@ -180,11 +180,13 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
     — no Request/Response objects, no middleware stack, one string split to find
     the model — and everything else by a Starlette app; measured, Starlette's
     layers were a third of the pass-through proxy's own CPU per request."""
-    route_label: Callable[[str, str], str] = getattr(plane, "route_label", lambda m, v: UNROUTED)
+    route_label: Callable[[str, str], RouteLabel] = getattr(plane, "route_label", lambda m, v: UNROUTED)
     # Preallocated bodies in flight are bounded: a client can declare 256 MiB and then send a
     # trickle; without a bound, a few hundred such connections would make the gateway allocate
     # (and zero) their declared sizes. Past it a body is gathered as it arrives instead.
     budget = ByteBudget(_PREALLOC_BUDGET_MESSAGES * max_message_bytes)
+
+    access = metrics.access if metrics is not None else None
 
     def endpoint(api: str, handler: Callable[[Request, str, str], Awaitable[Response]]):
         async def run(request: Request) -> Response:
@@ -192,17 +194,22 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             params = request.path_params
             model = params.get("model", "")
             version = params.get("version", "")
+            record = access.begin(request.headers.get("x-request-id")) if access is not None else None
             try:
                 response = await handler(request, model, version)
             except GatewayError as err:
                 response = error_response(err)
+                if record is not None and not isinstance(err, UpstreamError):
+                    record.reason = err.message
             except Exception:
                 log.exception("unhandled error in %s", api)
                 response = Response(_INTERNAL[1], _INTERNAL[0], media_type=_INTERNAL[2])
             if metrics is not None:
-                label = route_label(model, version) if model else ""
+                if record is not None:
+                    record.bytes_out = len(response.body)
+                label = route_label(model, version) if model else SERVER_LEVEL
                 metrics.observe("http", api, label, response.status_code, time.perf_counter() - start,
-                                model, version)
+                                model, version, record)
             return response
 
         return run
@@ -226,9 +233,12 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         start = time.perf_counter()
         streamed: StreamedBody | None = None
         incoming: _IncomingBody | None = None
+        record = None
         try:
             # uvicorn hands header names lower-cased (ASGI spec); the data plane relies on it.
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            if access is not None:
+                record = access.begin(headers.get("x-request-id"))
             declared = headers.get("content-length")
             if declared is not None and declared.isdigit() and int(declared) > max_message_bytes:
                 raise PayloadTooLarge(
@@ -242,6 +252,8 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                 size = len(body)
             if metrics is not None:
                 metrics.request_bytes.labels("http").observe(size)
+            if record is not None:
+                record.bytes_in = size
             call = plane.infer_http(model, version, body, headers)
             del body  # the data plane owns it now: freed as soon as it is encoded/sent upstream
             reply = await call
@@ -262,6 +274,8 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             status, content, ctype = error_parts(err)
             parts = [content]
             out_headers = [(b"content-type", ctype.encode("latin-1"))]
+            if record is not None and not isinstance(err, UpstreamError):
+                record.reason = err.message
         except Exception:
             log.exception("unhandled error in infer")
             status, content, ctype = _INTERNAL
@@ -273,20 +287,25 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         if streamed is not None:
             await _send_streamed(send, status, out_headers, streamed)
             if metrics is not None:
+                if record is not None:
+                    record.bytes_out = streamed.length
                 metrics.observe("http", "infer", route_label(model, version), status, time.perf_counter() - start,
-                                model, version)
+                                model, version, record)
             return
         # Each part goes to the transport as it is (uvloop queues a memoryview without
         # copying it): the tensor bytes are not joined into one more copy of the answer.
         parts = [p if isinstance(p, (bytes, bytearray)) else memoryview(p).cast("B") for p in parts]
-        out_headers.append((b"content-length", str(sum(len(p) for p in parts)).encode("latin-1")))
+        length = sum(len(p) for p in parts)
+        out_headers.append((b"content-length", str(length).encode("latin-1")))
         await send({"type": "http.response.start", "status": status, "headers": out_headers})
         last = len(parts) - 1
         for i, part in enumerate(parts):
             await send({"type": "http.response.body", "body": part, "more_body": i < last})
         if metrics is not None:
+            if record is not None:
+                record.bytes_out = length
             metrics.observe("http", "infer", route_label(model, version), status, time.perf_counter() - start,
-                            model, version)
+                            model, version, record)
 
     def extension(what: str):
         async def handler(request: Request, model: str, version: str) -> Response:

@@ -6,33 +6,37 @@ grow the label set. docs/metrics.md documents every series.
 """
 from __future__ import annotations
 
-import logging
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["UNROUTED", "Metrics"]
+from .access import AccessLog, AccessRecord
 
-UNROUTED = "_unrouted"
+__all__ = ["SERVER_LEVEL", "UNROUTED", "Metrics", "RouteLabel"]
+
+# (route, backend) of a request: the matching route's model pattern and its pool.
+RouteLabel = tuple[str, str]
+UNROUTED: RouteLabel = ("_unrouted", "")
+SERVER_LEVEL: RouteLabel = ("", "")  # server live/ready/metadata: no route
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _SIZE_BUCKETS = tuple(float(4**i) for i in range(4, 15))  # 256 B .. 256 MiB
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry | None = None, *, access_log: bool = False) -> None:
-        # One line per finished request on logger "oip_gateway.access" (stderr), off by default:
-        # at tens of thousands of requests per second a log line costs more than the proxying.
-        self.access = logging.getLogger("oip_gateway.access") if access_log else None
-        self._children: dict[tuple[str, str, str, str | int], tuple[Counter, Histogram]] = {}
+    def __init__(self, registry: CollectorRegistry | None = None, *, access_log: bool = False,
+                 access_sample: float = 1.0) -> None:
+        # One JSON line per finished request (access.py), off by default: at tens of
+        # thousands of requests per second a log line costs more than the proxying.
+        self.access = AccessLog(access_sample) if access_log else None
+        self._children: dict[tuple[str, str, RouteLabel, str | int], tuple[Counter, Histogram]] = {}
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
             "oip_gateway_requests", "Requests answered by the gateway.",
-            ["protocol", "api", "route", "code"], registry=r,
+            ["protocol", "api", "route", "backend", "code"], registry=r,
         )
         self.request_seconds = Histogram(
             "oip_gateway_request_duration_seconds", "Time from request received to response sent.",
-            ["protocol", "api"], buckets=_LATENCY_BUCKETS, registry=r,
+            ["protocol", "api", "route", "backend"], buckets=_LATENCY_BUCKETS, registry=r,
         )
         self.request_bytes = Histogram(
             "oip_gateway_request_body_bytes", "Inference request body sizes.",
@@ -54,6 +58,19 @@ class Metrics:
             "oip_gateway_endpoint_ejected", "1 while passive outlier detection keeps the endpoint out.",
             ["backend", "endpoint"], registry=r, multiprocess_mode="max",
         )
+        self.route_ready = Gauge(
+            "oip_gateway_route_ready", "1 when some endpoint of the route's pool has its model ready (exact routes).",
+            ["route", "backend"], registry=r, multiprocess_mode="max",
+        )
+        self.conversions = Counter(
+            "oip_gateway_conversions", "Inference requests converted between protocols, by direction.",
+            ["backend", "direction"], registry=r,
+        )
+        self.config_generation = Gauge(
+            "oip_gateway_config_generation", "Configs applied since start: 1 at start, +1 per applied reload.",
+            registry=r, multiprocess_mode="max",
+        )
+        self.config_generation.set(1)
         self.pool_events = Counter(
             "oip_gateway_pool_events", "What pools did: retry, retry_budget_exhausted, ejection.",
             ["backend", "event"], registry=r,
@@ -79,22 +96,21 @@ class Metrics:
     def config_reloaded(self, ok: bool) -> None:
         self.config_reloads.labels("success" if ok else "failure").inc()
         self.config_last_reload_ok.set(1 if ok else 0)
+        if ok:
+            self.config_generation.inc()
 
-    def observe(self, protocol: str, api: str, route: str, code: str | int, seconds: float,
-                model: str = "", version: str = "") -> None:
+    def observe(self, protocol: str, api: str, route: RouteLabel, code: str | int, seconds: float,
+                model: str = "", version: str = "", record: AccessRecord | None = None) -> None:
         """The one place a finished request is recorded: metrics and the access log."""
         key = (protocol, api, route, code)
         children = self._children.get(key)
         if children is None:
             # labels() takes a lock and builds a key per call; the label sets are
             # bounded (routes × codes), so their children are cached here.
-            children = (self.requests.labels(protocol, api, route, str(code)),
-                        self.request_seconds.labels(protocol, api))
+            children = (self.requests.labels(protocol, api, route[0], route[1], str(code)),
+                        self.request_seconds.labels(protocol, api, route[0], route[1]))
             self._children[key] = children
         children[0].inc()
         children[1].observe(seconds)
-        if self.access is not None:
-            self.access.info(
-                "%s %s model=%s version=%s route=%s code=%s ms=%.3f",
-                protocol, api, model or "-", version or "-", route or "-", code, seconds * 1000,
-            )
+        if record is not None and self.access is not None:
+            self.access.write(record, protocol, api, model, version, route[0], route[1], code, seconds)

@@ -224,6 +224,7 @@ class GrpcPool(Pool[GrpcEndpoint]):
         """An HTTP client's request, converted: raw contents out, JSON or binary back."""
         if not isinstance(body, (bytes, bytearray)):
             body = await body.read()
+        self.on_event("http_to_grpc")
         message, affinity, form = http_request_to_grpc(body, headers, model, version, limit)
         del body  # the HTTP body is not needed while the backend works
         trace = tuple((k, v) for k in forwarded if k not in _FRAMING and (v := headers.get(k)) is not None)

@@ -67,6 +67,8 @@ class HealthChecker:
         self.ready = False
         self.rounds = 0
         self.not_ready: list[str] = []
+        # (route model, backend) -> some endpoint has it ready; for the route_ready metric.
+        self.route_states: dict[tuple[str, str], bool] = {}
         self._on_round = on_round
         self._sem = asyncio.Semaphore(concurrency)
         self._recheck = recheck_per_round
@@ -151,13 +153,16 @@ class HealthChecker:
             del self._schedules[key]
 
         not_ready = []
+        states: dict[tuple[str, str], bool] = {}
         for model, version, backend in self.exact_routes:
             pool = self.pools.get(backend)
             eps = pool.endpoints.values() if pool is not None else ()
-            if not any(ep.health.usable() and ep.health.ready_for(model, version or "") == Ready.YES
-                       for ep in eps):
+            ok = any(ep.health.usable() and ep.health.ready_for(model, version or "") == Ready.YES for ep in eps)
+            if not ok:
                 not_ready.append(model + (f"/{version}" if version else ""))
+            states[(model, backend)] = states.get((model, backend), True) and ok
         self.not_ready = not_ready
+        self.route_states = states
         self.ready = any(live) and not not_ready
         self.rounds += 1
         self._first.set()

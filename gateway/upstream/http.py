@@ -278,6 +278,7 @@ class HttpPool(Pool[HttpEndpoint]):
     async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
                          affinity: str | None, metadata: tuple[tuple[str, str], ...]) -> bytes:
         """A gRPC client's request, converted: binary extension (or JSON) out, raw back."""
+        self.on_event("grpc_to_http")
         chunks, headers = grpc_request_to_http(message, binary=self.backend.binary_extension)
         del message
         reply = await self.request("POST", model_path(model, version) + "/infer", model, version, body=chunks,

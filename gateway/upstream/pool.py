@@ -36,6 +36,7 @@ from ..codec.repository import IndexEntry
 from ..config.schema import Backend, HostPort
 from ..dataplane import HttpReply, IncomingBody
 from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable
+from ..observability.access import note_endpoint
 from ..routing.balancer import balancer
 from ..routing.readiness import EndpointHealth, Generation, Ready
 from ..routing.retry import RetryBudget
@@ -120,7 +121,8 @@ class Pool(Generic[E]):
         self._routed: frozenset[str] = frozenset()
         # Called when endpoints appear, so the health checker looks at them at once.
         self.on_new_endpoints: Callable[[], None] | None = None
-        # Counts what the pool did for metrics: "retry", "ejection".
+        # Counts what the pool did for metrics: "retry", "retry_budget_exhausted", "ejection",
+        # and conversions ("http_to_grpc", "grpc_to_http").
         self.on_event: Callable[[str], None] = lambda kind: None
         self._dns: frozenset[HostPort] = frozenset()
         self._started = False
@@ -237,7 +239,9 @@ class Pool(Generic[E]):
         return usable
 
     def first(self, model: str, version: str, affinity: str | None = None) -> E:
-        return self.candidates(model, version, affinity)[0]
+        ep = self.candidates(model, version, affinity)[0]
+        note_endpoint(ep.address, self.protocol)
+        return ep
 
     async def attempt(self, model: str, version: str, affinity: str | None,
                       send: Callable[[E], Awaitable[T]], resendable: Callable[[], bool] = _always) -> T:
@@ -262,6 +266,7 @@ class Pool(Generic[E]):
                         budget.retrying += 1
                     left -= 1
                     self.on_event("retry")
+                note_endpoint(ep.address, self.protocol)
                 try:
                     result = await send(ep)
                 except Refused as exc:

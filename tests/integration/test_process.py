@@ -1,6 +1,7 @@
 """The gateway as an operator runs it: workers, the demo command, metrics, SIGTERM."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -74,17 +75,29 @@ def test_metrics_endpoint(reference, tmp_path):
         with pytest.raises(InferenceServerException):
             infer("http", gw.http_url, "unrouted-model", [In("INPUT0", np.zeros(1, np.float32), "FP32")])
         text = scrape(gw.metrics_url)
-        assert 'oip_gateway_requests_total{api="infer",code="200",protocol="http",route="add_sub"} 1.0' in text
-        assert 'oip_gateway_requests_total{api="infer",code="OK",protocol="grpc",route="add_sub"} 1.0' in text
+        assert ('oip_gateway_requests_total{api="infer",backend="ref",code="200",protocol="http",route="add_sub"} 1.0'
+                in text)
+        assert ('oip_gateway_requests_total{api="infer",backend="ref",code="OK",protocol="grpc",route="add_sub"} 1.0'
+                in text)
+        assert 'oip_gateway_route_ready{backend="ref",route="add_sub"} 1.0' in text
+        assert 'oip_gateway_conversions_total{backend="ref",direction="grpc_to_http"} 1.0' in text
+        assert "oip_gateway_config_generation 1.0" in text
         # A model name a client made up never becomes a label value.
         assert "unrouted-model" not in text
         assert 'route="_unrouted"' in text
         assert "oip_gateway_upstream_duration_seconds_bucket" in text
         wait_for(lambda: "oip_gateway_ready 1.0" in scrape(gw.metrics_url), timeout=20, what="ready gauge")
-        log = gw.log_tail(200)
-        assert "http infer model=add_sub version=- route=add_sub code=200" in log
-        assert "grpc infer model=add_sub version=- route=add_sub code=OK" in log
-        assert "http infer model=unrouted-model version=- route=_unrouted code=404" in log
+        # The access log: one JSON object per request.
+        entries = [json.loads(line.split("oip_gateway.access", 1)[1].split(": ", 1)[1])
+                   for line in gw.log_tail(200).splitlines() if "oip_gateway.access" in line]
+        by = {(e["protocol"], e["model"], e["api"]): e for e in entries}
+        http_ok, grpc_ok = by[("http", "add_sub", "infer")], by[("grpc", "add_sub", "infer")]
+        assert http_ok["status"] == 200 and http_ok["pool"] == "ref" and http_ok["protocol_out"] == "http"
+        assert http_ok["endpoint"] == reference.http_url and http_ok["bytes_in"] > 0 and http_ok["bytes_out"] > 0
+        assert grpc_ok["status"] == "OK" and grpc_ok["protocol_out"] == "http" and "reason" not in grpc_ok
+        unrouted = by[("http", "unrouted-model", "infer")]
+        assert unrouted["status"] == 404 and unrouted["route"] == "_unrouted" and "not routed" in unrouted["reason"]
+        assert all(e["duration_ms"] >= 0 and e["time"].endswith("+00:00") for e in entries)
 
 
 def test_sigterm_stops_cleanly(reference, tmp_path):

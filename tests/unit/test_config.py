@@ -64,7 +64,7 @@ def test_listener_can_be_disabled():
         (dict(MINIMAL, listen={"http": "nohost"}), "listen.http"),
         (dict(MINIMAL, listen={"http": "h:99999"}), "listen.http"),
         (dict(MINIMAL, listen={"htp": "h:1"}), "listen.htp"),
-        (dict(MINIMAL, backends={"t": {"protocol": "tcp", "endpoints": ["h:1"]}}), "backends.t"),
+        (dict(MINIMAL, backends={"t": {"protocol": "tcp", "endpoints": ["h:1"]}}), "backends.t.protocol"),
         (dict(MINIMAL, backends={"t": {"endpoints": ["h:1"]}}), "backends.t.protocol"),
         (dict(MINIMAL, backends={"t": {"protocol": "http", "endpoints": []}}), "backends.t.endpoints"),
         (dict(MINIMAL, backends={"t": {"protocol": "http", "endpoints": ["h"]}}), "backends.t.endpoints[0]"),
@@ -82,7 +82,7 @@ def test_listener_can_be_disabled():
         (dict(MINIMAL, backends={}), "backends"),
         (dict(MINIMAL, workers=0), "(config)"),
         (dict(MINIMAL, backends={"t": {"protocol": "http", "endpoints": ["h:1"], "balance": "random"}}),
-         "backends.t"),
+         "backends.t.balance"),
         (dict(MINIMAL, max_inflight_bytes="lots"), "max_inflight_bytes"),
         (dict(MINIMAL, health={"interval_s": -1}), "health"),
     ],
@@ -143,3 +143,26 @@ def test_check_command(tmp_path, capsys):
     bad.write_text(yaml.safe_dump(dict(MINIMAL, workers="two")))
     assert main(["check", str(bad)]) == 1
     assert "workers" in capsys.readouterr().err
+
+
+def test_every_problem_of_one_backend_is_reported():
+    """A wrong protocol next to a wrong endpoint: both, in one run."""
+    raw = {"backends": {"a": {"protocol": "htp", "endpoints": ["nohost"], "balance": "random"}},
+           "routes": [{"model": "m", "backend": "a"}]}
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    keys = [p.split(":")[0] for p in info.value.problems]
+    assert {"backends.a.protocol", "backends.a.endpoints[0]", "backends.a.balance"} <= set(keys), keys
+
+
+def test_help_lists_only_the_commands_for_people(capsys):
+    from gateway.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert "_worker" not in text and "SUPPRESS" not in text and "``" not in text
+    for command in ("serve", "check", "demo", "reference"):
+        assert command in text
+    # The hidden command still works for the supervisor.
+    assert build_parser().parse_args(["_worker", "--config", "x.yaml"]).command == "_worker"
