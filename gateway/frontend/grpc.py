@@ -59,6 +59,20 @@ def _metadata_message(d: dict[str, Any]) -> pb.ModelMetadataResponse:
     )
 
 
+class _Seen:
+    """What a call is about, as far as it is known: route label, model, version."""
+
+    __slots__ = ("label", "model", "version")
+
+    def __init__(self) -> None:
+        self.label: RouteLabel = SERVER_LEVEL
+        self.model = ""
+        self.version = ""
+
+    def note(self, label: RouteLabel, model: str, version: str) -> None:
+        self.label, self.model, self.version = label, model, version
+
+
 def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.GenericRpcHandler:
     route_label: Callable[[str, str], RouteLabel] = getattr(plane, "route_label", lambda m, v: UNROUTED)
 
@@ -70,15 +84,16 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
         rid = next((v for k, v in context.invocation_metadata() or () if k == "x-request-id"), None)
         return access.begin(rid if isinstance(rid, str) else None, len(request) if isinstance(request, bytes) else 0)
 
-    def wrap(api: str, fn: Callable[[Any, aio.ServicerContext], Awaitable[Any]]):
+    def wrap(api: str, fn: Callable[[Any, aio.ServicerContext, _Seen], Awaitable[Any]]):
         async def run(request: Any, context: aio.ServicerContext) -> Any:
             start = time.perf_counter()
             code = "OK"
-            label: RouteLabel = SERVER_LEVEL
-            model = version = ""
+            # Filled by the handler as soon as it knows the model: a failed call is then
+            # still counted under its route and pool.
+            seen = _Seen()
             record = begin(context, request)
             try:
-                result, label, model, version = await fn(request, context)
+                result = await fn(request, context, seen)
                 if record is not None and isinstance(result, bytes):
                     record.bytes_out = len(result)
                 return result
@@ -95,41 +110,41 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
                 await context.abort(grpc.StatusCode.INTERNAL, "internal gateway error")
             finally:
                 if metrics is not None:
-                    metrics.observe("grpc", api, label, code, time.perf_counter() - start, model, version, record)
+                    metrics.observe("grpc", api, seen.label, code, time.perf_counter() - start, seen.model,
+                                    seen.version, record)
 
         return run
 
-    async def server_live(req: pb.ServerLiveRequest, ctx: aio.ServicerContext):
-        return pb.ServerLiveResponse(live=plane.server_live()), SERVER_LEVEL, "", ""
+    async def server_live(req: pb.ServerLiveRequest, ctx: aio.ServicerContext, seen: _Seen):
+        return pb.ServerLiveResponse(live=plane.server_live())
 
-    async def server_ready(req: pb.ServerReadyRequest, ctx: aio.ServicerContext):
-        return pb.ServerReadyResponse(ready=plane.server_ready()), SERVER_LEVEL, "", ""
+    async def server_ready(req: pb.ServerReadyRequest, ctx: aio.ServicerContext, seen: _Seen):
+        return pb.ServerReadyResponse(ready=plane.server_ready())
 
-    async def server_metadata(req: pb.ServerMetadataRequest, ctx: aio.ServicerContext):
-        return pb.ServerMetadataResponse(**plane.server_metadata()), SERVER_LEVEL, "", ""
+    async def server_metadata(req: pb.ServerMetadataRequest, ctx: aio.ServicerContext, seen: _Seen):
+        return pb.ServerMetadataResponse(**plane.server_metadata())
 
-    async def model_ready(req: pb.ModelReadyRequest, ctx: aio.ServicerContext):
+    async def model_ready(req: pb.ModelReadyRequest, ctx: aio.ServicerContext, seen: _Seen):
         if not req.name:
             raise InvalidRequest("ModelReadyRequest.name is required")
-        ready = await plane.model_ready(req.name, req.version)
-        return pb.ModelReadyResponse(ready=ready), route_label(req.name, req.version), req.name, req.version
+        seen.note(route_label(req.name, req.version), req.name, req.version)
+        return pb.ModelReadyResponse(ready=await plane.model_ready(req.name, req.version))
 
-    async def model_metadata(req: pb.ModelMetadataRequest, ctx: aio.ServicerContext):
+    async def model_metadata(req: pb.ModelMetadataRequest, ctx: aio.ServicerContext, seen: _Seen):
         if not req.name:
             raise InvalidRequest("ModelMetadataRequest.name is required")
-        meta = await plane.model_metadata(req.name, req.version)
-        return _metadata_message(meta), route_label(req.name, req.version), req.name, req.version
+        seen.note(route_label(req.name, req.version), req.name, req.version)
+        return _metadata_message(await plane.model_metadata(req.name, req.version))
 
-    async def model_infer(message: bytes, ctx: aio.ServicerContext):
+    async def model_infer(message: bytes, ctx: aio.ServicerContext, seen: _Seen):
         model, version, sequence = scan_infer_routing(message)
         if not model:
             raise InvalidRequest("ModelInferRequest.model_name is required")
         if metrics is not None:
             metrics.request_bytes.labels("grpc").observe(len(message))
-        label = route_label(model, version)
-        answer = await plane.infer_grpc(message, model, version, ctx.time_remaining(), sequence,
-                                        tuple(ctx.invocation_metadata() or ()))
-        return answer, label, model, version
+        seen.note(route_label(model, version), model, version)
+        return await plane.infer_grpc(message, model, version, ctx.time_remaining(), sequence,
+                                      tuple(ctx.invocation_metadata() or ()))
 
     async def model_stream_infer(requests: AsyncIterator[bytes], ctx: aio.ServicerContext) -> AsyncIterator[bytes]:
         """Triton's ModelStreamInfer (not in the KServe proto; tritonclient's
@@ -171,12 +186,12 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
     def extension(rpc: str):
         # ModelConfigRequest and ModelStatisticsRequest carry name and version in
         # fields 1 and 2, as ModelInferRequest does: the same wire scan finds them.
-        async def handler(message: bytes, ctx: aio.ServicerContext):
+        async def handler(message: bytes, ctx: aio.ServicerContext, seen: _Seen):
             model, version, _ = scan_infer_routing(message)
             if not model:
                 raise InvalidRequest(f"{rpc}Request.name is required: the gateway routes by model")
-            answer = await plane.model_extension_grpc(rpc, message, model, version, ctx.time_remaining())
-            return answer, route_label(model, version), model, version
+            seen.note(route_label(model, version), model, version)
+            return await plane.model_extension_grpc(rpc, message, model, version, ctx.time_remaining())
 
         return handler
 
