@@ -23,7 +23,7 @@ PYTHON=${PYTHON:-python3}
 # Services these packages ship are not started (there is no init system here; a
 # policy-rc.d refuses them where there is one).
 declare -A NEED=([dnsmasq]=dnsmasq-base [prometheus]=prometheus [promtool]=prometheus
-                 [dockerd]=docker.io [docker]=docker.io [debootstrap]=debootstrap)
+                 [dockerd]=docker.io [debootstrap]=debootstrap)
 MISSING=()
 for bin in "${!NEED[@]}"; do
   if ! command -v "$bin" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$bin" ] && [ ! -x "/usr/bin/$bin" ]; then
@@ -40,7 +40,8 @@ if [ ${#MISSING[@]} -gt 0 ]; then
       exit 1
     fi
   fi
-  mapfile -t PKGS < <(printf '%s\n' "${MISSING[@]}" | sort -u)
+  # debootstrap only recommends the keyring and gpgv it checks Debian's signatures with.
+  mapfile -t PKGS < <(printf '%s\n' "${MISSING[@]}" | sed 's/^debootstrap$/debootstrap\ndebian-archive-keyring\ngpgv/' | sort -u)
   POLICY=/usr/sbin/policy-rc.d
   OWN_POLICY=
   if [ ! -e "$POLICY" ]; then
