@@ -50,11 +50,10 @@ class DatatypeInfo:
     name: str
     itemsize: int | None  # bytes per element; None for BYTES (variable length)
     dtype: np.dtype  # explicit byte order; object for BYTES, '<u2' for BF16
-    json_ok: bool  # may appear in JSON ``data``
 
 
-def _info(name: str, itemsize: int | None, dtype: str, json_ok: bool = True) -> DatatypeInfo:
-    return DatatypeInfo(name, itemsize, np.dtype(dtype), json_ok)
+def _info(name: str, itemsize: int | None, dtype: str) -> DatatypeInfo:
+    return DatatypeInfo(name, itemsize, np.dtype(dtype))
 
 
 DATATYPES: dict[str, DatatypeInfo] = {
@@ -69,8 +68,10 @@ DATATYPES: dict[str, DatatypeInfo] = {
         _info("INT16", 2, "<i2"),
         _info("INT32", 4, "<i4"),
         _info("INT64", 8, "<i8"),
-        _info("FP16", 2, "<f2", json_ok=False),
-        _info("BF16", 2, "<u2", json_ok=False),
+        # FP16 / BF16 as JSON numbers: codec/jsonnum.py (Triton itself refuses them in
+        # JSON; MLServer takes FP16 numbers, so converting paths carry them).
+        _info("FP16", 2, "<f2"),
+        _info("BF16", 2, "<u2"),
         _info("FP32", 4, "<f4"),
         _info("FP64", 8, "<f8"),
         _info("BYTES", None, "O"),

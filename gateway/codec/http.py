@@ -27,6 +27,7 @@ tensor); encoders trust their tensors, which came from a decoder or ``from_numpy
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,6 +47,7 @@ from .datatypes import (
     to_numpy,
     validate_tensor,
 )
+from .jsonnum import bf16_to_float64, float64_to_bf16, float64_to_fp16, float_json
 
 __all__ = ["binary_policy", "decode_request", "decode_response", "encode_request", "encode_response"]
 
@@ -68,10 +70,25 @@ def _load_header(view: memoryview, header_length: int | None, what: str) -> tupl
     try:
         doc = orjson.loads(view[:hl])
     except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"malformed JSON {what}: {exc}") from exc
+        doc = _with_nonfinite(view[:hl])
+        if doc is None:
+            raise InvalidRequest(f"malformed JSON {what}: {exc}") from exc
     if not isinstance(doc, dict):
         raise InvalidRequest(f"the JSON {what} must be an object")
     return doc, hl
+
+
+def _with_nonfinite(text: memoryview) -> Any:
+    """A body orjson refused because it holds NaN / Infinity / -Infinity (Triton writes
+    them so; codec/jsonnum.py): read by the standard library's parser, which takes those
+    tokens. None when it is malformed for another reason."""
+    raw = bytes(text)
+    if b"NaN" not in raw and b"Infinity" not in raw:
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
 
 
 def _params(value: Any, where: str) -> Params:
@@ -133,8 +150,6 @@ def _check_nesting(name: str, arr: np.ndarray, shape: tuple[int, ...], count: in
 
 def _json_to_raw(name: str, info: DatatypeInfo, shape: tuple[int, ...], count: int, data: Any) -> memoryview:
     """JSON ``data`` → raw little-endian bytes, one numpy conversion (no per-element loop but BYTES)."""
-    if not info.json_ok:
-        raise InvalidRequest(f"tensor '{name}': {info.name} cannot be represented in JSON; send it binary")
     if not isinstance(data, list):
         raise InvalidRequest(f"tensor '{name}': 'data' must be a JSON array")
     try:
@@ -149,6 +164,10 @@ def _json_to_raw(name: str, info: DatatypeInfo, shape: tuple[int, ...], count: i
             raise InvalidRequest(f"tensor '{name}': BYTES 'data' elements must be strings") from exc
     if arr.size:
         arr = _typed_values(name, info, arr, data)
+    if info.name in ("FP16", "BF16"):
+        values = arr.astype(np.float64).reshape(-1)
+        half = float64_to_fp16(name, values) if info.name == "FP16" else float64_to_bf16(name, values)
+        return tensor_view(half)
     with np.errstate(all="ignore"):  # FP64 → FP32 overflow becomes inf, as Triton's C++ cast does
         return tensor_view(arr.astype(info.dtype, copy=False))
 
@@ -160,6 +179,8 @@ def _typed_values(name: str, info: DatatypeInfo, arr: np.ndarray, data: list[Any
     no true); float types any number, and null as NaN.
     """
     target, kind = info.dtype, arr.dtype.kind
+    if info.name in ("FP16", "BF16"):
+        target = np.dtype(np.float64)  # read as numbers here, rounded by the caller
     ok = False
     if target.kind == "b":
         ok = kind == "b"
@@ -193,8 +214,6 @@ def _typed_values(name: str, info: DatatypeInfo, arr: np.ndarray, data: list[Any
 def _json_data(t: Tensor) -> Any:
     """A tensor's flat JSON ``data`` (Triton writes it flat): an ndarray orjson serialises, or strings."""
     info = datatype_info(t.datatype, t.name)
-    if not info.json_ok:
-        raise InvalidRequest(f"tensor '{t.name}': {t.datatype} cannot be represented in JSON; request it binary")
     if info.itemsize is None:
         elems = bytes_values(t.data, t.name)
         if len(elems) != element_count(t.shape, t.name):
@@ -208,12 +227,14 @@ def _json_data(t: Tensor) -> Any:
     arr = to_numpy(t).reshape(-1)
     if info.name == "BOOL":
         return arr.view(np.uint8) != 0  # any non-zero byte is true (Triton: bool_base[e] != 0)
-    if info.name == "FP32":
+    if info.name in ("FP16", "FP32", "FP64"):
         # Triton writes FP32 widened to double (AppendDouble); readers parse a double
         # and narrow it, so the exact double round-trips every float bit for bit,
-        # where a shortest-float32 string could be double-rounded. NaN/Inf have no
-        # JSON form: orjson writes null (Triton fails the response instead).
-        return arr.astype(np.float64)
+        # where a shortest-float32 string could be double-rounded. FP16 widens the same
+        # way. NaN and ±Inf are written as Triton writes them (codec/jsonnum.py).
+        return float_json(arr.astype(np.float64))
+    if info.name == "BF16":
+        return float_json(bf16_to_float64(arr))
     if not arr.dtype.isnative:  # orjson serialises native byte order only
         arr = arr.astype(arr.dtype.newbyteorder("="))
     return arr

@@ -78,15 +78,8 @@ def test_identity_through_gateway(mlserver, gws, client, pool, datatype):
     binary = proto == "http" and pool == "grpc"
     if datatype == "FP16" and proto == "http" and not binary:
         pytest.skip("FP16 cannot travel in JSON and MLServer has no binary extension")
-    if datatype == "FP16" and proto == "grpc" and pool == "http":
-        # The gateway does not put FP16 in JSON (Triton's rule), so it cannot reach a
-        # JSON-only pool: a clear INVALID_ARGUMENT, never a mangled value.
-        from tritonclient.utils import InferenceServerException
-
-        gw = gws[pool]
-        with pytest.raises(InferenceServerException, match="FP16 cannot be represented in JSON"):
-            infer(client, gw.grpc_url, "identity_FP16", [In("INPUT0", arr, datatype)])
-        return
+    # A gRPC client's FP16 to the JSON-only pool travels as JSON numbers (MLServer reads FP16
+    # numbers), widened exactly and rounded back to the same FP16 by MLServer's numpy.
     ins = [In("INPUT0", arr, datatype, binary)]
     outs = [Out("OUTPUT0", binary)]
     direct_url = mlserver.http_url if proto == "http" else mlserver.grpc_url
@@ -128,3 +121,30 @@ def test_metadata_through_gateway(mlserver, gws, pool):
         meta = metadata(kind, url, "add_sub")
         assert meta["name"] == "add_sub"
         assert [t["name"] for t in meta["inputs"]] == ["INPUT0", "INPUT1"]
+
+
+NONFINITE = np.array([[1.0, np.inf, -np.inf], [np.nan, -0.0, 2.5]], dtype=np.float32)
+
+
+@pytest.mark.parametrize("pool", ["http", "grpc"])
+@pytest.mark.parametrize("client", ["http", "grpc"])
+@pytest.mark.parametrize("datatype", ["FP32", "FP64"])
+def test_infinities_and_nan_never_change_on_the_way_to_mlserver(mlserver, gws, client, pool, datatype):
+    """±Inf and NaN on every path to MLServer. The gateway writes Triton's tokens (Infinity,
+    NaN) where it writes JSON; MLServer's own parsers refuse them (its REST side: a 422 JSON
+    decode error; its gRPC side: a 500), and that refusal is what the client gets — as going
+    direct does. What must never happen: an answer with a value changed (an Inf read as NaN)."""
+    from tritonclient.utils import InferenceServerException
+
+    arr = NONFINITE.astype(datatype.lower().replace("fp", "float"))
+    gw = gws[pool]
+    url = gw.http_url if client == "http" else gw.grpc_url
+    try:
+        got = infer(client, url, f"identity_{datatype}", [In("INPUT0", arr, datatype, False)],
+                    [Out("OUTPUT0", False)]).outputs["OUTPUT0"]
+    except InferenceServerException as exc:
+        assert "JSON decode error" in str(exc) or "not a float" in str(exc), str(exc)  # MLServer's words
+        return
+    assert got.dtype == arr.dtype and np.array_equal(np.isnan(got), np.isnan(arr))
+    finite = ~np.isnan(arr)
+    assert got[finite].tobytes() == arr[finite].tobytes()
