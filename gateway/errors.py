@@ -22,6 +22,7 @@ from __future__ import annotations
 __all__ = [
     "GRPC_TO_HTTP",
     "HTTP_TO_GRPC",
+    "SHARED_MEMORY_REFUSAL",
     "BadUpstreamResponse",
     "ConfigError",
     "GatewayError",
@@ -169,6 +170,13 @@ class UpstreamError(GatewayError):
         self.grpc_code = grpc_code
         self.body = body
         self.content_type = content_type
+
+
+# Triton's shared-memory extension (system and CUDA) registers regions of one host's memory;
+# through a gateway the client and the server are on different hosts.
+SHARED_MEMORY_REFUSAL = (
+    "shared memory cannot cross the gateway: a region lives in the memory of one host or GPU, and the "
+    "gateway sits on a network hop between the client and the server; send the tensors in the request")
 
 
 class ListenError(Exception):

@@ -114,7 +114,9 @@ class Proxy:
         return self.health.ready and not self.draining
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": "oip-gateway", "version": __version__, "extensions": list(EXTENSIONS)}
+        config = self.routing.config
+        return {"name": config.server_name or "oip-gateway", "version": config.server_version or __version__,
+                "extensions": list(EXTENSIONS)}
 
     def route_label(self, model: str, version: str) -> RouteLabel:
         """(route pattern, pool) for the metrics: bounded by the config, never a client's string."""

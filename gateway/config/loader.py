@@ -24,7 +24,7 @@ __all__ = ["load_config", "parse_config", "read_config"]
 T = TypeVar("T")
 
 _TOP_KEYS = {"listen", "backends", "routes", "health", "max_message_bytes", "workers", "access_log", "drain_s",
-             "max_inflight_bytes", "forward_headers", "dns"}
+             "max_inflight_bytes", "forward_headers", "dns", "server"}
 _DNS_KEYS = {"nameservers", "refresh_s", "timeout_s"}
 _OUTLIER_KEYS = {"consecutive_failures", "base_ejection_s", "max_ejection_s", "max_ejection_percent"}
 _LISTEN_KEYS = {"http", "grpc", "metrics"}
@@ -357,6 +357,16 @@ def parse_config(raw: Any) -> GatewayConfig:
             extra["forward_headers"] = tuple(names)
         else:
             p.add("forward_headers", f"expected a list of header names, got {names!r}")
+    if "server" in raw:
+        server = _mapping(p, "server", raw["server"])
+        if server is not None:
+            p.check_keys("server", server, {"name", "version"})
+            for key in ("name", "version"):
+                if key in server:
+                    if isinstance(server[key], str) and server[key]:
+                        extra[f"server_{key}"] = server[key]
+                    else:
+                        p.add(f"server.{key}", f"expected a non-empty string, got {server[key]!r}")
     if "max_inflight_bytes" in raw:
         extra["max_inflight_bytes"] = _number(p, "max_inflight_bytes", raw["max_inflight_bytes"], int)
     if "access_log" in raw:

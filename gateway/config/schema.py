@@ -276,6 +276,10 @@ class GatewayConfig:
     # the trace context (traceparent, tracestate, x-request-id) that always is. Lower case.
     forward_headers: tuple[str, ...] = ()
     dns: Dns = field(default_factory=Dns)
+    # What server metadata (GET /v2, ServerMetadata) names: the gateway's own name and
+    # version unless set — e.g. "triton" for scripts that check it. Extensions stay true.
+    server_name: str | None = None
+    server_version: str | None = None
 
     def __post_init__(self) -> None:
         for name in self.forward_headers:

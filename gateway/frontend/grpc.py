@@ -19,7 +19,7 @@ from grpc import aio
 from .._pb import grpc_predict_v2_pb2 as pb
 from ..codec.wire import scan_infer_routing
 from ..dataplane import DataPlane
-from ..errors import GatewayError, InvalidRequest, UpstreamError
+from ..errors import SHARED_MEMORY_REFUSAL, GatewayError, InvalidRequest, Unsupported, UpstreamError
 from ..observability.access import AccessRecord
 from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
 
@@ -28,6 +28,10 @@ __all__ = ["SERVICE", "build_grpc_handler", "server_options"]
 log = logging.getLogger("oip_gateway.grpc")
 
 SERVICE = "inference.GRPCInferenceService"
+
+# Triton's shared-memory RPCs (grpc_service.proto): refused with UNIMPLEMENTED and the reason.
+_SHARED_MEMORY_RPCS = tuple(f"{kind}SharedMemory{op}" for kind in ("System", "Cuda")
+                            for op in ("Status", "Register", "Unregister"))
 
 
 def server_options(max_message_bytes: int, *, reuse_port: bool = False) -> list[tuple[str, int | str]]:
@@ -195,6 +199,9 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
 
         return handler
 
+    async def shared_memory(message: bytes, ctx: aio.ServicerContext, seen: _Seen):
+        raise Unsupported(SHARED_MEMORY_REFUSAL)
+
     def typed(fn, req_type, resp_type):
         return grpc.unary_unary_rpc_method_handler(
             fn, request_deserializer=req_type.FromString, response_serializer=resp_type.SerializeToString
@@ -216,5 +223,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
         "ModelConfig": grpc.unary_unary_rpc_method_handler(wrap("model_config", extension("ModelConfig"))),
         "ModelStatistics": grpc.unary_unary_rpc_method_handler(
             wrap("model_statistics", extension("ModelStatistics"))),
+        **{rpc: grpc.unary_unary_rpc_method_handler(wrap("shared_memory", shared_memory))
+           for rpc in _SHARED_MEMORY_RPCS},
     }
     return grpc.method_handlers_generic_handler(SERVICE, handlers)

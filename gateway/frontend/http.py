@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..budget import ByteBudget
 from ..dataplane import ClientDisconnected, DataPlane, StreamedBody
-from ..errors import GatewayError, InvalidRequest, PayloadTooLarge, UpstreamError
+from ..errors import SHARED_MEMORY_REFUSAL, GatewayError, InvalidRequest, PayloadTooLarge, Unsupported, UpstreamError
 from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
 
 __all__ = ["build_http_app", "error_response"]
@@ -307,6 +307,9 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             metrics.observe("http", "infer", route_label(model, version), status, time.perf_counter() - start,
                             model, version, record)
 
+    async def shared_memory(request: Request, model: str, version: str) -> Response:
+        raise Unsupported(SHARED_MEMORY_REFUSAL)
+
     def extension(what: str):
         async def handler(request: Request, model: str, version: str) -> Response:
             reply = await plane.model_extension_http(model, version, what)
@@ -331,6 +334,11 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         Route(mv + "/config", endpoint("model_config", extension("config")), methods=["GET"]),
         Route(m + "/stats", endpoint("model_statistics", extension("stats")), methods=["GET"]),
         Route(mv + "/stats", endpoint("model_statistics", extension("stats")), methods=["GET"]),
+        # Triton's shared-memory extension: a region lives in the memory of one host (or GPU),
+        # which a network hop cannot reach — a clear refusal, never a blind relay.
+        Route("/v2/systemsharedmemory{rest:path}", endpoint("shared_memory", shared_memory),
+              methods=["GET", "POST"]),
+        Route("/v2/cudasharedmemory{rest:path}", endpoint("shared_memory", shared_memory), methods=["GET", "POST"]),
     ]
 
     async def http_error(request: Request, exc: Exception) -> Response:

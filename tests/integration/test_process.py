@@ -165,3 +165,14 @@ def test_sigterm_drains_when_configured(reference, tmp_path):
     add_sub_ok("http", gw.http_url)  # new requests are still served while draining
     add_sub_ok("grpc", gw.grpc_url)
     assert gw.proc.wait(timeout=30) == 0
+
+
+def test_server_metadata_presents_the_configured_name(reference, tmp_path):
+    backends = {"ref": {"protocol": "http", "endpoints": [reference.http_url]}}
+    cfg = gateway_config(backends, [{"model": "add_sub", "backend": "ref"}],
+                         server={"name": "triton", "version": "2.51.0"})
+    with GatewayProcess(cfg, tmp_path, "gw-name") as gw:
+        for kind, url in (("http", gw.http_url), ("grpc", gw.grpc_url)):
+            meta = metadata(kind, url)
+            assert (meta["name"], meta["version"]) == ("triton", "2.51.0")
+            assert "binary_tensor_data" in meta["extensions"]  # the true list, whatever the name

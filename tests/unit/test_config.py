@@ -166,3 +166,13 @@ def test_help_lists_only_the_commands_for_people(capsys):
         assert command in text
     # The hidden command still works for the supervisor.
     assert build_parser().parse_args(["_worker", "--config", "x.yaml"]).command == "_worker"
+
+
+def test_server_metadata_name_and_version():
+    base = {"backends": {"b": {"protocol": "http", "endpoints": ["h:1"]}}, "routes": [{"model": "m", "backend": "b"}]}
+    cfg = parse_config(dict(base, server={"name": "triton", "version": "2.51.0"}))
+    assert (cfg.server_name, cfg.server_version) == ("triton", "2.51.0")
+    assert parse_config(base).server_name is None
+    with pytest.raises(ConfigError) as info:
+        parse_config(dict(base, server={"name": "", "vendor": "x"}))
+    assert {p.split(":")[0] for p in info.value.problems} == {"server.name", "server.vendor"}
