@@ -9,8 +9,9 @@ copied once per direction, when the outgoing message is joined.
   ``raw_input_contents``; the answer's outputs go back as JSON or binary as the
   request asked (``binary_data`` per output, ``binary_data_output`` per request).
 - gRPC → HTTP: raw or typed contents become a binary-extension request (JSON
-  for pools with ``binary_extension: false``, e.g. MLServer); the answer always
-  goes back as ``raw_output_contents`` — tritonclient's gRPC client reads nothing else.
+  for pools with ``binary_extension: false``, e.g. MLServer); the answer goes back in
+  the request's form: ``raw_output_contents`` for a raw request (tritonclient reads
+  nothing else), typed ``contents`` for a typed one (as MLServer answers directly).
 """
 from __future__ import annotations
 
@@ -59,15 +60,17 @@ def grpc_answer_to_http(answer: bytes, form: AnswerForm, backend: str) -> tuple[
     return chunks, reply_headers(json_length, coding)
 
 
-def grpc_request_to_http(message: bytes, *, binary: bool) -> tuple[Chunks, dict[str, str]]:
-    """A ModelInferRequest → (HTTP body parts, headers): binary extension, or JSON only."""
+def grpc_request_to_http(message: bytes, *, binary: bool) -> tuple[Chunks, dict[str, str], bool]:
+    """A ModelInferRequest → (HTTP body parts, headers, whether its data came typed — then
+    so goes its answer): binary extension, or JSON only."""
     request = grpc_codec.decode_request(message)
     chunks, json_length = http_codec.encode_request(request, binary=binary)
-    return chunks, reply_headers(json_length)
+    return chunks, reply_headers(json_length), grpc_codec.uses_typed_contents(message)
 
 
-def http_answer_to_grpc(body: bytes | bytearray, headers: Mapping[str, str], limit: int, backend: str) -> bytes:
-    """A 200 HTTP inference answer → ModelInferResponse bytes."""
+def http_answer_to_grpc(body: bytes | bytearray, headers: Mapping[str, str], limit: int, backend: str,
+                        *, typed: bool = False) -> bytes:
+    """A 200 HTTP inference answer → ModelInferResponse bytes (raw contents, or typed)."""
     try:
         body = decode_content(body, headers.get("content-encoding"), limit)
         # Read by Inference-Header-Content-Length, never by content type: OVMS sends
@@ -75,4 +78,4 @@ def http_answer_to_grpc(body: bytes | bytearray, headers: Mapping[str, str], lim
         response = http_codec.decode_response(body, header_length(headers.get(HEADER_LENGTH), len(body)))
     except InvalidRequest as exc:
         raise BadUpstreamResponse(f"backend '{backend}' sent an unreadable response: {exc.message}") from exc
-    return grpc_codec.encode_response(response)
+    return grpc_codec.encode_response(response, typed=typed)

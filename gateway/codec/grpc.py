@@ -31,15 +31,18 @@ from .datatypes import (
     INT64_MAX,
     DatatypeInfo,
     byte_view,
+    bytes_values,
     datatype_info,
     element_count,
     serialize_bytes_elements,
     tensor_view,
+    to_numpy,
     validate_tensor,
 )
 from .wire import encode_len_field, encode_varint, iter_fields
 
-__all__ = ["HTTP_ONLY_PARAMS", "decode_request", "decode_response", "encode_request", "encode_response"]
+__all__ = ["HTTP_ONLY_PARAMS", "decode_request", "decode_response", "encode_request", "encode_response",
+           "uses_typed_contents"]
 
 _REQUEST_RAW = 7  # ModelInferRequest.raw_input_contents
 _RESPONSE_RAW = 6  # ModelInferResponse.raw_output_contents
@@ -269,10 +272,36 @@ def decode_response(message: bytes | memoryview) -> InferResponse:
     )
 
 
-def encode_response(resp: InferResponse) -> bytes:
-    """Serialize a ModelInferResponse; every output goes in raw_output_contents."""
+def uses_typed_contents(message: bytes | memoryview) -> bool:
+    """A ModelInferRequest with inputs and no ``raw_input_contents``: its data came typed
+    (``contents.fp32_contents``…), so its answer goes back typed (MLServer's own rule;
+    tritonclient sends raw and reads raw). One walk over the top-level fields."""
+    view = message if isinstance(message, memoryview) else memoryview(message)
+    has_inputs = False
+    for fnum, _, _ in iter_fields(view):
+        if fnum == _REQUEST_RAW:
+            return False
+        has_inputs = has_inputs or fnum == 5  # ModelInferRequest.inputs
+    return has_inputs
+
+
+def encode_response(resp: InferResponse, *, typed: bool = False) -> bytes:
+    """Serialize a ModelInferResponse: outputs in raw_output_contents, or — ``typed``, and
+    every output has a typed field (FP16/BF16 have none: then all go raw, since the spec
+    takes raw contents for all outputs or none) — in each output's ``contents``."""
     msg = pb.ModelInferResponse(model_name=resp.model_name, model_version=resp.model_version, id=resp.id)
     _params_to_pb(msg.parameters, resp.parameters, "response")
+    typed = typed and all(t.datatype in _TYPED for t in resp.outputs)
     for t in resp.outputs:
-        _fill_tensor(msg.outputs.add(), t)
+        target = msg.outputs.add()
+        _fill_tensor(target, t)
+        if typed:
+            field, wire_dtype = _TYPED[t.datatype]
+            if t.datatype == "BYTES":
+                values: list[Any] = bytes_values(t.data, t.name)
+            else:
+                values = to_numpy(t).reshape(-1).astype(wire_dtype).tolist()
+            getattr(target.contents, field).extend(values)
+    if typed:
+        return msg.SerializeToString()
     return _join(msg.SerializeToString(), _RESPONSE_RAW, (t.data for t in resp.outputs))

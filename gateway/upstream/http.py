@@ -279,7 +279,7 @@ class HttpPool(Pool[HttpEndpoint]):
                          affinity: str | None, metadata: tuple[tuple[str, str], ...]) -> bytes:
         """A gRPC client's request, converted: binary extension (or JSON) out, raw back."""
         self.on_event("grpc_to_http")
-        chunks, headers = grpc_request_to_http(message, binary=self.backend.binary_extension)
+        chunks, headers, typed = grpc_request_to_http(message, binary=self.backend.binary_extension)
         del message
         reply = await self.request("POST", model_path(model, version) + "/infer", model, version, body=chunks,
                                    headers={**headers, **dict(metadata)}, timeout=timeout, affinity=affinity)
@@ -287,7 +287,8 @@ class HttpPool(Pool[HttpEndpoint]):
         if reply.status != 200:
             raise error_from_reply(reply)
         assert not isinstance(reply.body, BodyStream)  # no stream_min asked
-        return http_answer_to_grpc(reply.body, reply.headers, self.backend.max_message_bytes, self.name)
+        return http_answer_to_grpc(reply.body, reply.headers, self.backend.max_message_bytes, self.name,
+                                   typed=typed)
 
 
 async def _compressed_sequence(body: bytes | bytearray | IncomingBody, json_length: str | None,

@@ -148,3 +148,32 @@ def test_infinities_and_nan_never_change_on_the_way_to_mlserver(mlserver, gws, c
     assert got.dtype == arr.dtype and np.array_equal(np.isnan(got), np.isnan(arr))
     finite = ~np.isnan(arr)
     assert got[finite].tobytes() == arr[finite].tobytes()
+
+
+@pytest.mark.parametrize("typed", [True, False])
+def test_answer_in_the_client_s_form(mlserver, gws, typed):
+    """A gRPC client that sends typed contents gets typed contents back, as MLServer answers it
+    directly; a raw request gets raw_output_contents (all tritonclient reads) — through the
+    JSON-only HTTP pool, where the gateway writes the gRPC answer itself."""
+    import grpc
+
+    from gateway._pb import grpc_predict_v2_pb2 as pb
+
+    def call(url: str) -> pb.ModelInferResponse:
+        req = pb.ModelInferRequest(model_name="identity_INT32")
+        tensor = req.inputs.add(name="INPUT0", datatype="INT32", shape=[1, 3])
+        values = [-7, 0, 2**31 - 1]
+        if typed:
+            tensor.contents.int_contents.extend(values)
+        else:
+            req.raw_input_contents.append(np.array(values, "<i4").tobytes())
+        with grpc.insecure_channel(url) as ch:
+            answer = ch.unary_unary("/inference.GRPCInferenceService/ModelInfer")(req.SerializeToString(), timeout=30)
+        return pb.ModelInferResponse.FromString(answer)
+
+    direct, via = call(mlserver.grpc_url), call(gws["http"].grpc_url)
+    for resp in (direct, via):
+        if typed:
+            assert not resp.raw_output_contents and list(resp.outputs[0].contents.int_contents) == [-7, 0, 2**31 - 1]
+        else:
+            assert np.frombuffer(resp.raw_output_contents[0], "<i4").tolist() == [-7, 0, 2**31 - 1]

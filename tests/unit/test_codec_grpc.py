@@ -316,3 +316,30 @@ def test_shared_memory_is_unsupported() -> None:
         name="o", parameters=shm)])
     with pytest.raises(Unsupported, match="'o'"):
         grpc.decode_request(msg.SerializeToString())
+
+
+@pytest.mark.parametrize("datatype", ["BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32",
+                                      "UINT64", "FP32", "FP64", "BYTES"])
+def test_typed_answer_reads_back_to_the_same_tensors(datatype):
+    resp = InferResponse("m", "1", "x", {}, (from_numpy("out0", sample(datatype), datatype=datatype),))
+    message = grpc.encode_response(resp, typed=True)
+    assert not pb.ModelInferResponse.FromString(message).raw_output_contents
+    assert grpc.decode_response(message) == resp
+
+
+def test_typed_answer_falls_back_to_raw_for_fp16():
+    resp = InferResponse("m", outputs=(from_numpy("a", sample("INT32")), from_numpy("h", sample("FP16"))))
+    message = grpc.encode_response(resp, typed=True)
+    assert len(pb.ModelInferResponse.FromString(message).raw_output_contents) == 2  # all raw, or none
+    assert grpc.decode_response(message) == resp
+
+
+def test_uses_typed_contents():
+    typed = pb.ModelInferRequest(model_name="m")
+    typed.inputs.add(name="a", datatype="INT32", shape=[1]).contents.int_contents.append(1)
+    raw = pb.ModelInferRequest(model_name="m")
+    raw.inputs.add(name="a", datatype="INT32", shape=[1])
+    raw.raw_input_contents.append(b"\0\0\0\0")
+    assert grpc.uses_typed_contents(typed.SerializeToString())
+    assert not grpc.uses_typed_contents(raw.SerializeToString())
+    assert not grpc.uses_typed_contents(pb.ModelInferRequest(model_name="m").SerializeToString())
