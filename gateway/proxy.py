@@ -8,6 +8,7 @@ proxy never asks what kind of pool it holds.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Any, TypeVar
 
 from . import __version__
 from .budget import ByteBudget
+from .codec.repository import PoolIndexEntry
 from .codec.wire import scan_infer_routing
 from .config.schema import Backend, GatewayConfig
 from .dataplane import TRACE_HEADERS, ClientDisconnected, HttpReply, IncomingBody, pick_headers
@@ -152,6 +154,29 @@ class Proxy:
     async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
         pool = self.routing.pool(model, version)
         return await self.timed(pool, pool.model_metadata(model, version))
+
+    # -- Triton's repository extension, across the fleet ----------------------------
+    async def repository_index(self, ready_only: bool) -> list[PoolIndexEntry]:
+        """Every pool's endpoints' repository indexes merged: one entry per pool, model and
+        version — READY when some endpoint has it ready (``endpoints``: those), else the
+        state and reason one endpoint gave (``endpoints``: those listing it). Endpoints
+        without an index (OVMS) add nothing. Asked now, in parallel, within health timeout_s."""
+        routing = self.routing
+        timeout = routing.config.health.timeout_s
+        jobs = [(pool, ep) for pool in routing.pools.values() for ep in list(pool.endpoints.values())]
+        answers = await asyncio.gather(*(pool.check_index(ep, timeout) for pool, ep in jobs))
+        merged: dict[tuple[str, str, str], list[Any]] = {}  # -> [first entry, ready eps, listing eps]
+        for (pool, ep), entries in zip(jobs, answers):
+            for e in entries or ():
+                slot = merged.setdefault((e.name, e.version, pool.name), [e, [], []])
+                slot[1 if e.ready else 2].append(str(ep.address))
+        out = []
+        for (name, version, pool_name), (first, ready, listing) in sorted(merged.items()):
+            if ready:
+                out.append(PoolIndexEntry(name, version, True, "READY", "", pool_name, tuple(ready)))
+            elif not ready_only:
+                out.append(PoolIndexEntry(name, version, False, first.state, first.reason, pool_name, tuple(listing)))
+        return out
 
     # -- Triton's per-model extensions (model configuration, statistics) --------
     # Same protocol only: the answers are Triton's own messages (model_config.proto),

@@ -17,6 +17,7 @@ import grpc
 from grpc import aio
 
 from .._pb import grpc_predict_v2_pb2 as pb
+from ..codec.repository import encode_index_pb, index_request_ready
 from ..codec.wire import scan_infer_routing
 from ..dataplane import DataPlane
 from ..errors import SHARED_MEMORY_REFUSAL, GatewayError, InvalidRequest, Unsupported, UpstreamError
@@ -199,6 +200,12 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
 
         return handler
 
+    async def repository_index(message: bytes, ctx: aio.ServicerContext, seen: _Seen):
+        index = getattr(plane, "repository_index", None)
+        if index is None:
+            raise Unsupported("this server has no repository index")
+        return encode_index_pb(await index(index_request_ready(message)))
+
     async def shared_memory(message: bytes, ctx: aio.ServicerContext, seen: _Seen):
         raise Unsupported(SHARED_MEMORY_REFUSAL)
 
@@ -223,6 +230,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
         "ModelConfig": grpc.unary_unary_rpc_method_handler(wrap("model_config", extension("ModelConfig"))),
         "ModelStatistics": grpc.unary_unary_rpc_method_handler(
             wrap("model_statistics", extension("ModelStatistics"))),
+        "RepositoryIndex": grpc.unary_unary_rpc_method_handler(wrap("repository_index", repository_index)),
         **{rpc: grpc.unary_unary_rpc_method_handler(wrap("shared_memory", shared_memory))
            for rpc in _SHARED_MEMORY_RPCS},
     }

@@ -307,6 +307,18 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             metrics.observe("http", "infer", route_label(model, version), status, time.perf_counter() - start,
                             model, version, record)
 
+    async def repository_index(request: Request, model: str, version: str) -> Response:
+        index = getattr(plane, "repository_index", None)
+        if index is None:
+            raise Unsupported("this server has no repository index")
+        raw = await request.body()
+        try:
+            doc = orjson.loads(raw) if raw.strip() else {}
+        except orjson.JSONDecodeError as exc:
+            raise InvalidRequest(f"malformed repository index request: {exc}") from exc
+        ready = isinstance(doc, dict) and doc.get("ready") is True
+        return _json([e.as_json() for e in await index(ready)])
+
     async def shared_memory(request: Request, model: str, version: str) -> Response:
         raise Unsupported(SHARED_MEMORY_REFUSAL)
 
@@ -334,6 +346,8 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         Route(mv + "/config", endpoint("model_config", extension("config")), methods=["GET"]),
         Route(m + "/stats", endpoint("model_statistics", extension("stats")), methods=["GET"]),
         Route(mv + "/stats", endpoint("model_statistics", extension("stats")), methods=["GET"]),
+        # Triton's repository index, merged over every pool and endpoint.
+        Route("/v2/repository/index", endpoint("repository_index", repository_index), methods=["POST"]),
         # Triton's shared-memory extension: a region lives in the memory of one host (or GPU),
         # which a network hop cannot reach — a clear refusal, never a blind relay.
         Route("/v2/systemsharedmemory{rest:path}", endpoint("shared_memory", shared_memory),

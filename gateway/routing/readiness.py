@@ -25,7 +25,9 @@ checker next finds it live (``readmit``).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..config.schema import Outlier
 
@@ -92,10 +94,10 @@ class EndpointHealth:
         self.ready_names = frozenset()
         self.per_model.clear()
 
-    def set_index(self, entries: list[tuple[str, str, bool]]) -> None:
-        """A repository index: (name, version, ready) per entry."""
-        names = frozenset(name for name, _, _ in entries)
-        ready = frozenset((name, version) for name, version, ok in entries if ok)
+    def set_index(self, entries: Sequence[Sequence[Any]]) -> None:
+        """A repository index: (name, version, ready, …) per entry."""
+        names = frozenset(e[0] for e in entries)
+        ready = frozenset((e[0], e[1]) for e in entries if e[2])
         if names == self.names and ready == self.ready and self.models_checked:
             return  # the same as last round: what is cached stays valid
         self.gen.n += 1

@@ -6,9 +6,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.codec.repository import parse_index_json, parse_index_pb
+from gateway.codec import repository
+from gateway.codec.repository import IndexEntry, encode_index_pb
 from gateway.codec.wire import encode_len_field, encode_varint
 from gateway.errors import InvalidRequest
+
+
+def parse_index_json(body):  # (name, version, ready): what readiness uses
+    return [tuple(e[:3]) for e in repository.parse_index_json(body)]
+
+
+def parse_index_pb(message):
+    return [tuple(e[:3]) for e in repository.parse_index_pb(message)]
 
 
 def string_field(fnum: int, text: str | bytes) -> bytes:
@@ -103,3 +112,11 @@ def test_both_forms_parse_back_equal(entries):
     as_pb = b"".join(model_index(n, v, s, r) for n, v, s, r in entries)
     assert parse_index_json(as_json) == expected
     assert parse_index_pb(as_pb) == expected
+
+
+def test_state_and_reason_kept_and_encoded_back():
+    body = b'[{"name":"a","version":"1","state":"UNAVAILABLE","reason":"unloaded"}]'
+    (entry,) = repository.parse_index_json(body)
+    assert entry == IndexEntry("a", "1", False, "UNAVAILABLE", "unloaded")
+    assert repository.parse_index_pb(encode_index_pb([entry])) == [entry]
+    assert repository.index_request_ready(b"\x10\x01") and not repository.index_request_ready(b"")
