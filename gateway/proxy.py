@@ -178,6 +178,16 @@ class Proxy:
                 out.append(PoolIndexEntry(name, version, False, first.state, first.reason, pool_name, tuple(listing)))
         return out
 
+    async def repository_http(self, action: str, model: str, body: bytes, headers: Mapping[str, str]) -> HttpReply:
+        """Load / unload ``model`` on every endpoint of the pool it routes to."""
+        pool = self.routing.pool(model, "")
+        return await self.timed(pool, pool.repository_http(action, model, body, headers))
+
+    async def repository_grpc(self, rpc: str, model: str, message: bytes, timeout: float | None,
+                              metadata: Sequence[tuple[str, str]]) -> bytes:
+        pool = self.routing.pool(model, "")
+        return await self.timed(pool, pool.repository_grpc(rpc, model, message, timeout, tuple(metadata)))
+
     # -- Triton's per-model extensions (model configuration, statistics) --------
     # Same protocol only: the answers are Triton's own messages (model_config.proto),
     # which the V2 spec does not define, so they are relayed, never converted.

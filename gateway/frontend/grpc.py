@@ -18,7 +18,7 @@ from grpc import aio
 
 from .._pb import grpc_predict_v2_pb2 as pb
 from ..codec.repository import encode_index_pb, index_request_ready
-from ..codec.wire import scan_infer_routing
+from ..codec.wire import scan_infer_routing, scan_name_version
 from ..dataplane import DataPlane
 from ..errors import SHARED_MEMORY_REFUSAL, GatewayError, InvalidRequest, Unsupported, UpstreamError
 from ..observability.access import AccessRecord
@@ -206,6 +206,19 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
             raise Unsupported("this server has no repository index")
         return encode_index_pb(await index(index_request_ready(message)))
 
+    def model_control(rpc: str):
+        async def handler(message: bytes, ctx: aio.ServicerContext, seen: _Seen):
+            control = getattr(plane, "repository_grpc", None)
+            if control is None:
+                raise Unsupported("this server has no model control")
+            _, model = scan_name_version(message)  # RepositoryModel{Load,Unload}Request: model_name is field 2
+            if not model:
+                raise InvalidRequest(f"{rpc}Request.model_name is required: the gateway routes by model")
+            seen.note(route_label(model, ""), model, "")
+            return await control(rpc, model, message, ctx.time_remaining(), tuple(ctx.invocation_metadata() or ()))
+
+        return handler
+
     async def shared_memory(message: bytes, ctx: aio.ServicerContext, seen: _Seen):
         raise Unsupported(SHARED_MEMORY_REFUSAL)
 
@@ -231,6 +244,10 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
         "ModelStatistics": grpc.unary_unary_rpc_method_handler(
             wrap("model_statistics", extension("ModelStatistics"))),
         "RepositoryIndex": grpc.unary_unary_rpc_method_handler(wrap("repository_index", repository_index)),
+        "RepositoryModelLoad": grpc.unary_unary_rpc_method_handler(
+            wrap("model_load", model_control("RepositoryModelLoad"))),
+        "RepositoryModelUnload": grpc.unary_unary_rpc_method_handler(
+            wrap("model_unload", model_control("RepositoryModelUnload"))),
         **{rpc: grpc.unary_unary_rpc_method_handler(wrap("shared_memory", shared_memory))
            for rpc in _SHARED_MEMORY_RPCS},
     }

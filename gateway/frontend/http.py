@@ -319,6 +319,19 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         ready = isinstance(doc, dict) and doc.get("ready") is True
         return _json([e.as_json() for e in await index(ready)])
 
+    def model_control(action: str):
+        async def handler(request: Request, model: str, version: str) -> Response:
+            control = getattr(plane, "repository_http", None)
+            if control is None:
+                raise Unsupported("this server has no model control")
+            body = await request.body()
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            reply = await control(action, model, body, headers)
+            content = reply.body if isinstance(reply.body, (bytes, bytearray)) else b""
+            return Response(content, reply.status, media_type=reply.headers.get("content-type", JSON))
+
+        return handler
+
     async def shared_memory(request: Request, model: str, version: str) -> Response:
         raise Unsupported(SHARED_MEMORY_REFUSAL)
 
@@ -348,6 +361,10 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         Route(mv + "/stats", endpoint("model_statistics", extension("stats")), methods=["GET"]),
         # Triton's repository index, merged over every pool and endpoint.
         Route("/v2/repository/index", endpoint("repository_index", repository_index), methods=["POST"]),
+        # Model control, sent to every endpoint of the model's pool (combined answer).
+        Route("/v2/repository/models/{model}/load", endpoint("model_load", model_control("load")), methods=["POST"]),
+        Route("/v2/repository/models/{model}/unload", endpoint("model_unload", model_control("unload")),
+              methods=["POST"]),
         # Triton's shared-memory extension: a region lives in the memory of one host (or GPU),
         # which a network hop cannot reach — a clear refusal, never a blind relay.
         Route("/v2/systemsharedmemory{rest:path}", endpoint("shared_memory", shared_memory),

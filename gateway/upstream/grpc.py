@@ -8,6 +8,7 @@ request is converted (``codec/convert.py``).
 """
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -28,7 +29,7 @@ METHOD_PREFIX = "/inference.GRPCInferenceService/"
 
 # Triton's per-model extension RPCs, relayed as bytes (their messages come from Triton's
 # model_config.proto, which the V2 spec does not define).
-RAW_RPCS = ("ModelConfig", "ModelStatistics", "RepositoryIndex")
+RAW_RPCS = ("ModelConfig", "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")
 
 _TRITON_PREFIX = "triton-grpc-protocol-"
 
@@ -211,6 +212,29 @@ class GrpcPool(Pool[GrpcEndpoint]):
     async def extension_grpc(self, rpc: str, message: bytes, model: str, version: str,
                              timeout: float | None) -> bytes:
         return await self._unary(model, version, None, lambda e: e.raw[rpc], message, timeout)
+
+    async def repository_grpc(self, rpc: str, model: str, message: bytes, timeout: float | None,
+                              metadata: tuple[tuple[str, str], ...]) -> bytes:
+        # The client's metadata for a restricted repository API is passed on as it came.
+        mine = {k for k, _ in self.backend.check_headers} | {_TRITON_PREFIX + k for k, _ in self.backend.check_headers}
+        keys = tuple((k, v) for k, v in metadata if k in mine)
+        eps = list(self.endpoints.values())
+
+        async def one(ep: GrpcEndpoint) -> tuple[GrpcEndpoint, GatewayError | None, bytes]:
+            try:
+                return ep, None, await self._call(ep, lambda e: e.raw[rpc], message, timeout, keys)
+            except Refused as exc:
+                return ep, exc.error, b""
+            except GatewayError as exc:
+                return ep, exc, b""
+
+        results = await asyncio.gather(*(one(ep) for ep in eps))
+        self.combined(rpc, model, [(ep, err) for ep, err, _ in results])
+        return results[0][2]
+
+    async def repository_http(self, action: str, model: str, body: bytes, headers: Mapping[str, str]) -> HttpReply:
+        raise Unsupported(f"{action} of '{model}': backend '{self.name}' speaks gRPC; model control is relayed "
+                          "between the same protocols (use the gRPC listener: RepositoryModelLoad / Unload)")
 
     # -- inference -----------------------------------------------------------------------
     async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,

@@ -8,6 +8,7 @@ error tree here, once (``raise ... from exc``).
 """
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -240,6 +241,34 @@ class HttpPool(Pool[HttpEndpoint]):
                              timeout: float | None) -> bytes:
         raise Unsupported(f"{rpc} of '{model}': backend '{self.name}' speaks HTTP; Triton's model "
                           "configuration and statistics are relayed only between the same protocols")
+
+    async def repository_grpc(self, rpc: str, model: str, message: bytes, timeout: float | None,
+                              metadata: tuple[tuple[str, str], ...]) -> bytes:
+        raise Unsupported(f"{rpc} of '{model}': backend '{self.name}' speaks HTTP; model control is relayed "
+                          "between the same protocols (use the HTTP listener: /v2/repository/models/{m}/load)")
+
+    async def repository_http(self, action: str, model: str, body: bytes, headers: Mapping[str, str]) -> HttpReply:
+        # The client's own credentials for a restricted repository API are passed on (the
+        # names check_headers uses); the gateway never adds its own key to a client's call.
+        fwd = {"content-type": "application/json",
+               **{k: v for k, _ in self.backend.check_headers if (v := headers.get(k)) is not None}}
+        path = f"/v2/repository/models/{quote(model, safe='')}/{action}"
+        eps = list(self.endpoints.values())
+
+        async def one(ep: HttpEndpoint) -> tuple[HttpEndpoint, GatewayError | None, UpstreamReply | None]:
+            try:
+                reply = await self._send(ep, "POST", path, body=body, headers=fwd)
+            except Refused as exc:
+                return ep, exc.error, None
+            except GatewayError as exc:
+                return ep, exc, None
+            return ep, (None if reply.status == 200 else error_from_reply(reply)), reply
+
+        results = await asyncio.gather(*(one(ep) for ep in eps))
+        self.combined(action, model, [(ep, err) for ep, err, _ in results])
+        reply = results[0][2]
+        assert reply is not None
+        return HttpReply(reply.status, reply.body, reply.headers)
 
     def infer_stream(self, requests: AsyncIterator[bytes], model: str, version: str, timeout: float | None,
                      affinity: str | None, metadata: tuple[tuple[str, str], ...]) -> AsyncIterator[bytes]:

@@ -35,7 +35,7 @@ from typing import Any, Generic, TypeVar
 from ..codec.repository import IndexEntry
 from ..config.schema import Backend, HostPort
 from ..dataplane import HttpReply, IncomingBody
-from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable
+from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable, UpstreamError
 from ..observability.access import note_endpoint
 from ..routing.balancer import balancer
 from ..routing.readiness import EndpointHealth, Generation, Ready
@@ -351,4 +351,27 @@ class Pool(Generic[E]):
     async def extension_grpc(self, rpc: str, message: bytes, model: str, version: str,
                              timeout: float | None) -> bytes:
         raise NotImplementedError
+
+    async def repository_http(self, action: str, model: str, body: bytes, headers: Mapping[str, str]) -> HttpReply:
+        """Triton's model control over HTTP (``load`` / ``unload``), sent to every endpoint."""
+        raise NotImplementedError
+
+    async def repository_grpc(self, rpc: str, model: str, message: bytes, timeout: float | None,
+                              metadata: tuple[tuple[str, str], ...]) -> bytes:
+        """Triton's model control over gRPC (RepositoryModelLoad / Unload), to every endpoint."""
+        raise NotImplementedError
+
+    def combined(self, action: str, model: str, outcomes: Sequence[tuple[E, GatewayError | None]]) -> None:
+        """Model control on every endpoint: succeeds when all did; else the first failure's
+        status, with a message naming every endpoint that failed and why."""
+        failed = [(ep, err) for ep, err in outcomes if err is not None]
+        if not outcomes:
+            raise NoEndpointAvailable(f"backend '{self.name}' has no endpoints to {action} '{model}' on")
+        if failed:
+            first = failed[0][1]
+            assert first is not None
+            detail = "; ".join(f"{ep.address}: {err.message}" for ep, err in failed)
+            raise UpstreamError(f"{action} of '{model}' failed on {len(failed)} of {len(outcomes)} endpoints "
+                                f"of backend '{self.name}': {detail}", http_status=first.http_status,
+                                grpc_code=first.grpc_code)
 
