@@ -1,6 +1,9 @@
-"""Upstream clients: HTTP (keep-alive HTTP/1.1 on httptools) and gRPC (grpc.aio) pools, health checks."""
+"""Upstream: one Pool interface (pool.py) with HTTP (keep-alive HTTP/1.1 on httptools) and gRPC
+(grpc.aio) pools, background health checks, DNS discovery."""
+from .discovery import Discovery
 from .grpc import GrpcPool
 from .health import HealthChecker
 from .http import HttpPool, UpstreamReply
+from .pool import Endpoint, Pool, Refused
 
-__all__ = ["GrpcPool", "HealthChecker", "HttpPool", "UpstreamReply"]
+__all__ = ["Discovery", "Endpoint", "GrpcPool", "HealthChecker", "HttpPool", "Pool", "Refused", "UpstreamReply"]
