@@ -16,12 +16,13 @@ from typing import Any, TypeVar
 
 from . import __version__
 from .budget import ByteBudget
-from .codec.repository import PoolIndexEntry
+from .codec.repository import IndexEntry, PoolIndexEntry
 from .codec.wire import scan_infer_routing
 from .config.schema import Backend, GatewayConfig
 from .dataplane import TRACE_HEADERS, ClientDisconnected, HttpReply, IncomingBody, pick_headers
 from .errors import GatewayError, InvalidRequest, ModelNotFound, Overloaded, PayloadTooLarge, Unsupported
 from .observability.metrics import UNROUTED, Metrics, RouteLabel
+from .routing.readiness import Ready
 from .routing.table import RouteTable
 from .upstream.grpc import GrpcPool
 from .upstream.health import HealthChecker
@@ -167,7 +168,14 @@ class Proxy:
         answers = await asyncio.gather(*(pool.check_index(ep, timeout) for pool, ep in jobs))
         merged: dict[tuple[str, str, str], list[Any]] = {}  # -> [first entry, ready eps, listing eps]
         for (pool, ep), entries in zip(jobs, answers):
-            for e in entries or ():
+            if not entries:
+                # No index there (OVMS, the reference server): the exact-routed models, as the
+                # health checker's per-model calls found them — so a gateway in front of this
+                # one reads a complete index.
+                entries = [IndexEntry(m, "", ep.health.ready_for(m, "") == Ready.YES,
+                                      "READY" if ep.health.ready_for(m, "") == Ready.YES else "UNAVAILABLE")
+                           for m in sorted(pool.routed)]
+            for e in entries:
                 slot = merged.setdefault((e.name, e.version, pool.name), [e, [], []])
                 slot[1 if e.ready else 2].append(str(ep.address))
         out = []

@@ -113,7 +113,10 @@ class HealthChecker:
             return False
         ep.health.readmit(time.monotonic())
         index = await self._bounded(pool.check_index(ep, self.timeout_s)) if pool.backend.repository_index else None
-        if index is not None:
+        # An empty index tells nothing a per-model call would not (a server whose index
+        # covers only part of what it serves — another gateway in front of OVMS — answers
+        # [] too): per-model calls decide then.
+        if index:
             ep.health.set_index(index)
             return True
         ep.health.set_no_index()  # index gone (restricted, or never had one): per-model calls
