@@ -42,7 +42,7 @@ from .datatypes import (
 from .wire import encode_len_field, encode_varint, iter_fields
 
 __all__ = ["HTTP_ONLY_PARAMS", "decode_request", "decode_response", "encode_request", "encode_response",
-           "uses_typed_contents"]
+           "encode_stream_response", "uses_typed_contents"]
 
 _REQUEST_RAW = 7  # ModelInferRequest.raw_input_contents
 _RESPONSE_RAW = 6  # ModelInferResponse.raw_output_contents
@@ -270,6 +270,19 @@ def decode_response(message: bytes | memoryview) -> InferResponse:
         parameters=_params_from_pb(msg.parameters, "response"),
         outputs=tuple(outputs),
     )
+
+
+def encode_stream_response(answer: bytes | None = None, error: str | None = None) -> bytes:
+    """Triton's ModelStreamInferResponse (grpc_service.proto): ``error_message`` (1) or
+    ``infer_response`` (2, a serialized ModelInferResponse) — how a stream carries each
+    message's outcome, errors included, without ending the stream."""
+    out = b""
+    if error is not None:
+        data = error.encode("utf-8")
+        out += encode_len_field(1, len(data)) + data
+    if answer is not None:
+        out += encode_len_field(2, len(answer)) + answer
+    return out
 
 
 def uses_typed_contents(message: bytes | memoryview) -> bool:

@@ -19,7 +19,9 @@ import orjson
 
 from ..codec.content import HEADER_LENGTH, inflate_prefix, sequence_of_compressed, sequence_of_json
 from ..codec.convert import grpc_request_to_http, http_answer_to_grpc
+from ..codec.grpc import encode_stream_response
 from ..codec.repository import INDEX_REQUEST_JSON, IndexEntry, parse_index_json
+from ..codec.wire import scan_infer_routing
 from ..config.schema import Backend, BackendTls, HostPort
 from ..dataplane import HttpReply, IncomingBody
 from ..errors import (
@@ -270,10 +272,37 @@ class HttpPool(Pool[HttpEndpoint]):
         assert reply is not None
         return HttpReply(reply.status, reply.body, reply.headers)
 
-    def infer_stream(self, requests: AsyncIterator[bytes], model: str, version: str, timeout: float | None,
-                     affinity: str | None, metadata: tuple[tuple[str, str], ...]) -> AsyncIterator[bytes]:
-        raise Unsupported(f"ModelStreamInfer for model '{model}': backend '{self.name}' speaks HTTP, "
-                          "which has no streaming inference; route it to a gRPC pool")
+    async def infer_stream(self, requests: AsyncIterator[bytes], model: str, version: str,
+                           timeout: float | None, affinity: str | None,
+                           metadata: tuple[tuple[str, str], ...]) -> AsyncIterator[bytes]:
+        """Triton's ModelStreamInfer over an HTTP pool: each request of the stream becomes an
+        HTTP inference on one endpoint (a stream's requests may share sequence state), its
+        answer streamed back in order as a ModelStreamInferResponse; a request that fails
+        carries its error in ``error_message`` and the stream goes on, as Triton's does.
+        One answer per request: a decoupled model behind an HTTP pool gets the backend's
+        own error for it. ``timeout`` (the client's deadline) bounds the stream, not each
+        request: those have the pool's ``timeout_s``."""
+        ep = self.first(model, version, affinity)
+        ep_headers = dict(metadata)
+        async for message in requests:
+            try:
+                m, v, _ = scan_infer_routing(message)
+                self.on_event("grpc_to_http")
+                chunks, headers, typed = grpc_request_to_http(message, binary=self.backend.binary_extension)
+                try:
+                    reply = await self._send(ep, "POST", model_path(m, v) + "/infer", body=chunks,
+                                             headers={**headers, **ep_headers})
+                except Refused as exc:
+                    raise exc.error from exc
+                if reply.status != 200:
+                    raise error_from_reply(reply)
+                assert not isinstance(reply.body, BodyStream)
+                answer = http_answer_to_grpc(reply.body, reply.headers, self.backend.max_message_bytes, self.name,
+                                             typed=typed)
+            except GatewayError as err:
+                yield encode_stream_response(error=err.message)
+                continue
+            yield encode_stream_response(answer=answer)
 
     # -- inference ----------------------------------------------------------------------
     async def infer_http(self, model: str, version: str, body: bytes | bytearray | IncomingBody,
