@@ -33,9 +33,12 @@ __all__ = ["EXTENSIONS", "Proxy", "Routing", "build_pool"]
 
 T = TypeVar("T")
 
-# What the gateway itself supports end to end (spec "Server Metadata": the
-# extensions field). The binary tensor extension is carried on every path.
-EXTENSIONS = ["binary_tensor_data"]
+# What works end to end through the gateway, on every path (spec "Server Metadata": the
+# extensions field): the binary tensor extension, request/tensor parameters, sequences
+# (sequence_id keeps a sequence on one endpoint), and the model repository (index merged
+# over the fleet, load/unload on every endpoint). Not listed: statistics and model
+# configuration (same-protocol pools only), shared memory (refused: no network hop has it).
+EXTENSIONS = ["binary_tensor_data", "parameters", "sequence", "model_repository"]
 
 # Request headers that matter to a V2 backend; everything else (host,
 # content-length, connection) belongs to the hop and is not forwarded.
