@@ -34,11 +34,11 @@ __all__ = ["EXTENSIONS", "Proxy", "Routing", "build_pool"]
 T = TypeVar("T")
 
 # What works end to end through the gateway, on every path (spec "Server Metadata": the
-# extensions field): the binary tensor extension, request/tensor parameters, sequences
-# (sequence_id keeps a sequence on one endpoint), and the model repository (index merged
-# over the fleet, load/unload on every endpoint). Not listed: statistics and model
-# configuration (same-protocol pools only), shared memory (refused: no network hop has it).
-EXTENSIONS = ["binary_tensor_data", "parameters", "sequence", "model_repository"]
+# extensions field): the binary tensor extension, request/tensor parameters, and sequences
+# (sequence_id keeps a sequence on one endpoint). Not listed: the model repository (its
+# index works everywhere, but load/unload only between same-protocol pools), statistics and
+# model configuration (same-protocol pools only), shared memory (no network hop has it).
+EXTENSIONS = ["binary_tensor_data", "parameters", "sequence"]
 
 # Request headers that matter to a V2 backend; everything else (host,
 # content-length, connection) belongs to the hop and is not forwarded.
