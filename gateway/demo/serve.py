@@ -69,7 +69,7 @@ async def run_demo(*, http: HostPort, grpc: HostPort, metrics: HostPort, port_fi
     gw = Gateway(config)
     ports = await gw.start()
     await gw.health.check_once()
-    log.warning("demo models: %s", ", ".join(default_repository()))
+    log.info("demo models: %s", ", ".join(default_repository()))
     announce(ports, port_file)
     try:
         await wait_for_signal()
