@@ -4,9 +4,6 @@ pod behind a healthy sidecar). Clients never see it — each such request is ret
 good endpoint — and after ``consecutive_failures`` of them the endpoint is ejected."""
 from __future__ import annotations
 
-import socket
-import struct
-import threading
 import urllib.request
 
 import numpy as np
@@ -14,6 +11,7 @@ import numpy as np
 from tests.support.clients import In, infer
 from tests.support.gateway import GatewayProcess, gateway_config
 from tests.support.procs import wait_for
+from tests.support.scripted import ScriptedHttp
 
 
 class ResettingBackend:
@@ -22,52 +20,15 @@ class ResettingBackend:
 
     def __init__(self) -> None:
         self.resets = 0
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self._sock.listen(64)
-        self.address = f"127.0.0.1:{self._sock.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._server = ScriptedHttp(self._on_post)
+        self.address = self._server.address
+
+    def _on_post(self, request_line: str, headers: dict[str, str], body: bytes) -> bytes | None:
+        self.resets += 1
+        return None
 
     def close(self) -> None:
-        self._sock.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
-
-    def _handle(self, conn: socket.socket) -> None:
-        conn.settimeout(10)
-        buf = b""
-        try:
-            while True:
-                while b"\r\n\r\n" not in buf:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        return
-                    buf += chunk
-                head, _, buf = buf.partition(b"\r\n\r\n")
-                line = head.split(b"\r\n", 1)[0]
-                if line.startswith(b"POST") and b"/infer" in line:
-                    self.resets += 1
-                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    return  # closed with SO_LINGER 0: a reset
-                length = next((int(h.split(b":")[1]) for h in head.split(b"\r\n")[1:]
-                               if h.lower().startswith(b"content-length:")), 0)
-                while len(buf) < length:
-                    buf += conn.recv(65536)
-                buf = buf[length:]
-                if line.startswith(b"POST /v2/repository/index"):
-                    conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
-                else:
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-        except OSError:
-            return
-        finally:
-            conn.close()
+        self._server.close()
 
 
 def metric_lines(g: GatewayProcess, name: str) -> list[str]:

@@ -11,10 +11,10 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-__all__ = ["listening_ports", "terminate", "terminate_with_parent", "wait_for", "wait_for_ports"]
+__all__ = ["listening_ports", "tcp_sockets", "terminate", "terminate_with_parent", "wait_for", "wait_for_ports"]
 
 T = TypeVar("T")
 _LISTEN = "0A"
@@ -59,18 +59,20 @@ def listening_ports(pid: int, *, include_children: bool = True) -> set[int]:
     inodes: set[str] = set()
     for p in pids:
         inodes |= _socket_inodes(p)
-    ports: set[int] = set()
+    return {port for port, state, inode in tcp_sockets() if state == _LISTEN and inode in inodes}
+
+
+def tcp_sockets() -> Iterator[tuple[int, str, str]]:
+    """(local port, state code, socket inode) of every TCP socket on this host (IPv4 and IPv6)."""
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as fh:
                 next(fh)
                 for line in fh:
                     parts = line.split()
-                    if parts[3] == _LISTEN and parts[9] in inodes:
-                        ports.add(int(parts[1].rsplit(":", 1)[1], 16))
+                    yield int(parts[1].rsplit(":", 1)[1], 16), parts[3], parts[9]
         except FileNotFoundError:
             continue
-    return ports
 
 
 def wait_for(predicate: Callable[[], T], *, timeout: float, interval: float = 0.05, what: str = "condition") -> T:

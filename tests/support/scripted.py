@@ -1,12 +1,13 @@
 """A scripted HTTP/1.1 backend for tests: a real listening socket, one thread per
 connection, keep-alive. Each request is parsed (request line, lower-cased headers, body
 by Content-Length) and handed to ``on_post`` for POSTs, which returns the answer body
-(sent as ``200 application/json``); GETs — health and readiness probes — get an empty
-``200`` at once, and the repository index a ``404`` (a backend without Triton's repository
+(sent as ``200 application/json``; None resets the connection instead); GETs — health and
+readiness probes — get an empty ``200`` at once, and the repository index a ``404`` (a backend without Triton's repository
 extension, as OVMS: the gateway's health checker then asks per model)."""
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 from collections.abc import Callable
 
@@ -16,7 +17,7 @@ EMPTY_INFER_ANSWER = b'{"model_name":"m","outputs":[]}'
 
 
 class ScriptedHttp:
-    def __init__(self, on_post: Callable[[str, dict[str, str], bytes], bytes]) -> None:
+    def __init__(self, on_post: Callable[[str, dict[str, str], bytes], bytes | None]) -> None:
         self._on_post = on_post
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
@@ -56,6 +57,9 @@ class ScriptedHttp:
                     conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
                 elif lines[0].startswith("POST"):
                     answer = self._on_post(lines[0], fields, body)
+                    if answer is None:  # reset the connection (RST) without a byte of answer
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        return
                     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                                  % (len(answer), answer))
                 else:

@@ -55,7 +55,7 @@ from functools import cache
 from pathlib import Path
 from typing import Self
 
-from .procs import listening_ports, terminate, terminate_with_parent, wait_for, wait_for_ports
+from .procs import listening_ports, tcp_sockets, terminate, terminate_with_parent, wait_for, wait_for_ports
 
 __all__ = [
     "MODEL_REPOSITORY",
@@ -378,17 +378,9 @@ def _ports_held(ports: Sequence[int]) -> dict[int, set[str]]:
     """Ports among ``ports`` that a blocking socket on this host holds as its local port, with its states."""
     wanted = set(ports)
     held: dict[int, set[str]] = {}
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as fh:
-                next(fh)
-                for line in fh:
-                    parts = line.split()
-                    port = int(parts[1].rsplit(":", 1)[1], 16)
-                    if port in wanted and parts[3] in _BLOCKING_STATES:
-                        held.setdefault(port, set()).add(_BLOCKING_STATES[parts[3]])
-        except FileNotFoundError:
-            continue
+    for port, state, _ in tcp_sockets():
+        if port in wanted and state in _BLOCKING_STATES:
+            held.setdefault(port, set()).add(_BLOCKING_STATES[state])
     return held
 
 
