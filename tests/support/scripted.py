@@ -2,8 +2,9 @@
 connection, keep-alive. Each request is parsed (request line, lower-cased headers, body
 by Content-Length) and handed to ``on_post`` for POSTs, which returns the answer body
 (sent as ``200 application/json``; None resets the connection instead); GETs — health and
-readiness probes — get an empty ``200`` at once, and the repository index a ``404`` (a backend without Triton's repository
-extension, as OVMS: the gateway's health checker then asks per model)."""
+readiness probes — get an empty ``200`` at once, and the repository index a ``404`` (a
+backend without Triton's repository extension, as OVMS: the gateway's health checker then
+asks per model)."""
 from __future__ import annotations
 
 import socket
