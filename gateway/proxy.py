@@ -17,10 +17,19 @@ from typing import Any, TypeVar
 from . import __version__
 from .budget import ByteBudget
 from .codec.repository import IndexEntry, PoolIndexEntry
+from .codec.triton import stats_from_json, stats_from_pb, stats_sum, stats_to_json, stats_to_pb
 from .codec.wire import scan_infer_routing
 from .config.schema import Backend, GatewayConfig
 from .dataplane import TRACE_HEADERS, ClientDisconnected, HttpReply, IncomingBody, pick_headers
-from .errors import GatewayError, InvalidRequest, ModelNotFound, Overloaded, PayloadTooLarge, Unsupported
+from .errors import (
+    GatewayError,
+    InvalidRequest,
+    ModelNotFound,
+    NoEndpointAvailable,
+    Overloaded,
+    PayloadTooLarge,
+    Unsupported,
+)
 from .observability.metrics import UNROUTED, Metrics, RouteLabel
 from .routing.readiness import Ready
 from .routing.table import RouteTable
@@ -43,6 +52,15 @@ EXTENSIONS = ["binary_tensor_data", "parameters", "sequence"]
 # Request headers that matter to a V2 backend; everything else (host,
 # content-length, connection) belongs to the hop and is not forwarded.
 _FORWARDED = ("content-type", "inference-header-content-length", "content-encoding", "accept-encoding")
+
+
+_JSON = {"content-type": "application/json"}
+
+
+def _stats(part: tuple[bytes, str]) -> Any:
+    """One endpoint's statistics answer (see Pool.endpoint_stats) as a message."""
+    body, form = part
+    return stats_from_json(body) if form == "json" else stats_from_pb(body)
 
 
 _CLIENTS_FAULT = (ClientDisconnected, InvalidRequest, Unsupported, PayloadTooLarge)
@@ -200,16 +218,41 @@ class Proxy:
         return await self.timed(pool, pool.repository_grpc(rpc, model, message, timeout, tuple(metadata)))
 
     # -- Triton's per-model extensions (model configuration, statistics) --------
-    # Same protocol only: the answers are Triton's own messages (model_config.proto),
-    # which the V2 spec does not define, so they are relayed, never converted.
+    # Triton's own messages (model_config.proto, grpc_service.proto): relayed as they are
+    # between same-protocol pools, converted exactly otherwise (codec/triton.py).
     async def model_extension_http(self, model: str, version: str, what: str) -> HttpReply:
+        if what == "stats":
+            parts = await self._statistics(model, version, None)
+            if len(parts) == 1 and parts[0][1] == "json":
+                return HttpReply(200, parts[0][0], _JSON)  # one Triton's own answer, untouched
+            return HttpReply(200, stats_to_json(stats_sum([_stats(p) for p in parts])), _JSON)
         pool = self.routing.pool(model, version)
-        return await self.timed(pool, pool.extension_http(model, version, what))
+        return await self.timed(pool, pool.config_http(model, version))
 
     async def model_extension_grpc(self, rpc: str, message: bytes, model: str, version: str,
                                    timeout: float | None) -> bytes:
+        if rpc == "ModelStatistics":
+            parts = await self._statistics(model, version, timeout)
+            if len(parts) == 1 and parts[0][1] == "pb":
+                return parts[0][0]
+            return stats_to_pb(stats_sum([_stats(p) for p in parts]))
         pool = self.routing.pool(model, version)
-        return await self.timed(pool, pool.extension_grpc(rpc, message, model, version, timeout))
+        return await self.timed(pool, pool.config_grpc(message, model, version, timeout))
+
+    async def _statistics(self, model: str, version: str, timeout: float | None) -> list[tuple[bytes, str]]:
+        """Every endpoint's statistics: of the model's pool, or (no model: Triton's "all
+        models") of every pool. Summed per model and version by the caller."""
+        if model:
+            pool = self.routing.pool(model, version)
+            return await self.timed(pool, pool.statistics(model, version, timeout))
+        pools = list(self.routing.pools.values())
+        answers = await asyncio.gather(*(self.timed(p, p.statistics("", "", timeout)) for p in pools),
+                                       return_exceptions=True)
+        parts = [part for a in answers if isinstance(a, list) for part in a]
+        if not parts:
+            failure = next((a for a in answers if isinstance(a, BaseException)), None)
+            raise failure if failure is not None else NoEndpointAvailable("no backend has endpoints to ask")
+        return parts
 
     # -- inference --------------------------------------------------------------
     async def infer_http(self, model: str, version: str, body: bytes | bytearray | IncomingBody,

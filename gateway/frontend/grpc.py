@@ -193,9 +193,10 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
         # fields 1 and 2, as ModelInferRequest does: the same wire scan finds them.
         async def handler(message: bytes, ctx: aio.ServicerContext, seen: _Seen):
             model, version, _ = scan_infer_routing(message)
-            if not model:
+            if not model and rpc != "ModelStatistics":  # no name: every model's statistics
                 raise InvalidRequest(f"{rpc}Request.name is required: the gateway routes by model")
-            seen.note(route_label(model, version), model, version)
+            if model:
+                seen.note(route_label(model, version), model, version)
             return await plane.model_extension_grpc(rpc, message, model, version, ctx.time_remaining())
 
         return handler

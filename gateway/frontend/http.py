@@ -346,6 +346,9 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
     m = "/v2/models/{model}"
     mv = "/v2/models/{model}/versions/{version}"
     routes = [
+        # Triton's statistics of every model (tritonclient get_inference_statistics() with no
+        # name); before the model routes, which would take "stats" for a model's name.
+        Route("/v2/models/stats", endpoint("model_statistics", extension("stats")), methods=["GET"]),
         Route("/v2/health/live", endpoint("server_live", live), methods=["GET"]),
         Route("/v2/health/ready", endpoint("server_ready", ready), methods=["GET"]),
         Route("/v2", endpoint("server_metadata", server_metadata), methods=["GET"]),
@@ -353,8 +356,8 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         Route(mv, endpoint("model_metadata", model_metadata), methods=["GET"]),
         Route(m + "/ready", endpoint("model_ready", model_ready), methods=["GET"]),
         Route(mv + "/ready", endpoint("model_ready", model_ready), methods=["GET"]),
-        # Triton's extensions, relayed from an HTTP pool (tritonclient get_model_config,
-        # get_inference_statistics; perf_analyzer reads the config).
+        # Triton's extensions (tritonclient get_model_config, get_inference_statistics;
+        # perf_analyzer reads the config): from any pool, statistics summed over its endpoints.
         Route(m + "/config", endpoint("model_config", extension("config")), methods=["GET"]),
         Route(mv + "/config", endpoint("model_config", extension("config")), methods=["GET"]),
         Route(m + "/stats", endpoint("model_statistics", extension("stats")), methods=["GET"]),

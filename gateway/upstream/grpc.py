@@ -8,7 +8,6 @@ request is converted (``codec/convert.py``).
 """
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -16,12 +15,14 @@ import grpc
 from grpc import aio
 
 from .._pb import grpc_predict_v2_pb2 as pb
+from .._pb import triton_extensions_pb2 as tx
 from ..codec.convert import grpc_answer_to_http, http_request_to_grpc
 from ..codec.repository import INDEX_REQUEST_PB, IndexEntry, parse_index_pb
+from ..codec.triton import config_to_json, control_from_json
 from ..config.schema import Backend, BackendTls, HostPort
 from ..dataplane import HttpReply, IncomingBody
 from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable, Unsupported, UpstreamError, UpstreamTimeout
-from .pool import Endpoint, Pool, Refused, is_not_ready_message
+from .pool import TRITON_GRPC_PREFIX, Endpoint, Pool, Refused, is_not_ready_message
 
 __all__ = ["METHOD_PREFIX", "RAW_RPCS", "GrpcEndpoint", "GrpcPool", "channel_options"]
 
@@ -31,7 +32,6 @@ METHOD_PREFIX = "/inference.GRPCInferenceService/"
 # model_config.proto, which the V2 spec does not define).
 RAW_RPCS = ("ModelConfig", "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")
 
-_TRITON_PREFIX = "triton-grpc-protocol-"
 
 # Unary RPCs other than ModelInfer: (request type, response type).
 _TYPED: dict[str, tuple[Any, Any]] = {
@@ -116,7 +116,7 @@ class GrpcPool(Pool[GrpcEndpoint]):
         # "triton-grpc-protocol-<key>"; other servers take the plain name. Both are sent.
         self._check_metadata = tuple(
             pair for k, v in backend.check_headers
-            for pair in ([(k, v)] if k.startswith(_TRITON_PREFIX) else [(k, v), (_TRITON_PREFIX + k, v)])) or None
+            for pair in ([(k, v)] if k.startswith(TRITON_GRPC_PREFIX) else [(k, v), (TRITON_GRPC_PREFIX + k, v)])) or None
 
     def _make(self, address: HostPort) -> GrpcEndpoint:
         return GrpcEndpoint(address, self.backend)
@@ -205,36 +205,40 @@ class GrpcPool(Pool[GrpcEndpoint]):
                                  pb.ModelMetadataRequest(name=model, version=version), None)
         return _metadata_to_dict(resp)
 
-    async def extension_http(self, model: str, version: str, what: str) -> HttpReply:
-        raise Unsupported(f"model {what} of '{model}': backend '{self.name}' speaks gRPC; Triton's "
-                          "model configuration and statistics are relayed only between the same protocols")
+    async def config_http(self, model: str, version: str) -> HttpReply:
+        """Triton's ModelConfig answer as its HTTP ``/config`` JSON (codec/triton.py)."""
+        request = tx.ModelConfigRequest(name=model, version=version).SerializeToString()
+        answer = await self._unary(model, version, None, lambda e: e.raw["ModelConfig"], request, None)
+        self.on_event("grpc_to_http")
+        return HttpReply(200, config_to_json(answer), _JSON)
 
-    async def extension_grpc(self, rpc: str, message: bytes, model: str, version: str,
-                             timeout: float | None) -> bytes:
-        return await self._unary(model, version, None, lambda e: e.raw[rpc], message, timeout)
+    async def config_grpc(self, message: bytes, model: str, version: str, timeout: float | None) -> bytes:
+        return await self._unary(model, version, None, lambda e: e.raw["ModelConfig"], message, timeout)
+
+    async def endpoint_stats(self, ep: GrpcEndpoint, model: str, version: str,
+                             timeout: float | None) -> tuple[bytes, str]:
+        request = tx.ModelStatisticsRequest(name=model, version=version).SerializeToString()
+        return await self._call(ep, lambda e: e.raw["ModelStatistics"], request, timeout, None, model, version), "pb"
 
     async def repository_grpc(self, rpc: str, model: str, message: bytes, timeout: float | None,
                               metadata: tuple[tuple[str, str], ...]) -> bytes:
         # The client's metadata for a restricted repository API is passed on as it came.
-        mine = {k for k, _ in self.backend.check_headers} | {_TRITON_PREFIX + k for k, _ in self.backend.check_headers}
+        mine = {k for k, _ in self.backend.check_headers} | {TRITON_GRPC_PREFIX + k for k, _ in self.backend.check_headers}
         keys = tuple((k, v) for k, v in metadata if k in mine)
-        eps = list(self.endpoints.values())
-
-        async def one(ep: GrpcEndpoint) -> tuple[GrpcEndpoint, GatewayError | None, bytes]:
-            try:
-                return ep, None, await self._call(ep, lambda e: e.raw[rpc], message, timeout, keys)
-            except Refused as exc:
-                return ep, exc.error, b""
-            except GatewayError as exc:
-                return ep, exc, b""
-
-        results = await asyncio.gather(*(one(ep) for ep in eps))
-        self.combined(rpc, model, [(ep, err) for ep, err, _ in results])
-        return results[0][2]
+        results = await self.each_endpoint(lambda ep: self._call(ep, lambda e: e.raw[rpc], message, timeout, keys))
+        self.combined(rpc, model, [(ep, err) for ep, _, err in results])
+        return results[0][1] or b""
 
     async def repository_http(self, action: str, model: str, body: bytes, headers: Mapping[str, str]) -> HttpReply:
-        raise Unsupported(f"{action} of '{model}': backend '{self.name}' speaks gRPC; model control is relayed "
-                          "between the same protocols (use the gRPC listener: RepositoryModelLoad / Unload)")
+        """An HTTP client's load / unload, converted (codec/triton.py): the client's own
+        credentials for a restricted repository API go on as metadata in both spellings."""
+        message = control_from_json(body, model, action == "unload")
+        metadata = tuple(pair for k, _ in self.backend.check_headers if (v := headers.get(k)) is not None
+                         for pair in ((k, v), (TRITON_GRPC_PREFIX + k.removeprefix(TRITON_GRPC_PREFIX), v)))
+        rpc = "RepositoryModelUnload" if action == "unload" else "RepositoryModelLoad"
+        self.on_event("http_to_grpc")
+        await self.repository_grpc(rpc, model, message, None, metadata)
+        return HttpReply(200, b"", {})  # Triton's HTTP answer to a load / unload that worked
 
     # -- inference -----------------------------------------------------------------------
     async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
@@ -282,6 +286,8 @@ class GrpcPool(Pool[GrpcEndpoint]):
             ep._inflight -= 1
             call.cancel()  # a no-op once the stream ended; stops it if the client went away
 
+
+_JSON = {"content-type": "application/json"}
 
 # Headers an HTTP client sends that become gRPC metadata on a converted request: all
 # forwarded ones except the HTTP body's own framing.

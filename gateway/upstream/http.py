@@ -8,7 +8,6 @@ error tree here, once (``raise ... from exc``).
 """
 from __future__ import annotations
 
-import asyncio
 import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from ..codec.content import HEADER_LENGTH, inflate_prefix, sequence_of_compresse
 from ..codec.convert import grpc_request_to_http, http_answer_to_grpc
 from ..codec.grpc import encode_stream_response
 from ..codec.repository import INDEX_REQUEST_JSON, IndexEntry, parse_index_json
+from ..codec.triton import config_from_json, control_to_json
 from ..codec.wire import scan_infer_routing
 from ..config.schema import Backend, BackendTls, HostPort
 from ..dataplane import HttpReply, IncomingBody
@@ -36,7 +36,7 @@ from ..errors import (
     UpstreamTimeout,
 )
 from .h1 import BodyStream, ConnectFailed, ConnectionDropped, H1ConnectionPool, SourceStalled
-from .pool import Endpoint, Pool, Refused, _always
+from .pool import TRITON_GRPC_PREFIX, Endpoint, Pool, Refused, _always
 
 __all__ = ["STREAM_MIN", "BodyStream", "HttpEndpoint", "HttpPool", "UpstreamReply", "error_from_reply",
            "model_path"]
@@ -235,19 +235,39 @@ class HttpPool(Pool[HttpEndpoint]):
         assert not isinstance(reply.body, BodyStream)
         return orjson.loads(reply.body)
 
-    async def extension_http(self, model: str, version: str, what: str) -> HttpReply:
-        reply = await self.request("GET", f"{model_path(model, version)}/{what}", model, version)
+    async def config_http(self, model: str, version: str) -> HttpReply:
+        reply = await self.request("GET", f"{model_path(model, version)}/config", model, version)
         return HttpReply(reply.status, reply.body, reply.headers)
 
-    async def extension_grpc(self, rpc: str, message: bytes, model: str, version: str,
-                             timeout: float | None) -> bytes:
-        raise Unsupported(f"{rpc} of '{model}': backend '{self.name}' speaks HTTP; Triton's model "
-                          "configuration and statistics are relayed only between the same protocols")
+    async def config_grpc(self, message: bytes, model: str, version: str, timeout: float | None) -> bytes:
+        """Triton's HTTP ``/config`` JSON as its gRPC ModelConfigResponse (codec/triton.py)."""
+        reply = await self.request("GET", f"{model_path(model, version)}/config", model, version, timeout=timeout)
+        if reply.status != 200:
+            raise error_from_reply(reply)
+        assert not isinstance(reply.body, BodyStream)
+        self.on_event("http_to_grpc")
+        return config_from_json(reply.body)
+
+    async def endpoint_stats(self, ep: HttpEndpoint, model: str, version: str,
+                             timeout: float | None) -> tuple[bytes, str]:
+        path = f"{model_path(model, version)}/stats" if model else "/v2/models/stats"
+        reply = await self._send(ep, "GET", path, timeout=timeout)
+        if reply.status != 200 or isinstance(reply.body, BodyStream):
+            raise error_from_reply(reply)
+        return bytes(reply.body), "json"
 
     async def repository_grpc(self, rpc: str, model: str, message: bytes, timeout: float | None,
                               metadata: tuple[tuple[str, str], ...]) -> bytes:
-        raise Unsupported(f"{rpc} of '{model}': backend '{self.name}' speaks HTTP; model control is relayed "
-                          "between the same protocols (use the HTTP listener: /v2/repository/models/{m}/load)")
+        """A gRPC client's RepositoryModelLoad / Unload, converted (codec/triton.py): the
+        client's credentials (metadata, either spelling) go on as the HTTP header."""
+        unload = rpc == "RepositoryModelUnload"
+        _, body = control_to_json(message, unload)
+        given = dict(metadata)
+        headers = {k: v for k, _ in self.backend.check_headers
+                   if (v := given.get(k, given.get(TRITON_GRPC_PREFIX + k))) is not None}
+        self.on_event("grpc_to_http")
+        await self.repository_http("unload" if unload else "load", model, body, headers)
+        return b""  # an empty RepositoryModel{Load,Unload}Response
 
     async def repository_http(self, action: str, model: str, body: bytes, headers: Mapping[str, str]) -> HttpReply:
         # The client's own credentials for a restricted repository API are passed on (the
@@ -255,20 +275,16 @@ class HttpPool(Pool[HttpEndpoint]):
         fwd = {"content-type": "application/json",
                **{k: v for k, _ in self.backend.check_headers if (v := headers.get(k)) is not None}}
         path = f"/v2/repository/models/{quote(model, safe='')}/{action}"
-        eps = list(self.endpoints.values())
 
-        async def one(ep: HttpEndpoint) -> tuple[HttpEndpoint, GatewayError | None, UpstreamReply | None]:
-            try:
-                reply = await self._send(ep, "POST", path, body=body, headers=fwd)
-            except Refused as exc:
-                return ep, exc.error, None
-            except GatewayError as exc:
-                return ep, exc, None
-            return ep, (None if reply.status == 200 else error_from_reply(reply)), reply
+        async def one(ep: HttpEndpoint) -> UpstreamReply:
+            reply = await self._send(ep, "POST", path, body=body, headers=fwd)
+            if reply.status != 200:
+                raise error_from_reply(reply)
+            return reply
 
-        results = await asyncio.gather(*(one(ep) for ep in eps))
-        self.combined(action, model, [(ep, err) for ep, err, _ in results])
-        reply = results[0][2]
+        results = await self.each_endpoint(one)
+        self.combined(action, model, [(ep, err) for ep, _, err in results])
+        reply = results[0][1]
         assert reply is not None
         return HttpReply(reply.status, reply.body, reply.headers)
 

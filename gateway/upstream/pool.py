@@ -41,7 +41,11 @@ from ..routing.balancer import balancer
 from ..routing.readiness import EndpointHealth, Generation, Ready
 from ..routing.retry import RetryBudget
 
-__all__ = ["Endpoint", "Pool", "Refused", "is_not_ready_message"]
+__all__ = ["TRITON_GRPC_PREFIX", "Endpoint", "Pool", "Refused", "is_not_ready_message"]
+
+# Triton's --grpc-restricted-protocol=<api>:<key>=<value> wants the gRPC metadata key
+# "triton-grpc-protocol-<key>"; over HTTP the header is plain "<key>".
+TRITON_GRPC_PREFIX = "triton-grpc-protocol-"
 
 log = logging.getLogger("oip_gateway.pool")
 
@@ -345,12 +349,44 @@ class Pool(Generic[E]):
                      affinity: str | None, metadata: tuple[tuple[str, str], ...]) -> AsyncIterator[bytes]:
         raise NotImplementedError
 
-    async def extension_http(self, model: str, version: str, what: str) -> HttpReply:
+    async def config_http(self, model: str, version: str) -> HttpReply:
+        """Triton's model configuration as HTTP ``/config`` answers it (JSON)."""
         raise NotImplementedError
 
-    async def extension_grpc(self, rpc: str, message: bytes, model: str, version: str,
-                             timeout: float | None) -> bytes:
+    async def config_grpc(self, message: bytes, model: str, version: str, timeout: float | None) -> bytes:
+        """Triton's ModelConfig RPC: serialized ModelConfigRequest in, ModelConfigResponse out."""
         raise NotImplementedError
+
+    async def endpoint_stats(self, ep: E, model: str, version: str, timeout: float | None) -> tuple[bytes, str]:
+        """One endpoint's statistics for ``model`` (all models when ""), as it answered:
+        (body, "json") from HTTP ``/stats``, (message, "pb") from gRPC ModelStatistics."""
+        raise NotImplementedError
+
+    async def statistics(self, model: str, version: str, timeout: float | None) -> list[tuple[bytes, str]]:
+        """Every endpoint's statistics (see endpoint_stats), asked at once. An endpoint that
+        fails is left out (a pod that is gone has no statistics to add); when none answers,
+        the first failure is raised."""
+        results = await self.each_endpoint(lambda ep: self.endpoint_stats(ep, model, version, timeout))
+        if not results:
+            raise NoEndpointAvailable(f"backend '{self.name}' has no endpoints to ask for statistics")
+        answers = [answer for _, answer, err in results if err is None and answer is not None]
+        if not answers:
+            first = next(err for _, _, err in results if err is not None)
+            raise first
+        return answers
+
+    async def each_endpoint(self, call: Callable[[E], Awaitable[T]]) -> list[tuple[E, T | None, GatewayError | None]]:
+        """``call`` on every endpoint of the pool at once (model control, statistics,
+        settings): (endpoint, answer, None) or (endpoint, None, error) for each."""
+        async def one(ep: E) -> tuple[E, T | None, GatewayError | None]:
+            try:
+                return ep, await call(ep), None
+            except Refused as exc:
+                return ep, None, exc.error
+            except GatewayError as exc:
+                return ep, None, exc
+
+        return list(await asyncio.gather(*(one(ep) for ep in list(self.endpoints.values()))))
 
     async def repository_http(self, action: str, model: str, body: bytes, headers: Mapping[str, str]) -> HttpReply:
         """Triton's model control over HTTP (``load`` / ``unload``), sent to every endpoint."""
