@@ -29,6 +29,7 @@ from .errors import (
     Overloaded,
     PayloadTooLarge,
     Unsupported,
+    UpstreamError,
 )
 from .observability.metrics import UNROUTED, Metrics, RouteLabel
 from .routing.readiness import Ready
@@ -36,7 +37,7 @@ from .routing.table import RouteTable
 from .upstream.grpc import GrpcPool
 from .upstream.health import HealthChecker
 from .upstream.http import HttpPool
-from .upstream.pool import Pool
+from .upstream.pool import Pool, Refused
 
 __all__ = ["EXTENSIONS", "Proxy", "Routing", "build_pool"]
 
@@ -61,6 +62,15 @@ def _stats(part: tuple[bytes, str]) -> Any:
     """One endpoint's statistics answer (see Pool.endpoint_stats) as a message."""
     body, form = part
     return stats_from_json(body) if form == "json" else stats_from_pb(body)
+
+
+def _lacks_extension(err: GatewayError) -> bool:
+    """A backend without Triton's trace / logging extension: no such path or RPC."""
+    return isinstance(err, UpstreamError) and (err.grpc_code == "UNIMPLEMENTED" or err.http_status == 404)
+
+
+def _first_failure(errors: Sequence[GatewayError], kind: str) -> GatewayError:
+    return errors[0] if errors else NoEndpointAvailable(f"no endpoint to ask for {kind} settings")
 
 
 _CLIENTS_FAULT = (ClientDisconnected, InvalidRequest, Unsupported, PayloadTooLarge)
@@ -253,6 +263,53 @@ class Proxy:
             failure = next((a for a in answers if isinstance(a, BaseException)), None)
             raise failure if failure is not None else NoEndpointAvailable("no backend has endpoints to ask")
         return parts
+
+    # -- Triton's trace and log settings --------------------------------------------
+    async def settings(self, kind: str, model: str, request: tuple[str, bytes | None], update: bool) -> bytes:
+        """Trace settings of ``model`` (its pool's endpoints) or server-wide trace / log
+        settings (every endpoint of every pool). A change (``update``) goes to all of
+        them and succeeds when every endpoint that has the extension took it (one that
+        answers 404 / UNIMPLEMENTED has none: MLServer, OVMS); the answer is the first
+        endpoint's. A read is answered by the first endpoint that can."""
+        pools = [self.routing.pool(model, "")] if model else list(self.routing.pools.values())
+        if not update:
+            errors: list[GatewayError] = []
+            for pool in pools:
+                for ep in list(pool.endpoints.values()):
+                    try:
+                        return (await self.timed(pool, pool.endpoint_settings(ep, kind, model, request)))[1]
+                    except Refused as exc:
+                        errors.append(exc.error)
+                    except _CLIENTS_FAULT:
+                        raise
+                    except GatewayError as exc:
+                        errors.append(exc)
+            raise _first_failure(errors, kind)
+        answers: list[bytes] = []
+        lacking: list[GatewayError] = []
+        failed: list[tuple[str, GatewayError]] = []
+        def change(pool: Pool[Any]) -> Awaitable[list[tuple[Any, tuple[str, bytes] | None, GatewayError | None]]]:
+            return pool.each_endpoint(lambda ep: pool.endpoint_settings(ep, kind, model, request))
+
+        for pool, results in zip(pools, await asyncio.gather(*(change(p) for p in pools))):
+            for ep, answer, err in results:
+                if err is None and answer is not None:
+                    answers.append(answer[1])
+                elif isinstance(err, _CLIENTS_FAULT):
+                    raise err
+                elif err is not None and _lacks_extension(err):
+                    lacking.append(err)
+                elif err is not None:
+                    failed.append((f"backend '{pool.name}' endpoint {ep.address}", err))
+        if failed:
+            first = failed[0][1]
+            total = len(answers) + len(failed)
+            detail = "; ".join(f"{where}: {err.message}" for where, err in failed)
+            raise UpstreamError(f"{kind} settings failed on {len(failed)} of {total} endpoints: {detail}",
+                                http_status=first.http_status, grpc_code=first.grpc_code)
+        if not answers:
+            raise _first_failure(lacking, kind)
+        return answers[0]
 
     # -- inference --------------------------------------------------------------
     async def infer_http(self, model: str, version: str, body: bytes | bytearray | IncomingBody,

@@ -31,8 +31,9 @@ from .._pb import model_config_pb2 as mc
 from .._pb import triton_extensions_pb2 as tx
 from ..errors import BadUpstreamResponse, GatewayError, InvalidRequest
 
-__all__ = ["config_from_json", "control_from_json", "control_to_json", "config_to_json", "message_from_json", "message_to_json", "parse_message",
-           "stats_from_json", "stats_from_pb", "stats_sum", "stats_to_json", "stats_to_pb"]
+__all__ = ["config_from_json", "control_from_json", "control_to_json", "log_to_json", "log_to_pb", "config_to_json", "message_from_json", "message_to_json", "parse_message",
+           "stats_from_json", "stats_from_pb", "stats_sum", "stats_to_json", "stats_to_pb", "trace_to_json",
+           "trace_to_pb"]
 
 M = TypeVar("M", bound=Message)
 Fault = Callable[[str], GatewayError]
@@ -298,3 +299,87 @@ def control_from_json(body: bytes | bytearray, model: str, unload: bool) -> byte
             raise InvalidRequest(f"load parameter '{key}': {type(v).__name__} {v!r} has no form in gRPC "
                                  "(a string, a boolean or a 64-bit integer)")
     return request.SerializeToString()
+
+
+# -- trace and log settings ------------------------------------------------------------------
+# HTTP (http_server.cc HandleTrace / HandleLogging): a JSON object; trace values are strings
+# but ``trace_level``, a list of strings, and null clears a trace setting; log values are
+# booleans, an unsigned integer (log_verbose_level) or strings, and null is ignored. gRPC
+# (grpc_server.cc TraceSetting / LogSettings): map<string, SettingValue>; a trace value is
+# a list of strings (empty: clear), a log value one of bool / uint32 / string. A gRPC
+# request with no settings reads them, as an HTTP GET does.
+_TRACE_LISTS = frozenset({"trace_level"})
+_UINT32_MAX = (1 << 32) - 1
+
+
+def _settings_doc(body: bytes | bytearray, what: str, fault: Fault) -> dict[str, Any]:
+    doc = _load(body, what, fault) if bytes(body).strip() else {}
+    if not isinstance(doc, dict):
+        raise fault(f"{what} must be a JSON object")
+    return doc
+
+
+def trace_to_pb(body: bytes | bytearray, model: str, *, answer: bool) -> bytes:
+    """HTTP trace settings (request or answer) → TraceSettingRequest / Response."""
+    what = "trace settings"
+    fault: Fault = BadUpstreamResponse if answer else InvalidRequest
+    msg: Any = tx.TraceSettingResponse() if answer else tx.TraceSettingRequest(model_name=model)
+    for key, v in _settings_doc(body, what, fault).items():
+        if isinstance(v, list) and all(isinstance(x, str) for x in v):
+            if not v and not answer:
+                continue  # HTTP's [] leaves a setting as it is; gRPC's empty list would clear it
+            msg.settings[key].value.extend(v)
+        elif isinstance(v, str):
+            msg.settings[key].value.append(v)
+        elif v is None:
+            msg.settings[key].SetInParent()  # no values: clear it
+        else:
+            raise fault(f"{what}: '{key}' must be a string, a list of strings or null, not {type(v).__name__}")
+    return msg.SerializeToString()
+
+
+def trace_to_json(message: bytes, *, answer: bool) -> tuple[str, bytes | None]:
+    """TraceSettingRequest / Response → (model name, HTTP JSON); the JSON is None for a
+    request that sets nothing (an HTTP GET)."""
+    cls: type[Any] = tx.TraceSettingResponse if answer else tx.TraceSettingRequest
+    msg = parse_message(cls, message, "trace settings", BadUpstreamResponse if answer else InvalidRequest)
+    doc: dict[str, Any] = {}
+    for key, sv in msg.settings.items():
+        values = list(sv.value)
+        doc[key] = values if key in _TRACE_LISTS or len(values) > 1 else (values[0] if values else None)
+    model = "" if answer else msg.model_name
+    if not answer and not doc:
+        return model, None
+    return model, orjson.dumps(doc)
+
+
+def log_to_pb(body: bytes | bytearray, *, answer: bool) -> bytes:
+    """HTTP log settings (request or answer) → LogSettingsRequest / Response."""
+    what = "log settings"
+    fault: Fault = BadUpstreamResponse if answer else InvalidRequest
+    msg: Any = tx.LogSettingsResponse() if answer else tx.LogSettingsRequest()
+    for key, v in _settings_doc(body, what, fault).items():
+        if v is None:
+            continue  # HTTP ignores a null log setting; leaving it out does the same over gRPC
+        if isinstance(v, bool):
+            msg.settings[key].bool_param = v
+        elif isinstance(v, int) and 0 <= v <= _UINT32_MAX:
+            msg.settings[key].uint32_param = v
+        elif isinstance(v, str):
+            msg.settings[key].string_param = v
+        else:
+            raise fault(f"{what}: '{key}' must be a boolean, an unsigned 32-bit integer or a string, not {v!r}")
+    return msg.SerializeToString()
+
+
+def log_to_json(message: bytes, *, answer: bool) -> bytes | None:
+    """LogSettingsRequest / Response → HTTP JSON; None for a request that sets nothing."""
+    cls: type[Any] = tx.LogSettingsResponse if answer else tx.LogSettingsRequest
+    msg = parse_message(cls, message, "log settings", BadUpstreamResponse if answer else InvalidRequest)
+    doc: dict[str, Any] = {}
+    for key, sv in msg.settings.items():
+        kind = sv.WhichOneof("parameter_choice")
+        doc[key] = None if kind is None else getattr(sv, kind)
+    if not answer and not doc:
+        return None
+    return orjson.dumps(doc)

@@ -165,3 +165,10 @@ def encode_varint(value: int) -> bytes:
 def encode_len_field(fnum: int, length: int) -> bytes:
     """The key and length prefix of a length-delimited field; the payload follows it."""
     return encode_varint((fnum << 3) | _LEN) + encode_varint(length)
+
+
+def settings_change(buf: bytes | memoryview) -> bool:
+    """Whether a TraceSettingRequest / LogSettingsRequest sets anything: its ``settings``
+    map (field 1) has an entry. Without one it reads the settings, as an HTTP GET does."""
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    return any(fnum == 1 for fnum, _, _ in iter_fields(view))

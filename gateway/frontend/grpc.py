@@ -18,7 +18,7 @@ from grpc import aio
 
 from .._pb import grpc_predict_v2_pb2 as pb
 from ..codec.repository import encode_index_pb, index_request_ready
-from ..codec.wire import scan_infer_routing, scan_name_version
+from ..codec.wire import scan_infer_routing, scan_name_version, settings_change
 from ..dataplane import DataPlane
 from ..errors import SHARED_MEMORY_REFUSAL, GatewayError, InvalidRequest, Unsupported, UpstreamError
 from ..observability.access import AccessRecord
@@ -220,6 +220,19 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
 
         return handler
 
+    def settings(kind: str):
+        # Triton's TraceSetting (model_name: field 2; none: server-wide) and LogSettings.
+        async def handler(message: bytes, ctx: aio.ServicerContext, seen: _Seen):
+            change = getattr(plane, "settings", None)
+            if change is None:
+                raise Unsupported(f"this server has no {kind} settings")
+            model = scan_name_version(message)[1] if kind == "trace" else ""
+            if model:
+                seen.note(route_label(model, ""), model, "")
+            return await change(kind, model, ("pb", message), settings_change(message))
+
+        return handler
+
     async def shared_memory(message: bytes, ctx: aio.ServicerContext, seen: _Seen):
         raise Unsupported(SHARED_MEMORY_REFUSAL)
 
@@ -249,6 +262,8 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
             wrap("model_load", model_control("RepositoryModelLoad"))),
         "RepositoryModelUnload": grpc.unary_unary_rpc_method_handler(
             wrap("model_unload", model_control("RepositoryModelUnload"))),
+        "TraceSetting": grpc.unary_unary_rpc_method_handler(wrap("trace_setting", settings("trace"))),
+        "LogSettings": grpc.unary_unary_rpc_method_handler(wrap("log_settings", settings("log"))),
         **{rpc: grpc.unary_unary_rpc_method_handler(wrap("shared_memory", shared_memory))
            for rpc in _SHARED_MEMORY_RPCS},
     }

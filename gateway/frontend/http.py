@@ -332,6 +332,18 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
 
         return handler
 
+    def settings(kind: str):
+        # Triton's trace (server-wide or per model) and log settings: GET reads, POST changes.
+        async def handler(request: Request, model: str, version: str) -> Response:
+            change = getattr(plane, "settings", None)
+            if change is None:
+                raise Unsupported(f"this server has no {kind} settings")
+            body = (await request.body() or b"{}") if request.method == "POST" else None
+            answer = await change(kind, model, ("json", body), body is not None)
+            return Response(answer, 200, media_type=JSON)
+
+        return handler
+
     async def shared_memory(request: Request, model: str, version: str) -> Response:
         raise Unsupported(SHARED_MEMORY_REFUSAL)
 
@@ -368,6 +380,10 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         Route("/v2/repository/models/{model}/load", endpoint("model_load", model_control("load")), methods=["POST"]),
         Route("/v2/repository/models/{model}/unload", endpoint("model_unload", model_control("unload")),
               methods=["POST"]),
+        # Triton's trace and log settings: per model to the model's pool, server-wide to every endpoint.
+        Route("/v2/trace/setting", endpoint("trace_setting", settings("trace")), methods=["GET", "POST"]),
+        Route(m + "/trace/setting", endpoint("trace_setting", settings("trace")), methods=["GET", "POST"]),
+        Route("/v2/logging", endpoint("log_settings", settings("log")), methods=["GET", "POST"]),
         # Triton's shared-memory extension: a region lives in the memory of one host (or GPU),
         # which a network hop cannot reach — a clear refusal, never a blind relay.
         Route("/v2/systemsharedmemory{rest:path}", endpoint("shared_memory", shared_memory),

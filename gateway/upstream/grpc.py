@@ -18,7 +18,7 @@ from .._pb import grpc_predict_v2_pb2 as pb
 from .._pb import triton_extensions_pb2 as tx
 from ..codec.convert import grpc_answer_to_http, http_request_to_grpc
 from ..codec.repository import INDEX_REQUEST_PB, IndexEntry, parse_index_pb
-from ..codec.triton import config_to_json, control_from_json
+from ..codec.triton import config_to_json, control_from_json, log_to_json, log_to_pb, trace_to_json, trace_to_pb
 from ..config.schema import Backend, BackendTls, HostPort
 from ..dataplane import HttpReply, IncomingBody
 from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable, Unsupported, UpstreamError, UpstreamTimeout
@@ -28,9 +28,10 @@ __all__ = ["METHOD_PREFIX", "RAW_RPCS", "GrpcEndpoint", "GrpcPool", "channel_opt
 
 METHOD_PREFIX = "/inference.GRPCInferenceService/"
 
-# Triton's per-model extension RPCs, relayed as bytes (their messages come from Triton's
-# model_config.proto, which the V2 spec does not define).
-RAW_RPCS = ("ModelConfig", "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")
+# Triton's extension RPCs, relayed as bytes (their messages are Triton's own,
+# grpc_service.proto / model_config.proto, which the V2 spec does not define).
+RAW_RPCS = ("ModelConfig", "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
+            "TraceSetting", "LogSettings")
 
 
 # Unary RPCs other than ModelInfer: (request type, response type).
@@ -219,6 +220,22 @@ class GrpcPool(Pool[GrpcEndpoint]):
                              timeout: float | None) -> tuple[bytes, str]:
         request = tx.ModelStatisticsRequest(name=model, version=version).SerializeToString()
         return await self._call(ep, lambda e: e.raw["ModelStatistics"], request, timeout, None, model, version), "pb"
+
+    async def endpoint_settings(self, ep: GrpcEndpoint, kind: str, model: str,
+                                request: tuple[str, bytes | None]) -> tuple[str, bytes]:
+        form, payload = request
+        if form == "json":
+            self.on_event("http_to_grpc")
+            message = trace_to_pb(payload or b"", model, answer=False) if kind == "trace" else \
+                log_to_pb(payload or b"", answer=False)
+        else:
+            message = payload or b""
+        rpc = "TraceSetting" if kind == "trace" else "LogSettings"
+        answer = await self._call(ep, lambda e: e.raw[rpc], message, None)
+        if form == "pb":
+            return "pb", answer
+        body = trace_to_json(answer, answer=True)[1] if kind == "trace" else log_to_json(answer, answer=True)
+        return "json", body or b"{}"
 
     async def repository_grpc(self, rpc: str, model: str, message: bytes, timeout: float | None,
                               metadata: tuple[tuple[str, str], ...]) -> bytes:

@@ -20,7 +20,7 @@ from ..codec.content import HEADER_LENGTH, inflate_prefix, sequence_of_compresse
 from ..codec.convert import grpc_request_to_http, http_answer_to_grpc
 from ..codec.grpc import encode_stream_response
 from ..codec.repository import INDEX_REQUEST_JSON, IndexEntry, parse_index_json
-from ..codec.triton import config_from_json, control_to_json
+from ..codec.triton import config_from_json, control_to_json, log_to_json, log_to_pb, trace_to_json, trace_to_pb
 from ..codec.wire import scan_infer_routing
 from ..config.schema import Backend, BackendTls, HostPort
 from ..dataplane import HttpReply, IncomingBody
@@ -255,6 +255,30 @@ class HttpPool(Pool[HttpEndpoint]):
         if reply.status != 200 or isinstance(reply.body, BodyStream):
             raise error_from_reply(reply)
         return bytes(reply.body), "json"
+
+    async def endpoint_settings(self, ep: HttpEndpoint, kind: str, model: str,
+                                request: tuple[str, bytes | None]) -> tuple[str, bytes]:
+        form, body = request
+        if form == "pb":
+            self.on_event("grpc_to_http")
+            if kind == "trace":
+                model, body = trace_to_json(body or b"", answer=False)
+            else:
+                body = log_to_json(body or b"", answer=False)
+        if kind == "log":
+            path = "/v2/logging"
+        else:
+            path = f"{model_path(model, '')}/trace/setting" if model else "/v2/trace/setting"
+        if body is None:
+            reply = await self._send(ep, "GET", path)
+        else:
+            reply = await self._send(ep, "POST", path, body=body, headers={"content-type": "application/json"})
+        if reply.status != 200 or isinstance(reply.body, BodyStream):
+            raise error_from_reply(reply)
+        answer = bytes(reply.body)
+        if form == "json":
+            return "json", answer
+        return "pb", trace_to_pb(answer, "", answer=True) if kind == "trace" else log_to_pb(answer, answer=True)
 
     async def repository_grpc(self, rpc: str, model: str, message: bytes, timeout: float | None,
                               metadata: tuple[tuple[str, str], ...]) -> bytes:

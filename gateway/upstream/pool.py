@@ -375,6 +375,14 @@ class Pool(Generic[E]):
             raise first
         return answers
 
+    async def endpoint_settings(self, ep: E, kind: str, model: str,
+                                request: tuple[str, bytes | None]) -> tuple[str, bytes]:
+        """Triton's trace (``kind`` "trace"; per model when ``model``) or log ("log")
+        settings on one endpoint. ``request`` is the client's form: ("json", HTTP body, or
+        None for a GET) or ("pb", serialized TraceSettingRequest / LogSettingsRequest);
+        the answer comes back in the same form."""
+        raise NotImplementedError
+
     async def each_endpoint(self, call: Callable[[E], Awaitable[T]]) -> list[tuple[E, T | None, GatewayError | None]]:
         """``call`` on every endpoint of the pool at once (model control, statistics,
         settings): (endpoint, answer, None) or (endpoint, None, error) for each."""
