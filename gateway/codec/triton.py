@@ -31,9 +31,24 @@ from .._pb import model_config_pb2 as mc
 from .._pb import triton_extensions_pb2 as tx
 from ..errors import BadUpstreamResponse, GatewayError, InvalidRequest
 
-__all__ = ["config_from_json", "control_from_json", "control_to_json", "log_to_json", "log_to_pb", "config_to_json", "message_from_json", "message_to_json", "parse_message",
-           "stats_from_json", "stats_from_pb", "stats_sum", "stats_to_json", "stats_to_pb", "trace_to_json",
-           "trace_to_pb"]
+__all__ = [
+    "config_from_json",
+    "config_to_json",
+    "control_from_json",
+    "control_to_json",
+    "log_to_json",
+    "log_to_pb",
+    "message_from_json",
+    "message_to_json",
+    "parse_message",
+    "stats_from_json",
+    "stats_from_pb",
+    "stats_sum",
+    "stats_to_json",
+    "stats_to_pb",
+    "trace_to_json",
+    "trace_to_pb",
+]
 
 M = TypeVar("M", bound=Message)
 Fault = Callable[[str], GatewayError]

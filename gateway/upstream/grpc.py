@@ -21,7 +21,7 @@ from ..codec.repository import INDEX_REQUEST_PB, IndexEntry, parse_index_pb
 from ..codec.triton import config_to_json, control_from_json, log_to_json, log_to_pb, trace_to_json, trace_to_pb
 from ..config.schema import Backend, BackendTls, HostPort
 from ..dataplane import HttpReply, IncomingBody
-from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable, Unsupported, UpstreamError, UpstreamTimeout
+from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable, UpstreamError, UpstreamTimeout
 from .pool import TRITON_GRPC_PREFIX, Endpoint, Pool, Refused, is_not_ready_message
 
 __all__ = ["METHOD_PREFIX", "RAW_RPCS", "GrpcEndpoint", "GrpcPool", "channel_options"]
@@ -117,7 +117,8 @@ class GrpcPool(Pool[GrpcEndpoint]):
         # "triton-grpc-protocol-<key>"; other servers take the plain name. Both are sent.
         self._check_metadata = tuple(
             pair for k, v in backend.check_headers
-            for pair in ([(k, v)] if k.startswith(TRITON_GRPC_PREFIX) else [(k, v), (TRITON_GRPC_PREFIX + k, v)])) or None
+            for pair in ([(k, v)] if k.startswith(TRITON_GRPC_PREFIX) else [(k, v), (TRITON_GRPC_PREFIX + k, v)])
+        ) or None
 
     def _make(self, address: HostPort) -> GrpcEndpoint:
         return GrpcEndpoint(address, self.backend)
@@ -240,7 +241,8 @@ class GrpcPool(Pool[GrpcEndpoint]):
     async def repository_grpc(self, rpc: str, model: str, message: bytes, timeout: float | None,
                               metadata: tuple[tuple[str, str], ...]) -> bytes:
         # The client's metadata for a restricted repository API is passed on as it came.
-        mine = {k for k, _ in self.backend.check_headers} | {TRITON_GRPC_PREFIX + k for k, _ in self.backend.check_headers}
+        names = {k for k, _ in self.backend.check_headers}
+        mine = names | {TRITON_GRPC_PREFIX + k for k in names}
         keys = tuple((k, v) for k, v in metadata if k in mine)
         results = await self.each_endpoint(lambda ep: self._call(ep, lambda e: e.raw[rpc], message, timeout, keys))
         self.combined(rpc, model, [(ep, err) for ep, _, err in results])

@@ -31,7 +31,6 @@ from ..errors import (
     ModelNotReady,
     NoEndpointAvailable,
     RequestTimeout,
-    Unsupported,
     UpstreamError,
     UpstreamTimeout,
 )

@@ -68,7 +68,7 @@ ADD_SUB = Path(__file__).resolve().parents[1] / "models" / "triton" / "add_sub"
 
 def _override(origin: str) -> str:
     """add_sub's configuration with a parameter naming who loaded it."""
-    tensors = lambda kind, names: [{"name": n, "data_type": "TYPE_FP32", "dims": [-1]} for n in names]  # noqa: E731
+    tensors = lambda kind, names: [{"name": n, "data_type": "TYPE_FP32", "dims": [-1]} for n in names]
     return json.dumps({"backend": "python", "max_batch_size": 0,
                        "input": tensors("input", ["INPUT0", "INPUT1"]),
                        "output": tensors("output", ["OUTPUT0", "OUTPUT1"]),

@@ -144,8 +144,9 @@ def test_unknown_model_not_ready(client: Any) -> None:
 
 def test_repository_index(http_client: httpclient.InferenceServerClient) -> None:
     index = http_client.get_model_repository_index()
-    # repeat_FP32 (decoupled) serves the stream tests only (test_stream.py).
-    expected = {(m, "1", "READY") for m in [*MODELS, "repeat_FP32"]}
+    # repeat_FP32 (decoupled) serves the stream tests only (test_stream.py), generate_words
+    # the generate extension's (test_generate.py).
+    expected = {(m, "1", "READY") for m in [*MODELS, "repeat_FP32", "generate_words"]}
     assert {(m["name"], m["version"], m["state"]) for m in index} == expected
 
 
