@@ -192,8 +192,31 @@ def _typed_to_raw(name: str, info: DatatypeInfo, count: int, contents: Any) -> m
     return tensor_view(arr.astype(info.dtype, copy=False))
 
 
-def _tensors(pb_tensors: Sequence[Any], raws: list[memoryview], what: str) -> list[Tensor]:
-    if raws and len(raws) != len(pb_tensors):
+# The datatype Triton names for a typed contents field in its refusals (infer_handler.cc).
+_FIELD_TYPE = {"bool_contents": "BOOL", "int_contents": "INT32", "int64_contents": "INT64",
+               "uint_contents": "UINT32", "uint64_contents": "UINT64", "fp32_contents": "FP32",
+               "fp64_contents": "FP64", "bytes_contents": "BYTES"}
+
+
+def _check_typed(name: str, info: DatatypeInfo, contents: Any, model: str) -> None:
+    """Triton's refusals of typed contents (infer_handler.cc), word for word: a second typed
+    field, or one that does not belong to the tensor's datatype."""
+    fields = [f.name for f, _ in contents.ListFields()]
+    if len(fields) > 1:
+        raise InvalidRequest(f"unexpected explicit tensor data for input tensor '{name}' for model '{model}', "
+                             "binary data was already supplied.")
+    typed = _TYPED.get(info.name)
+    if fields and (typed is None or fields[0] != typed[0]):
+        raise InvalidRequest(f"unexpected explicit tensor data for input tensor '{name}' for model '{model}' of "
+                             f"type '{_FIELD_TYPE.get(fields[0], fields[0])}', expected datatype '{info.name}'")
+
+
+def _tensors(pb_tensors: Sequence[Any], raws: list[memoryview], what: str, model: str | None = None) -> list[Tensor]:
+    """Tensors of a request (``model``: its model's name) or a response. A request is held
+    to Triton's own rules, with its wording (infer_handler.cc): typed contents and
+    raw_input_contents never together, a raw entry for every input (extra entries are
+    ignored, as Triton ignores them)."""
+    if model is None and raws and len(raws) != len(pb_tensors):
         raise InvalidRequest(
             f"{what}: {len(raws)} raw contents for {len(pb_tensors)} tensors; "
             "raw contents must hold one entry per tensor"
@@ -208,11 +231,19 @@ def _tensors(pb_tensors: Sequence[Any], raws: list[memoryview], what: str) -> li
         if "shared_memory_region" in params:
             raise Unsupported(f"tensor '{name}': shared-memory tensors cannot cross the gateway")
         if raws:
-            if pt.HasField("contents") and pt.contents.ByteSize():
-                raise InvalidRequest(f"tensor '{name}': typed contents are not allowed with raw contents")
+            if pt.HasField("contents"):
+                if model is not None:
+                    raise InvalidRequest(f"contents field must not be specified when using raw_input_contents "
+                                         f"for '{name}' for model '{model}'")
+                if pt.contents.ByteSize():
+                    raise InvalidRequest(f"tensor '{name}': typed contents are not allowed with raw contents")
+            if i >= len(raws):
+                raise InvalidRequest(f"unable to find data for input tensor '{name}' for model '{model}' in request.")
             t = Tensor(name, info.name, shape, raws[i], params)
             validate_tensor(t)
         else:
+            if model is not None:
+                _check_typed(name, info, pt.contents, model)
             t = Tensor(name, info.name, shape, _typed_to_raw(name, info, count, pt.contents), params)
         tensors.append(t)
     return tensors
@@ -229,7 +260,7 @@ def _fill_tensor(target: Any, t: Tensor) -> None:
 def decode_request(message: bytes | memoryview) -> InferRequest:
     """Decode a serialized ModelInferRequest; input data are slices of ``message``."""
     msg, raws = _split(message, _REQUEST_RAW, pb.ModelInferRequest)
-    inputs = _tensors(msg.inputs, raws, "ModelInferRequest")
+    inputs = _tensors(msg.inputs, raws, "ModelInferRequest", msg.model_name)
     outputs = tuple(
         RequestedOutput(o.name, _params_from_pb(o.parameters, f"output '{o.name}'")) for o in msg.outputs
     )

@@ -19,9 +19,11 @@ from __future__ import annotations
 import base64
 import binascii
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
+import numpy as np
 import orjson
 from google.protobuf import json_format, unknown_fields
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -41,7 +43,7 @@ __all__ = [
     "message_from_json",
     "message_to_json",
     "parse_message",
-    "stats_from_json",
+    "stats_from_json", "version_refusal",
     "stats_from_pb",
     "stats_sum",
     "stats_to_json",
@@ -80,25 +82,43 @@ def _number(v: Any, kind: int) -> Any:
     return v
 
 
-def _fix(d: dict[str, Any], desc: Descriptor) -> dict[str, Any]:
+def _to_float32(v: Any, kind: int) -> Any:
+    """A JSON number bound for a ``float`` field, rounded to float32 first: what the field
+    holds either way, but protobuf's Python parser refuses a double a hair beyond FLT_MAX
+    (C++ prints FLT_MAX as 3.40282347e+38) that rounds to it."""
+    if kind == FieldDescriptor.TYPE_FLOAT and isinstance(v, (int, float)) and not isinstance(v, bool):
+        with np.errstate(over="ignore"):
+            f32 = float(np.float32(v))
+        return f32 if math.isfinite(f32) else v
+    return v
+
+
+def _fix(d: dict[str, Any], desc: Descriptor, number: Callable[[Any, int], Any] | None = None) -> dict[str, Any]:
+    number = number or _number
     for f in desc.fields:
         if f.name not in d:
             continue
         v = d[f.name]
         if f.message_type is not None and f.message_type.GetOptions().map_entry:
             value_field = f.message_type.fields_by_name["value"]
+            if not isinstance(v, dict):
+                continue  # the parser names what is wrong
             if value_field.message_type is not None:
-                d[f.name] = {k: _fix(x, value_field.message_type) for k, x in v.items()}
+                d[f.name] = {k: _fix(x, value_field.message_type, number) if isinstance(x, dict) else x
+                             for k, x in v.items()}
             else:
-                d[f.name] = {k: _number(x, value_field.type) for k, x in v.items()}
+                d[f.name] = {k: number(x, value_field.type) for k, x in v.items()}
         elif f.message_type is not None:
-            d[f.name] = [_fix(x, f.message_type) for x in v] if f.is_repeated else _fix(v, f.message_type)
-        elif f.full_name in _TRITON_KEEPS_STRINGS:
+            if f.is_repeated and isinstance(v, list):
+                d[f.name] = [_fix(x, f.message_type, number) if isinstance(x, dict) else x for x in v]
+            elif isinstance(v, dict):
+                d[f.name] = _fix(v, f.message_type, number)
+        elif f.full_name in _TRITON_KEEPS_STRINGS and number is _number:
             continue
-        elif f.is_repeated:
-            d[f.name] = [_number(x, f.type) for x in v]
+        elif f.is_repeated and isinstance(v, list):
+            d[f.name] = [number(x, f.type) for x in v]
         else:
-            d[f.name] = _number(v, f.type)
+            d[f.name] = number(v, f.type)
     return d
 
 
@@ -149,7 +169,7 @@ def message_from_json(cls: type[M], doc: Any, what: str, fault: Fault = InvalidR
     if not isinstance(doc, dict):
         raise fault(f"{what} must be a JSON object")
     try:
-        return json_format.ParseDict(doc, cls(), ignore_unknown_fields=False)
+        return json_format.ParseDict(_fix(doc, cls.DESCRIPTOR, _to_float32), cls(), ignore_unknown_fields=False)
     except (json_format.ParseError, ValueError, TypeError) as exc:
         raise fault(f"{what}: {exc}") from exc
 
@@ -398,3 +418,24 @@ def log_to_json(message: bytes, *, answer: bool) -> bytes | None:
     if not answer and not doc:
         return None
     return orjson.dumps(doc)
+
+
+# -- model versions --------------------------------------------------------------------------
+_VERSION_DIGITS = re.compile(r"[0-9]+")
+_VERSION_PREFIX = re.compile(r"\s*([+-]?[0-9]+)")
+
+
+def version_refusal(version: str) -> str | None:
+    """Triton's gRPC refusal of a model version string, word for word (server common.cc
+    GetModelVersionFromString: ``std::stol``, then > 0), or None when Triton takes it.
+    Triton's HTTP routes take only digits (anything else: 404 "Not Found"), so a converting
+    path uses this to answer as the client's protocol would have."""
+    if not version or _VERSION_DIGITS.fullmatch(version):
+        return None
+    m = _VERSION_PREFIX.match(version)
+    if m is None:
+        return (f"failed to get model version from specified version string '{version}' (details: stol), "
+                "version should be an integral value > 0")
+    if int(m.group(1)) < 0:
+        return f"invalid model version specified '{version}' , version should be an integral value > 0"
+    return None

@@ -65,6 +65,7 @@ class EndpointHealth:
     names: frozenset[str] | None = None
     ready: frozenset[ModelKey] = frozenset()
     ready_names: frozenset[str] = frozenset()
+    listed: frozenset[ModelKey] = frozenset()  # every (name, version) of the index
     # From per-model ready calls (no index): (model, route version or "") -> ready.
     per_model: dict[ModelKey, bool] = field(default_factory=dict)
     # The models were checked since the server was last seen coming up: until then
@@ -92,17 +93,20 @@ class EndpointHealth:
         self.names = None
         self.ready = frozenset()
         self.ready_names = frozenset()
+        self.listed = frozenset()
         self.per_model.clear()
 
     def set_index(self, entries: Sequence[Sequence[Any]]) -> None:
         """A repository index: (name, version, ready, …) per entry."""
         names = frozenset(e[0] for e in entries)
         ready = frozenset((e[0], e[1]) for e in entries if e[2])
-        if names == self.names and ready == self.ready and self.models_checked:
+        listed = frozenset((e[0], e[1]) for e in entries)
+        if names == self.names and ready == self.ready and listed == self.listed and self.models_checked:
             return  # the same as last round: what is cached stays valid
         self.gen.n += 1
         self.names = names
         self.ready = ready
+        self.listed = listed
         self.ready_names = frozenset(name for name, _ in ready)
         self.models_checked = True
 
@@ -148,6 +152,12 @@ class EndpointHealth:
         if self.names is not None:
             return (model, version) in self.ready if version else model in self.ready_names
         return self.per_model.get((model, version)) is True
+
+    def lacks_version(self, model: str, version: str) -> bool:
+        """The index has ``model`` ready in some version but does not list ``version`` at
+        all: a version the server does not have (or not even a number), not one loading —
+        the server answers such a request in its own words."""
+        return self.names is not None and model in self.ready_names and (model, version) not in self.listed
 
     def knows(self, model: str) -> bool:
         """The endpoint's index lists ``model`` (ready or not) or it was checked by name."""

@@ -18,7 +18,15 @@ from .._pb import grpc_predict_v2_pb2 as pb
 from .._pb import triton_extensions_pb2 as tx
 from ..codec.convert import grpc_answer_to_http, http_request_to_grpc
 from ..codec.repository import INDEX_REQUEST_PB, IndexEntry, parse_index_pb
-from ..codec.triton import config_to_json, control_from_json, log_to_json, log_to_pb, trace_to_json, trace_to_pb
+from ..codec.triton import (
+    config_to_json,
+    control_from_json,
+    log_to_json,
+    log_to_pb,
+    trace_to_json,
+    trace_to_pb,
+    version_refusal,
+)
 from ..config.schema import Backend, BackendTls, HostPort
 from ..dataplane import HttpReply, IncomingBody
 from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable, UpstreamError, UpstreamTimeout
@@ -275,7 +283,14 @@ class GrpcPool(Pool[GrpcEndpoint]):
         message, affinity, form = http_request_to_grpc(body, headers, model, version, limit)
         del body  # the HTTP body is not needed while the backend works
         trace = tuple((k, v) for k in forwarded if k not in _FRAMING and (v := headers.get(k)) is not None)
-        answer = await self._unary(model, version, affinity, lambda e: e.infer, message, None, trace)
+        try:
+            answer = await self._unary(model, version, affinity, lambda e: e.infer, message, None, trace)
+        except UpstreamError as err:
+            if err.grpc_code == "INVALID_ARGUMENT" and err.message == version_refusal(version):
+                # Triton's HTTP route takes only digits: its answer to this version is a 404.
+                raise UpstreamError("Not Found", http_status=404, body=b'{"error":"Not Found"}',
+                                    content_type="application/json") from err
+            raise
         del message
         chunks, out_headers = grpc_answer_to_http(answer, form, self.name)
         return HttpReply(200, chunks, out_headers)
@@ -304,6 +319,13 @@ class GrpcPool(Pool[GrpcEndpoint]):
         finally:
             ep._inflight -= 1
             call.cancel()  # a no-op once the stream ended; stops it if the client went away
+
+    async def generate(self, model: str, version: str, body: bytes, headers: Mapping[str, str],
+                       forwarded: Sequence[str], stream: bool) -> HttpReply:
+        """Triton's generate extension, converted to ModelInfer / ModelStreamInfer (upstream/generate.py)."""
+        from .generate import via_grpc  # (it imports this module)
+
+        return await via_grpc(self, model, version, body, headers, forwarded, stream)
 
 
 _JSON = {"content-type": "application/json"}

@@ -20,7 +20,15 @@ from ..codec.content import HEADER_LENGTH, inflate_prefix, sequence_of_compresse
 from ..codec.convert import grpc_request_to_http, http_answer_to_grpc
 from ..codec.grpc import encode_stream_response
 from ..codec.repository import INDEX_REQUEST_JSON, IndexEntry, parse_index_json
-from ..codec.triton import config_from_json, control_to_json, log_to_json, log_to_pb, trace_to_json, trace_to_pb
+from ..codec.triton import (
+    config_from_json,
+    control_to_json,
+    log_to_json,
+    log_to_pb,
+    trace_to_json,
+    trace_to_pb,
+    version_refusal,
+)
 from ..codec.wire import scan_infer_routing
 from ..config.schema import Backend, BackendTls, HostPort
 from ..dataplane import HttpReply, IncomingBody
@@ -136,13 +144,14 @@ class HttpPool(Pool[HttpEndpoint]):
     # -- one exchange on one endpoint ---------------------------------------------------
     async def _send(self, ep: HttpEndpoint, method: str, path: str, *, body: Body = None,
                     headers: Mapping[str, str] | None = None, timeout: float | None = None,
-                    stream_min: int | None = None) -> UpstreamReply:
+                    stream_min: int | None = None, stream_unsized: bool = False) -> UpstreamReply:
         """Raises Refused when nothing of an answer came (connection refused, or closed
-        before a byte of it), so the request may go to another endpoint."""
+        before a byte of it), so the request may go to another endpoint. ``stream_unsized``:
+        an answer of unknown length (chunked) comes as a BodyStream (generate_stream)."""
         tmo = self.backend.timeout_s if timeout is None else min(timeout, self.backend.timeout_s)
         try:
             resp = await ep.connections.request(method, path, body=body, headers=headers, timeout=tmo,  # type: ignore[arg-type]
-                                                stream_min=stream_min)
+                                                stream_min=stream_min, stream_unsized=stream_unsized)
         except SourceStalled as exc:
             raise RequestTimeout(str(exc)) from exc
         except TimeoutError as exc:
@@ -174,7 +183,8 @@ class HttpPool(Pool[HttpEndpoint]):
 
     async def request(self, method: str, path: str, model: str, version: str, *, body: Body = None,
                       headers: Mapping[str, str] | None = None, timeout: float | None = None,
-                      affinity: str | None = None, stream_min: int | None = None) -> UpstreamReply:
+                      affinity: str | None = None, stream_min: int | None = None,
+                      stream_unsized: bool = False) -> UpstreamReply:
         """One exchange on the pool for ``model``: chosen endpoint, safe retries. An error
         answer meaning "model not here" from an endpoint thought ready is retried too."""
         # (Not isinstance(body, IncomingBody): a runtime Protocol check costs ~20 µs.)
@@ -183,7 +193,7 @@ class HttpPool(Pool[HttpEndpoint]):
 
         async def send(ep: HttpEndpoint) -> UpstreamReply:
             reply = await self._send(ep, method, path, body=body, headers=headers, timeout=timeout,
-                                     stream_min=stream_min)
+                                     stream_min=stream_min, stream_unsized=stream_unsized)
             if reply.status in _NOT_READY_STATUS and not isinstance(reply.body, BodyStream):
                 error = error_from_reply(reply)
                 outcome = self.refusal(ep, model, version, error, resendable())
@@ -382,10 +392,22 @@ class HttpPool(Pool[HttpEndpoint]):
                                    headers={**headers, **dict(metadata)}, timeout=timeout, affinity=affinity)
         del chunks
         if reply.status != 200:
-            raise error_from_reply(reply)
+            error = error_from_reply(reply)
+            refusal = version_refusal(version)
+            if refusal is not None and reply.status == 404 and error.message == "Not Found":
+                # Triton's HTTP route takes only digits; its gRPC side refuses such a version so.
+                raise InvalidRequest(refusal)
+            raise error
         assert not isinstance(reply.body, BodyStream)  # no stream_min asked
         return http_answer_to_grpc(reply.body, reply.headers, self.backend.max_message_bytes, self.name,
                                    typed=typed)
+
+    async def generate(self, model: str, version: str, body: bytes, headers: Mapping[str, str],
+                       forwarded: Sequence[str], stream: bool) -> HttpReply:
+        """Triton's generate extension, passed through (upstream/generate.py)."""
+        from .generate import via_http  # (it imports this module)
+
+        return await via_http(self, model, version, body, headers, forwarded, stream)
 
 
 async def _compressed_sequence(body: bytes | bytearray | IncomingBody, json_length: str | None,

@@ -235,6 +235,12 @@ class Pool(Generic[E]):
         ready = [ep for ep in usable if ep.health.ready_for(model, version) != Ready.NO]
         if ready:
             return ready
+        if version:
+            # A version no endpoint lists (none of its versions, or not a number): not one
+            # that is loading, so no "retry later" — the backend says what it is.
+            foreign = [ep for ep in usable if ep.health.lacks_version(model, version)]
+            if foreign:
+                return foreign
         if model in self.routed or any(ep.health.knows(model) for ep in eps):
             what = f"model '{model}'" + (f" version {version}" if version else "")
             raise ModelNotReady(f"{what} is not ready on any endpoint of backend '{self.name}' "
@@ -419,3 +425,8 @@ class Pool(Generic[E]):
                                 f"of backend '{self.name}': {detail}", http_status=first.http_status,
                                 grpc_code=first.grpc_code)
 
+    async def generate(self, model: str, version: str, body: bytes, headers: Mapping[str, str],
+                       forwarded: Sequence[str], stream: bool) -> HttpReply:
+        """Triton's generate extension (``stream``: generate_stream), JSON ``body`` in; the
+        answer JSON, or server-sent events of unknown length (upstream/generate.py)."""
+        raise NotImplementedError

@@ -267,13 +267,39 @@ def test_malformed_request_names_the_tensor(message: bytes) -> None:
     ("message", "match"),
     [
         (GOOD[:5], "malformed"),  # truncated inside the header
-        (request(tin(), raw=[bytes(8), bytes(8)]), "2 raw contents for 1 tensors"),
+        (request(tin(), tin("in1"), raw=[bytes(8)]),
+         "unable to find data for input tensor 'in1' for model 'm' in request."),
         (b"\x38\x01", "wire type 0"),  # field 7 as a varint
         (b"\x0a\x02\xff\xfe", "malformed ModelInferRequest"),  # model_name not UTF-8
         (b"\x00", "field number 0"),
     ],
 )
 def test_malformed_request_envelope(message: bytes, match: str) -> None:
+    with pytest.raises(InvalidRequest, match=match):
+        grpc.decode_request(message)
+
+
+def test_extra_raw_contents_are_ignored_as_triton_ignores_them() -> None:
+    req = grpc.decode_request(request(tin(), raw=[bytes(range(8)), bytes(8)]))
+    assert [bytes(t.data) for t in req.inputs] == [bytes(range(8))]
+
+
+@pytest.mark.parametrize(
+    ("message", "match"),
+    [
+        # Triton's own wording (infer_handler.cc), also for an empty contents message.
+        (request(tin(contents=pb.InferTensorContents(int_contents=[1, 2])), raw=[bytes(8)]),
+         "contents field must not be specified when using raw_input_contents for 'in0' for model 'm'$"),
+        (request(tin(contents=pb.InferTensorContents()), raw=[bytes(8)]),
+         "contents field must not be specified when using raw_input_contents"),
+        (request(tin(contents=pb.InferTensorContents(fp32_contents=[1, 2]))),
+         "unexpected explicit tensor data for input tensor 'in0' for model 'm' of type 'FP32', "
+         "expected datatype 'INT32'"),
+        (request(tin(contents=pb.InferTensorContents(int_contents=[1, 2], fp32_contents=[1, 2]))),
+         "unexpected explicit tensor data for input tensor 'in0' for model 'm', binary data was already supplied."),
+    ],
+)
+def test_tritons_refusals_word_for_word(message: bytes, match: str) -> None:
     with pytest.raises(InvalidRequest, match=match):
         grpc.decode_request(message)
 
