@@ -60,11 +60,12 @@ class IncomingBody(Protocol):
 
 @runtime_checkable
 class StreamedBody(Protocol):
-    """A body of known ``length`` that arrives while it is being sent (``async for``
-    chunks; iteration raises a GatewayError if it breaks off). ``close()`` is called
-    once the sender is done with it, at its end or not."""
+    """A body that arrives while it is being sent (``async for`` chunks; iteration raises
+    a GatewayError if it breaks off). ``length`` is known in advance, or None (a stream of
+    server-sent events: sent chunked). ``close()`` is called once the sender is done with
+    it, at its end or not (a client that left: the backend's call is cancelled)."""
 
-    length: int
+    length: int | None
 
     def __aiter__(self) -> AsyncIterator[bytes]: ...
 
@@ -82,6 +83,18 @@ class HttpReply:
 
 
 class DataPlane(Protocol):
+    """What every data plane answers. Optional, looked up with ``getattr`` (a data plane
+    without one answers "not supported"): ``repository_index``, ``repository_http`` /
+    ``repository_grpc`` (model control), ``route_label``, and Triton's generate extension
+    (docs/protocol/extension_generate.md)::
+
+        async def generate(self, model: str, version: str, body: bytes,
+                           headers: Mapping[str, str], stream: bool) -> HttpReply
+
+    ``body`` is the JSON request as received (``headers`` lower-cased); ``stream`` is False
+    for ``/generate`` (the answer: its JSON) and True for ``/generate_stream`` (server-sent
+    events: a StreamedBody of unknown length, relayed as they come)."""
+
     def server_live(self) -> bool: ...
 
     def server_ready(self) -> bool: ...

@@ -367,3 +367,14 @@ class Proxy:
             yield answer
         if refused:
             raise refused[0]
+
+    # -- Triton's generate extension: through on HTTP pools, converted on gRPC pools ----
+    async def generate(self, model: str, version: str, body: bytes, headers: Mapping[str, str],
+                       stream: bool) -> HttpReply:
+        size = len(body)
+        self.admission.enter(size)
+        try:
+            pool = self.routing.pool(model, version)
+            return await self.timed(pool, pool.generate(model, version, body, headers, self._http_forwarded, stream))
+        finally:
+            self.admission.leave(size)

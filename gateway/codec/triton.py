@@ -43,13 +43,14 @@ __all__ = [
     "message_from_json",
     "message_to_json",
     "parse_message",
-    "stats_from_json", "version_refusal",
+    "stats_from_json",
     "stats_from_pb",
     "stats_sum",
     "stats_to_json",
     "stats_to_pb",
     "trace_to_json",
     "trace_to_pb",
+    "version_refusal",
 ]
 
 M = TypeVar("M", bound=Message)

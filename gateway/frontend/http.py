@@ -142,7 +142,8 @@ async def _send_streamed(send: Send, status: int, headers: list[tuple[bytes, byt
     """Relay a body as it arrives. If it breaks off after the head went out there is
     no way to send an error any more: the answer is left incomplete, uvicorn closes
     the connection, and the client sees a truncated answer (as behind any proxy)."""
-    headers.append((b"content-length", str(body.length).encode("latin-1")))
+    if body.length is not None:  # (else uvicorn sends it chunked)
+        headers.append((b"content-length", str(body.length).encode("latin-1")))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     try:
         async for chunk in body:
@@ -288,7 +289,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             await _send_streamed(send, status, out_headers, streamed)
             if metrics is not None:
                 if record is not None:
-                    record.bytes_out = streamed.length
+                    record.bytes_out = streamed.length or 0
                 metrics.observe("http", "infer", route_label(model, version), status, time.perf_counter() - start,
                                 model, version, record)
             return

@@ -23,7 +23,10 @@ Large bodies stream both ways, so a pass-through proxy never holds one whole
   connection or one that finished an exchange less than ``FRESH_S`` ago — far
   inside any server's keep-alive timeout, which is what the retry above is for;
 - an answer whose Content-Length is at least ``stream_min`` (when the caller
-  asks) is handed over as a :class:`BodyStream` once its head has arrived.
+  asks) is handed over as a :class:`BodyStream` once its head has arrived; so is
+  an answer of unknown length (chunked) when the caller asks ``stream_unsized`` —
+  Triton's generate_stream sends its server-sent events so, one chunk per event,
+  and each must reach the client as it comes.
 """
 from __future__ import annotations
 
@@ -61,7 +64,8 @@ class ConnectionDropped(Exception):
 
 
 class BodyStream:
-    """A large answer's body, chunk by chunk as it arrives (``async for``).
+    """A large answer's body, chunk by chunk as it arrives (``async for``); ``length``
+    is its Content-Length, None for a chunked answer (its length is known at its end).
 
     Backpressure: above ``_HIGH`` queued bytes the connection stops reading
     from the socket (the backend's TCP window closes), below ``_LOW`` it reads
@@ -76,7 +80,7 @@ class BodyStream:
 
     __slots__ = ("_chunks", "_conn", "_error", "_finished", "_paused", "_queued", "_waiter", "length", "map_error")
 
-    def __init__(self, conn: _Connection, length: int) -> None:
+    def __init__(self, conn: _Connection, length: int | None) -> None:
         self.length = length
         self.map_error: Callable[[Exception], Exception] = lambda exc: exc
         self._conn: _Connection | None = conn
@@ -172,6 +176,7 @@ class _Connection(asyncio.Protocol):
         "_pos",
         "_stream",
         "_stream_min",
+        "_stream_unsized",
         "_timer",
         "_transport",
         "closed",
@@ -194,6 +199,7 @@ class _Connection(asyncio.Protocol):
         self._complete = False
         self._stream: BodyStream | None = None
         self._stream_min: int | None = None
+        self._stream_unsized = False
         self._timer: asyncio.TimerHandle | None = None
         # Called once when a streamed exchange ends (complete, failed or abandoned):
         # the pool takes the connection back and frees its slot.
@@ -257,8 +263,10 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         length = self._headers.get("content-length", "")
-        if self._stream_min is not None and length.isdigit() and int(length) >= self._stream_min:
-            self._stream = BodyStream(self, int(length))
+        sized = length.isdigit()
+        if (self._stream_min is not None and sized and int(length) >= self._stream_min) or \
+                (self._stream_unsized and not sized):
+            self._stream = BodyStream(self, int(length) if sized else None)
             fut = self._fut
             if fut is not None and not fut.done():
                 fut.set_result(H1Response(self._parser.get_status_code(), self._headers, self._stream))
@@ -397,7 +405,8 @@ class _Connection(asyncio.Protocol):
 
     async def exchange(self, head: bytes, body: bytes | memoryview | None, timeout: float,
                        stream_min: int | None = None,
-                       on_end: Callable[[_Connection], None] | None = None) -> H1Response:
+                       on_end: Callable[[_Connection], None] | None = None,
+                       stream_unsized: bool = False) -> H1Response:
         """Send one request and wait for its answer. A timer (not ``asyncio.wait_for``,
         which costs a task per call in Python 3.11) bounds the exchange from the end of
         the request (as Envoy's route timeout) to the end of the answer, a streamed
@@ -416,6 +425,7 @@ class _Connection(asyncio.Protocol):
         self._buf = None
         self._stream = None
         self._stream_min = stream_min
+        self._stream_unsized = stream_unsized
         self._got_bytes = False
         self._complete = False
         self.sent_all = True
@@ -511,10 +521,12 @@ class H1ConnectionPool:
         headers: Mapping[str, str] | None = None,
         timeout: float,
         stream_min: int | None = None,
+        stream_unsized: bool = False,
     ) -> H1Response:
         """One exchange; raises ConnectFailed, ConnectionDropped or asyncio.TimeoutError.
-        An answer with a Content-Length of at least ``stream_min`` comes back as a
-        :class:`BodyStream`; its connection stays taken until the body has arrived."""
+        An answer with a Content-Length of at least ``stream_min``, or (``stream_unsized``)
+        one without a Content-Length, comes back as a :class:`BodyStream`; its connection
+        stays taken until the body has arrived."""
         if isinstance(body, list):
             body = [b if isinstance(b, (bytes, bytearray)) else memoryview(b).cast("B") for b in body]
             length: int | None = sum(len(b) for b in body)
@@ -532,7 +544,7 @@ class H1ConnectionPool:
         else:
             await self._slots.acquire()  # free slot: returns at once, no task, no timer
         try:
-            response, ongoing = await self._exchange(head, body, timeout, stream_min)
+            response, ongoing = await self._exchange(head, body, timeout, stream_min, stream_unsized)
         except BaseException:
             self._slots.release()
             raise
@@ -544,8 +556,8 @@ class H1ConnectionPool:
         self._release(conn)
         self._slots.release()
 
-    async def _exchange(self, head: bytes, body: Any, timeout: float,
-                        stream_min: int | None) -> tuple[H1Response, bool]:
+    async def _exchange(self, head: bytes, body: Any, timeout: float, stream_min: int | None,
+                        stream_unsized: bool = False) -> tuple[H1Response, bool]:
         source = hasattr(body, "__aiter__")
         while self._idle:
             if source and asyncio.get_running_loop().time() - self._idle[-1].idle_since > FRESH_S:
@@ -554,20 +566,20 @@ class H1ConnectionPool:
             if conn.closed:
                 continue
             try:
-                response = await self._once(conn, head, body, timeout, stream_min)
+                response = await self._once(conn, head, body, timeout, stream_min, stream_unsized)
             except ConnectionDropped as exc:
                 if exc.before_response:
                     continue  # the keep-alive race: retry on another (or a fresh) connection
                 raise
             return response, self._settle(conn)
         conn = await self._connect()
-        response = await self._once(conn, head, body, timeout, stream_min)
+        response = await self._once(conn, head, body, timeout, stream_min, stream_unsized)
         return response, self._settle(conn)
 
     async def _once(self, conn: _Connection, head: bytes, body: Any, timeout: float,
-                    stream_min: int | None) -> H1Response:
+                    stream_min: int | None, stream_unsized: bool = False) -> H1Response:
         try:
-            return await conn.exchange(head, body, timeout, stream_min, self._stream_ended)
+            return await conn.exchange(head, body, timeout, stream_min, self._stream_ended, stream_unsized)
         except ConnectionDropped as exc:
             if exc.before_response and getattr(body, "consumed", False):
                 # Part of a streamed body is gone: it cannot be sent again, here or elsewhere.
