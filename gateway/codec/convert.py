@@ -60,11 +60,13 @@ def grpc_answer_to_http(answer: bytes, form: AnswerForm, backend: str) -> tuple[
     return chunks, reply_headers(json_length, coding)
 
 
-def grpc_request_to_http(message: bytes, *, binary: bool) -> tuple[Chunks, dict[str, str], bool]:
+def grpc_request_to_http(message: bytes, *, binary: bool,
+                         base64_bytes: bool = False) -> tuple[Chunks, dict[str, str], bool]:
     """A ModelInferRequest → (HTTP body parts, headers, whether its data came typed — then
-    so goes its answer): binary extension, or JSON only."""
+    so goes its answer): binary extension, or JSON only (``base64_bytes``: BYTES that are
+    not UTF-8 go as MLServer's base64 content type instead of being refused)."""
     request = grpc_codec.decode_request(message)
-    chunks, json_length = http_codec.encode_request(request, binary=binary)
+    chunks, json_length = http_codec.encode_request(request, binary=binary, base64_bytes=base64_bytes)
     return chunks, reply_headers(json_length), grpc_codec.uses_typed_contents(message)
 
 

@@ -27,6 +27,7 @@ tensor); encoders trust their tensors, which came from a decoder or ``from_numpy
 """
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -211,8 +212,11 @@ def _typed_values(name: str, info: DatatypeInfo, arr: np.ndarray, data: list[Any
     return arr
 
 
-def _json_data(t: Tensor) -> Any:
-    """A tensor's flat JSON ``data`` (Triton writes it flat): an ndarray orjson serialises, or strings."""
+def _json_data(t: Tensor, base64_bytes: bool = False) -> Any:
+    """A tensor's flat JSON ``data`` (Triton writes it flat): an ndarray orjson serialises,
+    or strings. BYTES that are not UTF-8 have no JSON form; with ``base64_bytes`` (a
+    backend that reads MLServer's ``base64`` content type) they go base64 — see
+    _encode_tensors — and the element list returned is bytes, encoded there."""
     info = datatype_info(t.datatype, t.name)
     if info.itemsize is None:
         elems = bytes_values(t.data, t.name)
@@ -221,8 +225,11 @@ def _json_data(t: Tensor) -> Any:
         try:
             return [e.decode("utf-8") for e in elems]
         except UnicodeDecodeError as exc:
+            if base64_bytes:
+                return elems
             raise InvalidRequest(
                 f"tensor '{t.name}': BYTES data is not valid UTF-8 and cannot be sent as JSON; request it binary"
+                " (or, to an MLServer pool, set the backend's non_utf8_bytes: base64)"
             ) from exc
     arr = to_numpy(t).reshape(-1)
     if info.name == "BOOL":
@@ -315,7 +322,8 @@ def _check_bool(params: Params, key: str, where: str) -> None:
         raise InvalidRequest(f"{where}: parameter '{key}' must be a boolean")
 
 
-def _encode_tensors(tensors: tuple[Tensor, ...], binary_of: Any, chunks: list[bytes | memoryview]) -> list[Any]:
+def _encode_tensors(tensors: tuple[Tensor, ...], binary_of: Any, chunks: list[bytes | memoryview],
+                    base64_bytes: bool = False) -> list[Any]:
     out = []
     for t in tensors:
         entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
@@ -325,9 +333,19 @@ def _encode_tensors(tensors: tuple[Tensor, ...], binary_of: Any, chunks: list[by
             if t.data.nbytes:
                 chunks.append(t.data)
         else:
+            data = _json_data(t, base64_bytes)
+            if isinstance(data, list) and data and isinstance(data[0], bytes):
+                # MLServer's base64 content type (mlserver/codecs/base64.py), per input: the
+                # whole tensor goes base64, its elements' bytes unchanged once decoded.
+                if "content_type" in params and params["content_type"] != "base64":
+                    raise InvalidRequest(
+                        f"tensor '{t.name}': BYTES data is not valid UTF-8, and its content_type "
+                        f"'{params['content_type']}' leaves no way to send it base64 in JSON")
+                params = {**params, "content_type": "base64"}
+                data = [base64.b64encode(e).decode("ascii") for e in data]
             if params:
                 entry["parameters"] = params
-            entry["data"] = _json_data(t)
+            entry["data"] = data
         out.append(entry)
     return out
 
@@ -376,7 +394,8 @@ def decode_request(
     )
 
 
-def encode_request(req: InferRequest, *, binary: bool = True) -> tuple[list[bytes | memoryview], int | None]:
+def encode_request(req: InferRequest, *, binary: bool = True,
+                   base64_bytes: bool = False) -> tuple[list[bytes | memoryview], int | None]:
     """Body chunks and Inference-Header-Content-Length of a request to a backend.
 
     ``binary=True`` sends every input in the binary section and asks for binary
@@ -388,7 +407,7 @@ def encode_request(req: InferRequest, *, binary: bool = True) -> tuple[list[byte
     if req.id:
         doc["id"] = req.id
     chunks: list[bytes | memoryview] = [b""]
-    doc["inputs"] = _encode_tensors(req.inputs, lambda _name: binary, chunks)
+    doc["inputs"] = _encode_tensors(req.inputs, lambda _name: binary, chunks, base64_bytes)
     params = dict(req.parameters)
     if req.outputs:
         outs = []

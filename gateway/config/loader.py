@@ -32,7 +32,7 @@ _TLS_KEYS = {"cert", "key", "client_ca"}
 _HEALTH_KEYS = {"interval_s", "timeout_s"}
 _BACKEND_KEYS = {"protocol", "endpoints", "timeout_s", "connect_timeout_s", "max_message_bytes", "binary_extension",
                  "max_connections", "balance", "tls", "retries", "retry_budget_percent", "outlier", "repository_index",
-                 "check_headers"}
+                 "check_headers", "non_utf8_bytes"}
 _BACKEND_TLS_KEYS = {"ca", "cert", "key", "server_name"}
 _ROUTE_KEYS = {"model", "version", "backend"}
 
@@ -177,6 +177,12 @@ def _backend(p: _Problems, name: str, raw: Any) -> Backend | None:
         headers = _check_headers(p, f"{key}.check_headers", data["check_headers"])
         ok = ok and headers is not None
         kwargs["check_headers"] = headers
+    if "non_utf8_bytes" in data:
+        if data["non_utf8_bytes"] not in ("refuse", "base64"):
+            p.add(f"{key}.non_utf8_bytes", f"expected refuse or base64, got {data['non_utf8_bytes']!r}")
+            ok = False
+        else:
+            kwargs["non_utf8_bytes"] = data["non_utf8_bytes"]
     if "balance" in data:
         kwargs["balance"] = data["balance"]  # its values are checked by Backend
     if data.get("tls") is not None:

@@ -189,6 +189,10 @@ class Backend:
     # HTTP pools only: whether the backend speaks the binary data extension
     # (Triton, OVMS do; MLServer does not, so requests to it are sent as JSON).
     binary_extension: bool = True
+    # HTTP pools without the binary extension: how a BYTES element that is not UTF-8
+    # travels in JSON — "refuse" (a clear error naming the tensor) or "base64" (MLServer's
+    # own way: the input goes base64 with parameters.content_type "base64").
+    non_utf8_bytes: str = "refuse"
     # HTTP pools only: open connections per endpoint; more concurrent requests wait.
     max_connections: int = 512
     # How a request picks its endpoint: "round_robin", or "least_request" (the healthy

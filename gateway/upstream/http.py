@@ -133,6 +133,7 @@ class HttpPool(Pool[HttpEndpoint]):
         super().__init__(backend)
         self._ssl = ssl_context(backend.tls)
         self._check_headers = dict(backend.check_headers)
+        self._base64_bytes = backend.non_utf8_bytes == "base64"
         self._apply(frozenset())  # static endpoints exist from the start: no loop needed
 
     def _make(self, address: HostPort) -> HttpEndpoint:
@@ -337,7 +338,8 @@ class HttpPool(Pool[HttpEndpoint]):
             try:
                 m, v, _ = scan_infer_routing(message)
                 self.on_event("grpc_to_http")
-                chunks, headers, typed = grpc_request_to_http(message, binary=self.backend.binary_extension)
+                chunks, headers, typed = grpc_request_to_http(message, binary=self.backend.binary_extension,
+                                                           base64_bytes=self._base64_bytes)
                 try:
                     reply = await self._send(ep, "POST", model_path(m, v) + "/infer", body=chunks,
                                              headers={**headers, **ep_headers})
@@ -386,7 +388,8 @@ class HttpPool(Pool[HttpEndpoint]):
                          affinity: str | None, metadata: tuple[tuple[str, str], ...]) -> bytes:
         """A gRPC client's request, converted: binary extension (or JSON) out, raw back."""
         self.on_event("grpc_to_http")
-        chunks, headers, typed = grpc_request_to_http(message, binary=self.backend.binary_extension)
+        chunks, headers, typed = grpc_request_to_http(message, binary=self.backend.binary_extension,
+                                                           base64_bytes=self._base64_bytes)
         del message
         reply = await self.request("POST", model_path(model, version) + "/infer", model, version, body=chunks,
                                    headers={**headers, **dict(metadata)}, timeout=timeout, affinity=affinity)

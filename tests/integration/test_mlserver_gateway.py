@@ -24,7 +24,8 @@ DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "IN
 def gws(mlserver, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("gw-mlserver")
     backends = {
-        "http": {"protocol": "http", "endpoints": [mlserver.http_url], "binary_extension": False},
+        "http": {"protocol": "http", "endpoints": [mlserver.http_url], "binary_extension": False,
+                 "non_utf8_bytes": "base64"},
         "grpc": {"protocol": "grpc", "endpoints": [mlserver.grpc_url]},
     }
     out = {}
@@ -177,3 +178,42 @@ def test_answer_in_the_client_s_form(mlserver, gws, typed):
             assert not resp.raw_output_contents and list(resp.outputs[0].contents.int_contents) == [-7, 0, 2**31 - 1]
         else:
             assert np.frombuffer(resp.raw_output_contents[0], "<i4").tolist() == [-7, 0, 2**31 - 1]
+
+
+NOT_UTF8 = [b"\xff\xfe\x00abc", b"plain", b"", bytes(range(256))]
+
+
+def _hexes(url: str, values: list[bytes], grpc_client: bool) -> list[str]:
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    mod = grpcclient if grpc_client else httpclient
+    with mod.InferenceServerClient(url) as c:
+        i = mod.InferInput("INPUT0", [len(values)], "BYTES")
+        if grpc_client:
+            i.set_data_from_numpy(np.array(values, dtype=object))
+        else:
+            i.set_data_from_numpy(np.array(values, dtype=object), binary_data=True)
+        out = c.infer("bytes_hex", [i]).as_numpy("OUTPUT0")
+    return [v.decode() if isinstance(v, bytes) else v for v in out.reshape(-1).tolist()]
+
+
+def test_bytes_that_are_not_utf8_reach_mlserver_unchanged(mlserver, gws):
+    """A gRPC client's BYTES that are not UTF-8, to MLServer's JSON-only HTTP pool: sent as
+    MLServer's base64 content type (non_utf8_bytes: base64), so the model reads the very
+    bytes it reads when the same request goes to MLServer over gRPC directly."""
+    want = [v.hex() for v in NOT_UTF8]
+    assert _hexes(mlserver.grpc_url, NOT_UTF8, True) == want
+    assert _hexes(gws["http"].grpc_url, NOT_UTF8, True) == want
+    # An HTTP client sending them binary to the gRPC pool needs no base64 at all.
+    assert _hexes(gws["grpc"].http_url, NOT_UTF8, False) == want
+
+
+def test_bytes_that_are_not_utf8_are_refused_by_default(mlserver, tmp_path):
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+    backends = {"http": {"protocol": "http", "endpoints": [mlserver.http_url], "binary_extension": False}}
+    with GatewayProcess(gateway_config(backends, [{"model": "*", "backend": "http"}]), tmp_path, "gw-refuse") as g:
+        with pytest.raises(InferenceServerException) as info:
+            _hexes(g.grpc_url, NOT_UTF8, True)
+    assert "'INPUT0'" in str(info.value) and "UTF-8" in str(info.value)
+    assert "StatusCode.INVALID_ARGUMENT" in str(info.value)

@@ -83,6 +83,8 @@ def test_listener_can_be_disabled():
         (dict(MINIMAL, workers=0), "(config)"),
         (dict(MINIMAL, backends={"t": {"protocol": "http", "endpoints": ["h:1"], "balance": "random"}}),
          "backends.t.balance"),
+        (dict(MINIMAL, backends={"t": {"protocol": "http", "endpoints": ["h:1"], "non_utf8_bytes": "latin1"}}),
+         "backends.t.non_utf8_bytes"),
         (dict(MINIMAL, max_inflight_bytes="lots"), "max_inflight_bytes"),
         (dict(MINIMAL, health={"interval_s": -1}), "health"),
     ],

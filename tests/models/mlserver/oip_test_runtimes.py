@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 from mlserver import MLModel
-from mlserver.codecs import NumpyCodec
+from mlserver.codecs import Base64Codec, NumpyCodec
 from mlserver.errors import InferenceError
 from mlserver.types import InferenceRequest, InferenceResponse, RequestInput, ResponseOutput
 
@@ -129,4 +129,17 @@ class StringReverse(_Base):
         return self._respond(payload, [_encode_bytes("OUTPUT0", values, inp.shape)])
 
 
-__all__ = ["AddSub", "Identity", "StringReverse"]
+class BytesHex(_Base):
+    """Each BYTES element's bytes as hex text: shows what bytes the model received, decoding
+    its input as MLServer's codecs do (a ``base64`` content type is decoded; gRPC bytes and
+    JSON strings are taken as they are) — and answers text, which travels in any form."""
+
+    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        inp = _inputs(self, payload)["INPUT0"]
+        content_type = inp.parameters.content_type if inp.parameters is not None else None
+        values = Base64Codec.decode_input(inp) if content_type == "base64" else _bytes_elements(inp)
+        hexes = [bytes(v).hex().encode("ascii") for v in values]
+        return self._respond(payload, [_encode_bytes("OUTPUT0", hexes, [len(hexes)])])
+
+
+__all__ = ["AddSub", "BytesHex", "Identity", "StringReverse"]
