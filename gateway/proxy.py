@@ -43,12 +43,16 @@ __all__ = ["EXTENSIONS", "Proxy", "Routing", "build_pool"]
 
 T = TypeVar("T")
 
-# What works end to end through the gateway, on every path (spec "Server Metadata": the
-# extensions field): the binary tensor extension, request/tensor parameters, and sequences
-# (sequence_id keeps a sequence on one endpoint). Not listed: the model repository (its
-# index works everywhere, but load/unload only between same-protocol pools), statistics and
-# model configuration (same-protocol pools only), shared memory (no network hop has it).
-EXTENSIONS = ["binary_tensor_data", "parameters", "sequence"]
+# What works end to end through the gateway, on every client × pool path, in Triton's
+# spelling (spec "Server Metadata": the extensions field; Triton's own list, core
+# server.cc): the binary tensor extension, parameters, sequences (sequence_id keeps a
+# sequence on one endpoint), the model repository (index merged over the fleet, load and
+# unload with unload_dependents on every endpoint of the pool), model configuration,
+# statistics (summed over endpoints), trace and logging settings. Not listed: shared memory
+# (no network hop has it), classification and schedule_policy (their parameters pass
+# through but are not proven here).
+EXTENSIONS = ["binary_tensor_data", "parameters", "sequence", "model_repository",
+              "model_repository(unload_dependents)", "model_configuration", "statistics", "trace", "logging"]
 
 # Request headers that matter to a V2 backend; everything else (host,
 # content-length, connection) belongs to the hop and is not forwarded.

@@ -45,11 +45,15 @@ def test_load_and_unload_reach_every_endpoint(tmp_path: Path) -> None:
                          what="the loaded models ready through the gateway")
                 c.unload_model("m_http")
             assert a.ready_models() == b.ready_models() == {"m_grpc"}
-            # Across protocols: converted, to every endpoint as well.
-            with grpcclient.InferenceServerClient(gw.grpc_url) as c:
-                c.unload_model("m_grpc")
+            # Across protocols: converted (unload_dependents too), to every endpoint as well.
             with httpclient.InferenceServerClient(gw.http_url) as c:
+                c.unload_model("m_grpc", unload_dependents=True)
+                assert a.ready_models() == b.ready_models() == set()
                 c.load_model("m_grpc")
+            with grpcclient.InferenceServerClient(gw.grpc_url) as c:
+                c.load_model("m_http")
+                assert a.ready_models() == b.ready_models() == {"m_http", "m_grpc"}
+                c.unload_model("m_http", unload_dependents=True)
             assert a.ready_models() == b.ready_models() == {"m_grpc"}
             # An endpoint that cannot take it: named in a combined error.
             b.kill()

@@ -197,3 +197,15 @@ def test_config_json_is_the_protobuf_mapping(triton):
         answer = g.get_model_config(name)
         assert orjson.loads(config_to_json(answer.SerializeToString())) == h.get_model_config(name), name
         assert json_format.MessageToDict(answer) is not None
+
+
+def test_extensions_listed_are_tritons_and_carried(triton, gw):
+    """Server metadata's extensions: what the gateway carries end to end (each proven in
+    these tests), in Triton's own spelling — a subset of what Triton itself lists."""
+    from gateway.proxy import EXTENSIONS
+    listed = through(gw, "http").get_server_metadata()["extensions"]
+    assert listed == EXTENSIONS
+    assert list(through(gw, "grpc").get_server_metadata().extensions) == EXTENSIONS
+    tritons = set(direct(triton, "http").get_server_metadata()["extensions"])
+    assert set(listed) <= tritons
+    assert not {"system_shared_memory", "cuda_shared_memory"} & set(listed)
