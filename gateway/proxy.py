@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -33,15 +34,20 @@ from .errors import (
 )
 from .observability.metrics import UNROUTED, Metrics, RouteLabel
 from .routing.readiness import Ready
-from .routing.table import RouteTable
+from .routing.table import Match, RouteTable
 from .upstream.grpc import GrpcPool
 from .upstream.health import HealthChecker
-from .upstream.http import HttpPool
+from .upstream.http import HttpPool, http_affinity
+from .upstream.mirror import Mirrors
 from .upstream.pool import Pool, Refused
 
 __all__ = ["EXTENSIONS", "Proxy", "Routing", "build_pool"]
 
 T = TypeVar("T")
+
+# The (route pattern, pool) the current request was routed to: one request per task
+# (uvicorn and grpc.aio run each in its own), read back by route_label for its metrics.
+CHOSEN: ContextVar[RouteLabel | None] = ContextVar("oip_gateway_chosen_route", default=None)
 
 # What works end to end through the gateway, on every client × pool path, in Triton's
 # spelling (spec "Server Metadata": the extensions field; Triton's own list, core
@@ -77,6 +83,11 @@ def _first_failure(errors: Sequence[GatewayError], kind: str) -> GatewayError:
     return errors[0] if errors else NoEndpointAvailable(f"no endpoint to ask for {kind} settings")
 
 
+def _metadata_map(metadata: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """gRPC metadata as a header mapping for header routes (text entries only)."""
+    return {k: v for k, v in metadata if isinstance(v, str)}
+
+
 _CLIENTS_FAULT = (ClientDisconnected, InvalidRequest, Unsupported, PayloadTooLarge)
 
 
@@ -92,8 +103,25 @@ class Routing:
     table: RouteTable
     pools: Mapping[str, Pool[Any]]
 
-    def pool(self, model: str, version: str) -> Pool[Any]:
-        return self.pools[self.table.resolve(model, version).backend]
+    def pool(self, model: str, version: str, headers: Mapping[str, str] | None = None,
+             affinity: str | None = None) -> Pool[Any]:
+        return self.pick(model, version, headers, affinity)[0]
+
+    def pick(self, model: str, version: str, headers: Mapping[str, str] | None = None,
+             affinity: str | None = None) -> tuple[Pool[Any], Match]:
+        """The pool for one request (a split's side chosen now) and its route. The
+        (route, pool) pair is noted for this request's metrics (``CHOSEN``)."""
+        match = self.table.resolve(model, version, headers)
+        name = match.backend if match.split is None else \
+            match.pick(lambda n: self.pools[n].can_take(model, version), affinity)
+        CHOSEN.set((match.label, name))
+        return self.pools[name], match
+
+    def pools_of(self, model: str, version: str = "") -> list[Pool[Any]]:
+        """Every pool of the model's route (all sides of a split): model control,
+        statistics and per-model settings go to each."""
+        match = self.table.resolve(model, version)
+        return [self.pools[n] for n in (match.split.names if match.split is not None else (match.backend,))]
 
 
 class Admission:
@@ -129,6 +157,8 @@ class Proxy:
         self.draining = False
         config = routing.config
         self.admission = Admission(config.max_inflight_bytes, metrics.inflight_bytes)
+        # Shadow traffic (routes' ``mirror``): copies sent in the background, answers dropped.
+        self.mirrors = Mirrors(lambda: self.routing.pools, metrics.mirror_requests, metrics.mirror_inflight)
         self.limit = config.max_message_bytes
         # Client headers / gRPC metadata passed on to backends, on every path.
         self.context_headers = frozenset(TRACE_HEADERS) | frozenset(config.forward_headers)
@@ -157,7 +187,12 @@ class Proxy:
                 "extensions": list(EXTENSIONS)}
 
     def route_label(self, model: str, version: str) -> RouteLabel:
-        """(route pattern, pool) for the metrics: bounded by the config, never a client's string."""
+        """(route pattern, pool) for the metrics: bounded by the config, never a client's
+        string. The pool this request went to when it was routed (a split's side, a header
+        route), else the default route's."""
+        chosen = CHOSEN.get()
+        if chosen is not None:
+            return chosen
         try:
             match = self.routing.table.resolve(model, version)
         except Exception:
@@ -222,14 +257,19 @@ class Proxy:
         return out
 
     async def repository_http(self, action: str, model: str, body: bytes, headers: Mapping[str, str]) -> HttpReply:
-        """Load / unload ``model`` on every endpoint of the pool it routes to."""
-        pool = self.routing.pool(model, "")
-        return await self.timed(pool, pool.repository_http(action, model, body, headers))
+        """Load / unload ``model`` on every endpoint of the pool(s) it routes to."""
+        reply = None
+        for pool in self.routing.pools_of(model):
+            reply = await self.timed(pool, pool.repository_http(action, model, body, headers))
+        assert reply is not None
+        return reply
 
     async def repository_grpc(self, rpc: str, model: str, message: bytes, timeout: float | None,
                               metadata: Sequence[tuple[str, str]]) -> bytes:
-        pool = self.routing.pool(model, "")
-        return await self.timed(pool, pool.repository_grpc(rpc, model, message, timeout, tuple(metadata)))
+        answer = b""
+        for pool in self.routing.pools_of(model):
+            answer = await self.timed(pool, pool.repository_grpc(rpc, model, message, timeout, tuple(metadata)))
+        return answer
 
     # -- Triton's per-model extensions (model configuration, statistics) --------
     # Triton's own messages (model_config.proto, grpc_service.proto): relayed as they are
@@ -256,10 +296,7 @@ class Proxy:
     async def _statistics(self, model: str, version: str, timeout: float | None) -> list[tuple[bytes, str]]:
         """Every endpoint's statistics: of the model's pool, or (no model: Triton's "all
         models") of every pool. Summed per model and version by the caller."""
-        if model:
-            pool = self.routing.pool(model, version)
-            return await self.timed(pool, pool.statistics(model, version, timeout))
-        pools = list(self.routing.pools.values())
+        pools = self.routing.pools_of(model, version) if model else list(self.routing.pools.values())
         answers = await asyncio.gather(*(self.timed(p, p.statistics("", "", timeout)) for p in pools),
                                        return_exceptions=True)
         parts = [part for a in answers if isinstance(a, list) for part in a]
@@ -275,7 +312,7 @@ class Proxy:
         them and succeeds when every endpoint that has the extension took it (one that
         answers 404 / UNIMPLEMENTED has none: MLServer, OVMS); the answer is the first
         endpoint's. A read is answered by the first endpoint that can."""
-        pools = [self.routing.pool(model, "")] if model else list(self.routing.pools.values())
+        pools = self.routing.pools_of(model) if model else list(self.routing.pools.values())
         if not update:
             errors: list[GatewayError] = []
             for pool in pools:
@@ -321,21 +358,59 @@ class Proxy:
         size = len(body) if isinstance(body, (bytes, bytearray)) else body.length
         self.admission.enter(size)
         try:
-            pool = self.routing.pool(model, version)
-            call = pool.infer_http(model, version, body, headers, self._http_forwarded, self.limit)
-            del body  # the pool owns it: freed there as soon as it is sent or encoded
-            return await self.timed(pool, call)
+            match = self.routing.table.resolve(model, version, headers)
+            affinity = None
+            if match.split is not None:  # a sequence stays in one pool of the split
+                body, affinity = await http_affinity(body, headers, self.limit, True)
+            pool, match = self.routing.pick(model, version, headers, affinity)
+            if match.mirror is not None and isinstance(body, (bytes, bytearray)):
+                self.mirrors.http(match, model, version, bytes(body), headers, self._http_forwarded, self.limit)
+            if match.split is None or not isinstance(body, (bytes, bytearray)):
+                call = pool.infer_http(model, version, body, headers, self._http_forwarded, self.limit)
+                del body  # the pool owns it: freed there as soon as it is sent or encoded
+                return await self.timed(pool, call)
+            try:
+                return await self.timed(pool, pool.infer_http(model, version, body, headers, self._http_forwarded,
+                                                              self.limit))
+            except NoEndpointAvailable:
+                other = self._other_side(match, pool, model, version, affinity)
+                if other is None:
+                    raise
+                return await self.timed(other, other.infer_http(model, version, body, headers,
+                                                                self._http_forwarded, self.limit))
         finally:
             self.admission.leave(size)
+
+    def _other_side(self, match: Match, failed: Pool[Any], model: str, version: str,
+                    affinity: str | None) -> Pool[Any] | None:
+        """A split's side answered that nothing could take the request (no endpoint had the
+        model ready after all — the checker had not seen it go yet): another side that can
+        takes it, as its share would have gone there. None when there is none."""
+        assert match.split is not None
+        routing = self.routing
+        name = match.split.choose(lambda n: n != failed.name and routing.pools[n].can_take(model, version),
+                                  affinity)
+        if name == failed.name or not routing.pools[name].can_take(model, version):
+            return None
+        CHOSEN.set((match.label, name))
+        return routing.pools[name]
 
     async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
                          affinity: str | None = None, metadata: Sequence[tuple[str, str]] = ()) -> bytes:
         size = len(message)
         self.admission.enter(size)
         try:
-            pool = self.routing.pool(model, version)
+            pool, match = self.routing.pick(model, version, _metadata_map(metadata), affinity)
             trace = pick_headers(metadata, self.context_headers)
-            return await self.timed(pool, pool.infer_grpc(message, model, version, timeout, affinity, trace))
+            if match.mirror is not None:
+                self.mirrors.grpc(match, model, version, message, trace)
+            try:
+                return await self.timed(pool, pool.infer_grpc(message, model, version, timeout, affinity, trace))
+            except NoEndpointAvailable:
+                other = self._other_side(match, pool, model, version, affinity) if match.split else None
+                if other is None:
+                    raise
+                return await self.timed(other, other.infer_grpc(message, model, version, timeout, affinity, trace))
         finally:
             self.admission.leave(size)
 
@@ -347,7 +422,8 @@ class Proxy:
         connection); one that does not ends the stream with INVALID_ARGUMENT after the
         answers to the requests before it."""
         routing = self.routing
-        pool = routing.pool(model, version)
+        headers = _metadata_map(metadata)
+        pool = routing.pool(model, version, headers, affinity)
         refused: list[GatewayError] = []
 
         async def requests() -> AsyncIterator[bytes]:
@@ -357,7 +433,8 @@ class Proxy:
                 try:
                     if not m:
                         raise InvalidRequest("ModelInferRequest.model_name is required")
-                    if routing.table.resolve(m, v).backend != pool.name:
+                    match = routing.table.resolve(m, v, headers)
+                    if pool.name not in (match.split.names if match.split is not None else (match.backend,)):
                         raise InvalidRequest(
                             f"model '{m}' routes to another backend than this stream's ('{pool.name}'): "
                             "open one stream per backend")
@@ -378,7 +455,7 @@ class Proxy:
         size = len(body)
         self.admission.enter(size)
         try:
-            pool = self.routing.pool(model, version)
+            pool = self.routing.pool(model, version, headers)
             return await self.timed(pool, pool.generate(model, version, body, headers, self._http_forwarded, stream))
         finally:
             self.admission.leave(size)

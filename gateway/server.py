@@ -190,8 +190,18 @@ class Listeners:
         self._servers.clear()
 
 
-def exact_routes(config: GatewayConfig) -> list[tuple[str, str | None, str]]:
-    return [(r.model, r.version, r.backend) for r in config.routes if not r.is_glob]
+def exact_routes(config: GatewayConfig) -> list[tuple[str, str | None, str, int]]:
+    """What the health checker checks: every pool of every exact route (a split's sides
+    share the route's group: ready when one is), and mirrors' shadow pools (group -1:
+    checked, so they know the model, never required for readiness)."""
+    out: list[tuple[str, str | None, str, int]] = []
+    for i, r in enumerate(config.routes):
+        if r.is_glob:
+            continue
+        out += [(r.model, r.version, b, i) for b in r.backends]
+        if r.mirror is not None:
+            out.append((r.model, r.version, r.mirror.backend, -1))
+    return out
 
 
 class Gateway:

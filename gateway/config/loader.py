@@ -11,13 +11,27 @@ import hashlib
 import ipaddress
 import os
 import pathlib
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import yaml
 
 from ..errors import ConfigError
-from .schema import Backend, BackendTls, Dns, GatewayConfig, Health, HostPort, Listen, Outlier, Route, Tls
+from .schema import (
+    Backend,
+    BackendTls,
+    Dns,
+    GatewayConfig,
+    Health,
+    HostPort,
+    Listen,
+    Mirror,
+    Outlier,
+    Route,
+    Side,
+    Tls,
+)
 
 __all__ = ["load_config", "parse_config", "read_config"]
 
@@ -34,7 +48,10 @@ _BACKEND_KEYS = {"protocol", "endpoints", "timeout_s", "connect_timeout_s", "max
                  "max_connections", "balance", "tls", "retries", "retry_budget_percent", "outlier", "repository_index",
                  "check_headers", "non_utf8_bytes"}
 _BACKEND_TLS_KEYS = {"ca", "cert", "key", "server_name"}
-_ROUTE_KEYS = {"model", "version", "backend"}
+_ROUTE_KEYS = {"model", "version", "backend", "split", "headers", "mirror"}
+_SIDE_KEYS = {"backend", "weight"}
+_MIRROR_KEYS = {"backend", "percent", "max_inflight"}
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")
 
 
 class _Problems:
@@ -298,10 +315,74 @@ def _route(p: _Problems, i: int, raw: Any) -> Route | None:
         return None
     p.check_keys(key, data, _ROUTE_KEYS)
     ok = True
-    for req in ("model", "backend"):
-        if not isinstance(data.get(req), str) or not data.get(req):
-            p.add(f"{key}.{req}", "required: a non-empty string")
+    if not isinstance(data.get("model"), str) or not data.get("model"):
+        p.add(f"{key}.model", "required: a non-empty string")
+        ok = False
+    split: list[Side] = []
+    if ("backend" in data) == ("split" in data):
+        p.add(f"{key}.backend", "required: a backend name, or a split (not both)")
+        ok = False
+    elif "backend" in data and (not isinstance(data["backend"], str) or not data["backend"]):
+        p.add(f"{key}.backend", "required: a non-empty string")
+        ok = False
+    elif "split" in data:
+        sides = data["split"]
+        if not isinstance(sides, list) or len(sides) < 2:
+            p.add(f"{key}.split", "expected a list of at least two {backend, weight}")
             ok = False
+        else:
+            for j, side in enumerate(sides):
+                where = f"{key}.split[{j}]"
+                body = _mapping(p, where, side)
+                if body is None:
+                    ok = False
+                    continue
+                p.check_keys(where, body, _SIDE_KEYS)
+                weight = _number(p, f"{where}.weight", body.get("weight"), float) if "weight" in body else None
+                if "weight" not in body:
+                    p.add(f"{where}.weight", "required: a positive number")
+                if not isinstance(body.get("backend"), str) or not body.get("backend"):
+                    p.add(f"{where}.backend", "required: a non-empty string")
+                    ok = False
+                    continue
+                name: str = body["backend"]
+                built = p.build(where, functools.partial(Side, name, weight)) if weight is not None else None
+                ok = ok and built is not None
+                if built is not None:
+                    split.append(built)
+    headers: list[tuple[str, str]] = []
+    if "headers" in data:
+        hraw = data["headers"]
+        if not isinstance(hraw, dict) or not hraw:
+            p.add(f"{key}.headers", "expected a mapping of header name to value")
+            ok = False
+        else:
+            for name, value in hraw.items():
+                lname = str(name).lower()
+                if not _HEADER_NAME.fullmatch(lname) or lname.startswith(":"):
+                    p.add(f"{key}.headers", f"not a header name: {name!r}")
+                    ok = False
+                elif not isinstance(value, str):
+                    p.add(f"{key}.headers.{name}", f"expected a string, got {value!r}")
+                    ok = False
+                else:
+                    headers.append((lname, value))
+    mirror = None
+    if data.get("mirror") is not None:
+        mraw = _mapping(p, f"{key}.mirror", data["mirror"])
+        if mraw is None:
+            ok = False
+        else:
+            p.check_keys(f"{key}.mirror", mraw, _MIRROR_KEYS)
+            if not isinstance(mraw.get("backend"), str) or not mraw.get("backend"):
+                p.add(f"{key}.mirror.backend", "required: a non-empty string")
+                ok = False
+            pct = _number(p, f"{key}.mirror.percent", mraw.get("percent"), float)
+            mi = _number(p, f"{key}.mirror.max_inflight", mraw["max_inflight"], int) if "max_inflight" in mraw \
+                else 64
+            if isinstance(mraw.get("backend"), str) and pct is not None and mi is not None:
+                mirror = p.build(f"{key}.mirror", functools.partial(Mirror, mraw["backend"], pct, mi))
+            ok = ok and mirror is not None
     raw_version = data.get("version")
     version: str | None = None
     if raw_version is not None:
@@ -312,7 +393,9 @@ def _route(p: _Problems, i: int, raw: Any) -> Route | None:
             version = str(raw_version)  # YAML reads `version: 1` as an int; V2 versions are strings
     if not ok:
         return None
-    return p.build(key, lambda: Route(model=data["model"], backend=data["backend"], version=version))
+    backend = data["backend"] if "backend" in data else split[0].backend
+    return p.build(key, lambda: Route(model=data["model"], backend=backend, version=version, split=tuple(split),
+                                      headers=tuple(headers), mirror=mirror))
 
 
 def parse_config(raw: Any) -> GatewayConfig:
@@ -345,8 +428,11 @@ def parse_config(raw: Any) -> GatewayConfig:
             r = _route(p, i, body)
             if r is None:
                 continue
-            if r.backend not in backends and (braw and r.backend not in braw):
-                p.add(f"routes[{i}].backend", f"no backend named {r.backend!r}")
+            unknown = [b for b in (*r.backends, *((r.mirror.backend,) if r.mirror else ()))
+                       if b not in backends and (braw and b not in braw)]
+            if unknown:
+                where = "split" if r.split else "backend"
+                p.add(f"routes[{i}].{where}", f"no backend named {unknown[0]!r}")
                 continue
             routes.append(r)
 

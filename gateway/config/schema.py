@@ -234,20 +234,61 @@ class Backend:
 
 
 @dataclass(frozen=True, slots=True)
+class Side:
+    """One side of a weighted split: a pool and its share (any positive weight)."""
+
+    backend: str
+    weight: float
+
+    def __post_init__(self) -> None:
+        if not self.weight > 0:
+            raise ValueError(f"split weight of {self.backend!r} must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class Mirror:
+    """Shadow traffic: ``percent`` of a route's inference requests also go to ``backend``;
+    its answers are discarded and at most ``max_inflight`` copies are in flight."""
+
+    backend: str
+    percent: float
+    max_inflight: int = 64
+
+    def __post_init__(self) -> None:
+        if not 0 < self.percent <= 100:
+            raise ValueError("mirror.percent must be > 0 and <= 100")
+        if self.max_inflight < 1:
+            raise ValueError("mirror.max_inflight must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
 class Route:
-    """``model`` is an exact name or a glob (``*``, ``?``, ``[...]``)."""
+    """``model`` is an exact name or a glob (``*``, ``?``, ``[...]``). ``backend`` is the
+    pool; a weighted ``split`` names several (``backend`` is then its first side's).
+    ``headers``: (lower-case name, value) pairs a request must carry (HTTP headers or gRPC
+    metadata) for this route to take it; ``mirror``: shadow traffic."""
 
     model: str
     backend: str
     version: str | None = None
+    split: tuple[Side, ...] = ()
+    headers: tuple[tuple[str, str], ...] = ()
+    mirror: Mirror | None = None
 
     @property
     def is_glob(self) -> bool:
         return any(c in self.model for c in "*?[")
 
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """Every pool the route sends requests to (not its mirror)."""
+        return tuple(s.backend for s in self.split) if self.split else (self.backend,)
+
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("model is empty")
+        if self.split and len({s.backend for s in self.split}) != len(self.split):
+            raise ValueError("a split names a backend twice")
 
 
 # Headers that describe a hop, the body's framing or the protocol: never copied from a client.

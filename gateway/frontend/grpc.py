@@ -115,6 +115,8 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
                 await context.abort(grpc.StatusCode.INTERNAL, "internal gateway error")
             finally:
                 if metrics is not None:
+                    if seen.model:  # after the call: the pool it went to (a split's side, a header route)
+                        seen.label = route_label(seen.model, seen.version)
                     metrics.observe("grpc", api, seen.label, code, time.perf_counter() - start, seen.model,
                                     seen.version, record)
 
@@ -185,6 +187,8 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
             await ctx.abort(grpc.StatusCode.INTERNAL, "internal gateway error")
         finally:
             if metrics is not None:
+                if model:
+                    label = route_label(model, version)
                 metrics.observe("grpc", "stream_infer", label, code, time.perf_counter() - start, model, version,
                                 record)
 

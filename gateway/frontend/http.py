@@ -25,6 +25,7 @@ from ..budget import ByteBudget
 from ..dataplane import ClientDisconnected, DataPlane, StreamedBody
 from ..errors import SHARED_MEMORY_REFUSAL, GatewayError, InvalidRequest, PayloadTooLarge, Unsupported, UpstreamError
 from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
+from .generate import build_generate, generate_target
 
 __all__ = ["build_http_app", "error_response"]
 
@@ -401,12 +402,18 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
 
     rest = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
 
+    # Triton's generate extension (frontend/generate.py): any method, so others get its 405.
+    generate = build_generate(plane, metrics, max_message_bytes=max_message_bytes, route_label=route_label)
+
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             target = _infer_target(scope["path"])
             if target is not None:
                 await infer(scope, receive, send, *target)
                 return
+        if scope["type"] == "http" and (gen := generate_target(scope["path"])) is not None:
+            await generate(scope, receive, send, *gen)
+            return
         await rest(scope, receive, send)
 
     return app

@@ -75,6 +75,15 @@ class Metrics:
             "oip_gateway_pool_events", "What pools did: retry, retry_budget_exhausted, ejection.",
             ["backend", "event"], registry=r,
         )
+        self.mirror_requests = Counter(
+            "oip_gateway_mirror_requests", "Shadow copies of requests (routes' mirror), by outcome: answered, "
+            "failed (an error or non-200 answer, never the client's), dropped (max_inflight copies in flight).",
+            ["route", "backend", "outcome"], registry=r,
+        )
+        self.mirror_inflight = Gauge(
+            "oip_gateway_mirror_inflight", "Shadow copies of requests in flight now (at most the route's "
+            "mirror.max_inflight).", ["route", "backend"], registry=r, multiprocess_mode="livesum",
+        )
         self.config_reloads = Counter(
             "oip_gateway_config_reloads", "Config reloads (SIGHUP or a watched file change), by result.",
             ["result"], registry=r,

@@ -4,24 +4,39 @@ Exact model names resolve through one dict lookup, so a request costs the same
 with 10,000 routes as with one. Glob routes are tried in config order only
 when no exact route names the model. Within one model name, routes are tried
 in config order: the first whose version is unset or equal to the requested
-version wins. No I/O, no asyncio.
+version, and whose headers (if any) the request carries, wins — so header routes
+(a variant picked by a header) come before the route without headers. A match
+names one pool, or a weighted split of several (``split.py``). No I/O, no asyncio.
 """
 from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ..config.schema import Route
+from ..config.schema import Mirror, Route
 from ..errors import ModelNotFound
+from .split import WeightedSplit
 
 __all__ = ["Match", "RouteTable"]
 
 
 @dataclass(frozen=True, slots=True)
 class Match:
-    backend: str
+    backend: str  # the pool; for a split, the first side's (see ``pick``)
     label: str  # the route's model pattern: a bounded label for metrics
+    split: WeightedSplit | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    mirror: Mirror | None = None
+
+    def takes(self, headers: Mapping[str, str] | None) -> bool:
+        """The request carries every header this route asks for."""
+        return not self.headers or (headers is not None and all(headers.get(k) == v for k, v in self.headers))
+
+    def pick(self, eligible: Callable[[str], bool], affinity: str | None = None) -> str:
+        """The pool for one request: the backend, or a side of the split."""
+        return self.backend if self.split is None else self.split.choose(eligible, affinity)
 
 
 class RouteTable:
@@ -31,14 +46,15 @@ class RouteTable:
         self._exact: dict[str, list[tuple[str | None, Match]]] = {}
         self._globs: list[tuple[re.Pattern[str], str | None, Match]] = []
         for r in routes:
-            m = Match(backend=r.backend, label=r.model)
+            split = WeightedSplit([s.backend for s in r.split], [s.weight for s in r.split]) if r.split else None
+            m = Match(backend=r.backend, label=r.model, split=split, headers=r.headers, mirror=r.mirror)
             if r.is_glob:
                 self._globs.append((re.compile(fnmatch.translate(r.model)), r.version, m))
             else:
                 self._exact.setdefault(r.model, []).append((r.version, m))
         # Glob results are cached per (model, version): a per-process cache of a
         # pure function, bounded so that clients sending random names cannot grow it.
-        self._cache: dict[tuple[str, str], Match | None] = {}
+        self._cache: dict[tuple[str, str], tuple[Match, ...]] = {}
         self._cache_max = cache_max
 
     @property
@@ -46,27 +62,29 @@ class RouteTable:
         """(model, version) of every exact route: what server readiness waits for."""
         return [(name, v) for name, entries in self._exact.items() for v, _ in entries]
 
-    def resolve(self, model: str, version: str = "") -> Match:
+    def resolve(self, model: str, version: str = "", headers: Mapping[str, str] | None = None) -> Match:
+        """The first route (config order) for ``model`` whose version is unset or equal and
+        whose headers the request carries (``headers``: lower-case names, HTTP headers or
+        gRPC metadata; None: none)."""
         entries = self._exact.get(model)
         if entries is not None:
             for want, match in entries:
-                if want is None or want == version:
+                if (want is None or want == version) and match.takes(headers):
                     return match
             raise ModelNotFound(f"Request for unknown model: '{model}' version {version or '(none)'} is not routed")
         key = (model, version)
         try:
-            hit = self._cache[key]
+            hits = self._cache[key]
         except KeyError:
-            hit = self._glob(model, version)
+            hits = self._glob(model, version)
             if len(self._cache) >= self._cache_max:
                 self._cache.clear()
-            self._cache[key] = hit
-        if hit is None:
-            raise ModelNotFound(f"Request for unknown model: '{model}' is not routed")
-        return hit
-
-    def _glob(self, model: str, version: str) -> Match | None:
-        for pattern, want, match in self._globs:
-            if pattern.match(model) and (want is None or want == version):
+            self._cache[key] = hits
+        for match in hits:
+            if match.takes(headers):
                 return match
-        return None
+        raise ModelNotFound(f"Request for unknown model: '{model}' is not routed")
+
+    def _glob(self, model: str, version: str) -> tuple[Match, ...]:
+        return tuple(match for pattern, want, match in self._globs
+                     if pattern.match(model) and (want is None or want == version))

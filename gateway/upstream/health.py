@@ -35,7 +35,10 @@ __all__ = ["HealthChecker"]
 log = logging.getLogger("oip_gateway.health")
 
 T = TypeVar("T")
-Route = tuple[str, str | None, str]  # (model, version or None, backend)
+# (model, version or None, backend[, group]): routes with the same group are one route's
+# pools (a split's sides): it is ready when one of them is. Group -1: checked, never
+# required (a mirror's shadow pool). Without a group, each entry is a route of its own.
+Route = tuple[str, str | None, str] | tuple[str, str | None, str, int]
 
 
 class _Schedule:
@@ -78,7 +81,7 @@ class HealthChecker:
         self._first = asyncio.Event()
         self._schedules: dict[int, _Schedule] = {}
         self.pools: Mapping[str, Pool[Any]] = {}
-        self.exact_routes: list[Route] = []
+        self.exact_routes: list[tuple[str, str | None, str, int]] = []
         self._keys: dict[str, list[tuple[str, str]]] = {}
         self.reconfigure(pools, exact_routes)
 
@@ -87,9 +90,10 @@ class HealthChecker:
         round comes at once."""
         self.pools = pools
         # (model, version or None, backend), deduplicated, in config order.
-        self.exact_routes = list(dict.fromkeys(exact_routes))
+        self.exact_routes = list(dict.fromkeys(
+            (r[0], r[1], r[2], r[3] if len(r) > 3 else -2 - i) for i, r in enumerate(exact_routes)))
         keys: dict[str, list[tuple[str, str]]] = {name: [] for name in pools}
-        for model, version, backend in self.exact_routes:
+        for model, version, backend, _ in self.exact_routes:
             if backend in keys:
                 keys[backend].append((model, version or ""))
         self._keys = {name: list(dict.fromkeys(k)) for name, k in keys.items()}
@@ -157,13 +161,16 @@ class HealthChecker:
 
         not_ready = []
         states: dict[tuple[str, str], bool] = {}
-        for model, version, backend in self.exact_routes:
+        groups: dict[int, tuple[str, bool]] = {}  # group -> (what, some pool has it ready)
+        for model, version, backend, group in self.exact_routes:
             pool = self.pools.get(backend)
             eps = pool.endpoints.values() if pool is not None else ()
             ok = any(ep.health.usable() and ep.health.ready_for(model, version or "") == Ready.YES for ep in eps)
-            if not ok:
-                not_ready.append(model + (f"/{version}" if version else ""))
+            if group != -1:
+                what = model + (f"/{version}" if version else "")
+                groups[group] = (what, groups.get(group, (what, False))[1] or ok)
             states[(model, backend)] = states.get((model, backend), True) and ok
+        not_ready = [what for what, ok in groups.values() if not ok]
         self.not_ready = not_ready
         self.route_states = states
         self.ready = any(live) and not not_ready

@@ -362,24 +362,7 @@ class HttpPool(Pool[HttpEndpoint]):
         """Pass-through: the body goes out as received (streamed when large), the
         backend's status, headers and body come back unchanged, errors included."""
         fwd = {k: v for k in forwarded if (v := headers.get(k)) is not None}
-        json_length = headers.get(HEADER_LENGTH)
-        compressed = headers.get("content-encoding", "identity").strip().lower() != "identity"
-        several = len(self.endpoints) > 1
-        if compressed and not several:
-            affinity = None  # one endpoint: nothing to choose, nothing to inflate
-        elif compressed:
-            if not isinstance(body, (bytes, bytearray)) and not (json_length or "").strip().isdigit():
-                body = await body.read()  # all JSON: a sequence_id could be anywhere in it
-            affinity = await _compressed_sequence(body, json_length, limit)
-        elif isinstance(body, (bytes, bytearray)):
-            affinity = sequence_of_json(body, json_length)
-        elif json_length is not None and json_length.strip().isdigit():
-            # Binary extension: the JSON part comes first and holds any sequence_id;
-            # the tensor bytes behind it stream to the backend as they arrive.
-            affinity = sequence_of_json(await body.prefix(int(json_length)), json_length)
-        else:
-            body = await body.read()  # all JSON: a sequence_id could be anywhere in it
-            affinity = sequence_of_json(body, None)
+        body, affinity = await http_affinity(body, headers, limit, len(self.endpoints) > 1)
         reply = await self.request("POST", model_path(model, version) + "/infer", model, version, body=body,
                                    headers=fwd, affinity=affinity, stream_min=STREAM_MIN)
         return HttpReply(reply.status, reply.body, reply.headers)
@@ -411,6 +394,29 @@ class HttpPool(Pool[HttpEndpoint]):
         from .generate import via_http  # (it imports this module)
 
         return await via_http(self, model, version, body, headers, forwarded, stream)
+
+
+async def http_affinity(body: bytes | bytearray | IncomingBody, headers: Mapping[str, str], limit: int,
+                        several: bool) -> tuple[bytes | bytearray | IncomingBody, str | None]:
+    """(body, its ``sequence_id``) of an HTTP inference request, reading no more of a large
+    body than that takes; ``several``: there is a choice to make (else a compressed body is
+    not inflated for it)."""
+    json_length = headers.get(HEADER_LENGTH)
+    compressed = headers.get("content-encoding", "identity").strip().lower() != "identity"
+    if compressed and not several:
+        return body, None  # one endpoint: nothing to choose, nothing to inflate
+    if compressed:
+        if not isinstance(body, (bytes, bytearray)) and not (json_length or "").strip().isdigit():
+            body = await body.read()  # all JSON: a sequence_id could be anywhere in it
+        return body, await _compressed_sequence(body, json_length, limit)
+    if isinstance(body, (bytes, bytearray)):
+        return body, sequence_of_json(body, json_length)
+    if json_length is not None and json_length.strip().isdigit():
+        # Binary extension: the JSON part comes first and holds any sequence_id;
+        # the tensor bytes behind it stream to the backend as they arrive.
+        return body, sequence_of_json(await body.prefix(int(json_length)), json_length)
+    body = await body.read()  # all JSON: a sequence_id could be anywhere in it
+    return body, sequence_of_json(body, None)
 
 
 async def _compressed_sequence(body: bytes | bytearray | IncomingBody, json_length: str | None,

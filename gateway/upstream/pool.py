@@ -248,6 +248,14 @@ class Pool(Generic[E]):
         # No endpoint has heard of the model: the backend answers for itself (its own 404).
         return usable
 
+    def can_take(self, model: str, version: str) -> bool:
+        """Some live endpoint may take a request for ``model`` now: a split route sends this
+        pool its share only then (else the other sides take it)."""
+        try:
+            return any(ep.health.usable() for ep in self.candidates(model, version))
+        except GatewayError:
+            return False
+
     def first(self, model: str, version: str, affinity: str | None = None) -> E:
         ep = self.candidates(model, version, affinity)[0]
         note_endpoint(ep.address, self.protocol)

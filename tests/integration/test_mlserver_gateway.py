@@ -209,7 +209,6 @@ def test_bytes_that_are_not_utf8_reach_mlserver_unchanged(mlserver, gws):
 
 
 def test_bytes_that_are_not_utf8_are_refused_by_default(mlserver, tmp_path):
-    import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
     backends = {"http": {"protocol": "http", "endpoints": [mlserver.http_url], "binary_extension": False}}
     with GatewayProcess(gateway_config(backends, [{"model": "*", "backend": "http"}]), tmp_path, "gw-refuse") as g:
