@@ -35,6 +35,7 @@ from .routing.table import RouteTable
 from .upstream.discovery import Discovery
 from .upstream.health import HealthChecker
 from .upstream.pool import Pool
+from .upstream.queue import QueueScraper
 
 __all__ = ["Gateway", "Listeners", "Ports", "bind_socket"]
 
@@ -244,7 +245,14 @@ class Gateway:
     def _pool(self, backend: Backend) -> Pool[Any]:
         pool = build_pool(backend)
         pool.on_event = functools.partial(self._pool_event, backend.name)
+        if backend.balance == "least_queue":
+            pool.background.append(QueueScraper(pool, self._scraped))
         return pool
+
+    def _scraped(self, backend: str, ok: bool, seconds: float) -> None:
+        self.metrics.queue_scrapes.labels(backend, "ok" if ok else "failed").inc()
+        if seconds:
+            self.metrics.queue_scrape_seconds.labels(backend).inc(seconds)
 
     def _pool_event(self, backend: str, kind: str) -> None:
         """A pool's event: a conversion (per request: the metric child is cached) or a

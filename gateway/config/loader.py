@@ -19,6 +19,7 @@ import yaml
 
 from ..errors import ConfigError
 from .schema import (
+    BALANCES,
     Backend,
     BackendTls,
     Dns,
@@ -28,6 +29,7 @@ from .schema import (
     Listen,
     Mirror,
     Outlier,
+    QueueMetrics,
     Route,
     Side,
     Tls,
@@ -46,7 +48,7 @@ _TLS_KEYS = {"cert", "key", "client_ca"}
 _HEALTH_KEYS = {"interval_s", "timeout_s"}
 _BACKEND_KEYS = {"protocol", "endpoints", "timeout_s", "connect_timeout_s", "max_message_bytes", "binary_extension",
                  "max_connections", "balance", "tls", "retries", "retry_budget_percent", "outlier", "repository_index",
-                 "check_headers", "non_utf8_bytes"}
+                 "check_headers", "non_utf8_bytes", "queue_metrics"}
 _BACKEND_TLS_KEYS = {"ca", "cert", "key", "server_name"}
 _ROUTE_KEYS = {"model", "version", "backend", "split", "headers", "mirror"}
 _SIDE_KEYS = {"backend", "weight"}
@@ -149,9 +151,10 @@ def _backend(p: _Problems, name: str, raw: Any) -> Backend | None:
         # backend is wrong too (every problem in one run).
         p.add(f"{key}.protocol", f"expected http or grpc, got {data['protocol']!r}")
         ok = False
-    if "balance" in data and data["balance"] not in ("round_robin", "least_request"):
-        p.add(f"{key}.balance", f"expected round_robin or least_request, got {data['balance']!r}")
+    if "balance" in data and data["balance"] not in BALANCES:
+        p.add(f"{key}.balance", f"expected one of {', '.join(BALANCES)}, got {data['balance']!r}")
         ok = False
+    metrics_ports: list[tuple[HostPort, int]] = []
     eps_raw = data.get("endpoints")
     endpoints: list[HostPort] = []
     dns: list[HostPort] = []
@@ -161,11 +164,22 @@ def _backend(p: _Problems, name: str, raw: Any) -> Backend | None:
     else:
         for i, ep in enumerate(eps_raw):
             where = f"{key}.endpoints[{i}]"
-            if isinstance(ep, dict):
+            if isinstance(ep, dict) and "address" in ep:
+                # {address: host:port, metrics_port: N}: an endpoint whose Triton metrics
+                # port differs from the pool's queue_metrics.port.
+                p.check_keys(where, ep, {"address", "metrics_port"})
+                hp = _hostport(p, f"{where}.address", ep.get("address"))
+                if hp is not None:
+                    endpoints.append(hp)
+                if "metrics_port" in ep:
+                    port = _number(p, f"{where}.metrics_port", ep["metrics_port"], int)
+                    if port is not None and hp is not None:
+                        metrics_ports.append((hp, port))
+            elif isinstance(ep, dict):
                 p.check_keys(where, ep, {"dns"})
                 hp = _hostport(p, f"{where}.dns", ep.get("dns")) if "dns" in ep else None
                 if "dns" not in ep:
-                    p.add(f"{where}.dns", "required: name:port of a DNS name to follow")
+                    p.add(f"{where}.dns", "required: name:port of a DNS name to follow (or address: host:port)")
                 (dns if hp is not None else []).append(hp)  # type: ignore[arg-type]
             else:
                 hp = _hostport(p, where, ep)
@@ -202,6 +216,13 @@ def _backend(p: _Problems, name: str, raw: Any) -> Backend | None:
             kwargs["non_utf8_bytes"] = data["non_utf8_bytes"]
     if "balance" in data:
         kwargs["balance"] = data["balance"]  # its values are checked by Backend
+    if data.get("queue_metrics") is not None:
+        qm = _section(p, f"{key}.queue_metrics", data["queue_metrics"], {"port", "interval_s"}, QueueMetrics,
+                      ints=("port",))
+        ok = ok and qm is not None
+        kwargs["queue_metrics"] = qm
+    if metrics_ports:
+        kwargs["metrics_ports"] = tuple(metrics_ports)
     if data.get("tls") is not None:
         tls = data["tls"]
         if tls is True:

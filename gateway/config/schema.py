@@ -195,9 +195,15 @@ class Backend:
     non_utf8_bytes: str = "refuse"
     # HTTP pools only: open connections per endpoint; more concurrent requests wait.
     max_connections: int = 512
-    # How a request picks its endpoint: "round_robin", or "least_request" (the healthy
-    # endpoint with the fewest requests in flight; ties in round-robin order).
+    # How a request picks its endpoint: "round_robin", "least_request" (the healthy
+    # endpoint with the fewest requests in flight; ties in round-robin order), or
+    # "least_queue" (Triton's pending requests for the model, scraped from its metrics
+    # port, plus the gateway's own in flight; power of two choices).
     balance: str = "round_robin"
+    # least_queue: where and how often each endpoint's Triton metrics are read.
+    queue_metrics: QueueMetrics = field(default_factory=lambda: QueueMetrics())
+    # Per-endpoint metrics ports ({address, metrics_port} endpoints) overriding queue_metrics.port.
+    metrics_ports: tuple[tuple[HostPort, int], ...] = ()
     # TLS to the endpoints (None: plain text).
     tls: BackendTls | None = None
     # Attempts on another ready endpoint after one refused before any inference ran.
@@ -213,8 +219,8 @@ class Backend:
     check_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
-        if self.balance not in ("round_robin", "least_request"):
-            raise ValueError(f"balance must be 'round_robin' or 'least_request', got {self.balance!r}")
+        if self.balance not in BALANCES:
+            raise ValueError(f"balance must be one of {', '.join(BALANCES)}, got {self.balance!r}")
         if self.protocol not in ("http", "grpc"):
             raise ValueError(f"protocol must be 'http' or 'grpc', got {self.protocol!r}")
         if not self.endpoints and not self.dns:
@@ -231,6 +237,24 @@ class Backend:
             raise ValueError("retries must be between 0 and 5")
         if not 0 < self.retry_budget_percent <= 100:
             raise ValueError("retry_budget_percent must be > 0 and <= 100")
+
+
+BALANCES = ("round_robin", "least_request", "least_queue")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueMetrics:
+    """least_queue: each endpoint's Triton metrics (``http://<host>:<port>/metrics``, its
+    ``nv_inference_pending_request_count``) are read every ``interval_s``."""
+
+    port: int = 8002
+    interval_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError("queue_metrics.port must be a TCP port")
+        if not 0.05 <= self.interval_s <= 60:
+            raise ValueError("queue_metrics.interval_s must be between 0.05 and 60")
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,6 +84,14 @@ class Metrics:
             "oip_gateway_mirror_inflight", "Shadow copies of requests in flight now (at most the route's "
             "mirror.max_inflight).", ["route", "backend"], registry=r, multiprocess_mode="livesum",
         )
+        self.queue_scrapes = Counter(
+            "oip_gateway_queue_scrapes", "least_queue: reads of endpoints' Triton metrics, by result (ok, failed: "
+            "that endpoint is balanced by its requests in flight).", ["backend", "result"], registry=r,
+        )
+        self.queue_scrape_seconds = Counter(
+            "oip_gateway_queue_scrape_seconds", "least_queue: CPU time spent reading the pending counts out of "
+            "scraped metrics pages.", ["backend"], registry=r,
+        )
         self.config_reloads = Counter(
             "oip_gateway_config_reloads", "Config reloads (SIGHUP or a watched file change), by result.",
             ["result"], registry=r,

@@ -12,19 +12,24 @@ the key: when an endpoint leaves, only its own sequences move.
 
 :class:`LeastRequest` puts the candidate with the fewest requests in flight first
 (Envoy's LEAST_REQUEST, without sampling: pools are small), ties in round-robin
-order — for pools whose servers answer at different speeds.
+order — for pools whose servers answer at different speeds. :class:`LeastQueue` adds
+each endpoint's Triton queue for the model (scraped: ``upstream/queue.py``) and
+samples two (power of two choices).
 """
 from __future__ import annotations
 
 import hashlib
+import random
 from collections.abc import Sequence
 from typing import Generic, Protocol, TypeVar
 
-__all__ = ["HasLoad", "LeastRequest", "RoundRobin", "balancer"]
+__all__ = ["HasLoad", "LeastQueue", "LeastRequest", "RoundRobin", "balancer"]
 
 
 class HasLoad(Protocol):
     address: object
+    # Triton's pending requests per (model, version) / (model, ""), or None (least_queue).
+    queue: dict[tuple[str, str], float] | None
 
     @property
     def inflight(self) -> int: ...
@@ -39,8 +44,10 @@ class RoundRobin(Generic[E]):
     def __init__(self) -> None:
         self._next = 0
 
-    def order(self, candidates: Sequence[E], affinity: str | None = None) -> list[E]:
-        """``candidates`` in the order to try them, the chosen one first."""
+    def order(self, candidates: Sequence[E], affinity: str | None = None,
+              model: tuple[str, str] = ("", "")) -> list[E]:
+        """``candidates`` in the order to try them, the chosen one first (``model``: the
+        request's (model, version), for balancers that look at per-model load)."""
         n = len(candidates)
         if n <= 1:
             return list(candidates)
@@ -54,7 +61,8 @@ class RoundRobin(Generic[E]):
 class LeastRequest(RoundRobin[E]):
     __slots__ = ()
 
-    def order(self, candidates: Sequence[E], affinity: str | None = None) -> list[E]:
+    def order(self, candidates: Sequence[E], affinity: str | None = None,
+              model: tuple[str, str] = ("", "")) -> list[E]:
         rotated = super().order(candidates, affinity)
         if affinity is not None or len(rotated) <= 1:
             return rotated  # a sequence stays where its state is
@@ -62,8 +70,41 @@ class LeastRequest(RoundRobin[E]):
         return sorted(rotated, key=lambda e: e.inflight)
 
 
+class LeastQueue(RoundRobin[E]):
+    """Power of two choices on each endpoint's backlog for the model: Triton's own queue
+    (``nv_inference_pending_request_count``, scraped: ``upstream/queue.py``) plus the
+    gateway's requests in flight there. An endpoint whose metrics cannot be read counts
+    its in-flight requests only (least-request). Two random candidates, the lower score
+    first (ties: the first drawn), then the rest in round-robin order for retries —
+    sampling two, not sorting all, keeps a burst from piling onto one endpoint between
+    two scrapes (Mitzenmacher's power of two choices)."""
+
+    __slots__ = ("_random",)
+
+    def __init__(self, seed: int | None = None) -> None:
+        super().__init__()
+        self._random = random.Random(seed)
+
+    def order(self, candidates: Sequence[E], affinity: str | None = None,
+              model: tuple[str, str] = ("", "")) -> list[E]:
+        rotated = super().order(candidates, affinity)
+        if affinity is not None or len(rotated) <= 1:
+            return rotated  # a sequence stays where its state is
+        i, j = self._random.sample(range(len(rotated)), 2)
+        a, b = rotated[i], rotated[j]
+        best = a if _score(a, model) <= _score(b, model) else b
+        return [best, *(e for e in rotated if e is not best)]
+
+
+def _score(e: HasLoad, model: tuple[str, str]) -> float:
+    queue = e.queue
+    return e.inflight + (queue.get(model, 0.0) if queue is not None else 0.0)
+
+
 def balancer(kind: str) -> RoundRobin:
     """The balancer a backend's ``balance`` names."""
+    if kind == "least_queue":
+        return LeastQueue()
     return LeastRequest() if kind == "least_request" else RoundRobin()
 
 

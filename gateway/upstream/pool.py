@@ -85,11 +85,14 @@ class Refused(Exception):
 class Endpoint:
     """One address of a pool and what is known of its health."""
 
-    __slots__ = ("address", "health")
+    __slots__ = ("address", "health", "queue")
 
     def __init__(self, address: HostPort) -> None:
         self.address = address
         self.health = EndpointHealth()
+        # least_queue: Triton's pending requests per (model, version) — and per (model, "")
+        # summed over versions — as last scraped; None when its metrics cannot be read.
+        self.queue: dict[tuple[str, str], float] | None = None
 
     @property
     def inflight(self) -> int:
@@ -130,6 +133,8 @@ class Pool(Generic[E]):
         self.on_event: Callable[[str], None] = lambda kind: None
         self._dns: frozenset[HostPort] = frozenset()
         self._started = False
+        # Work that lives as long as the pool (least_queue's scraper): start() / async stop().
+        self.background: list[Any] = []
         self._closing: set[asyncio.Task[None]] = set()  # removed endpoints finishing their requests
 
     @property
@@ -154,6 +159,8 @@ class Pool(Generic[E]):
         """Create the static endpoints (inside the running loop: grpc.aio binds to it)."""
         self._started = True
         self._apply(self._dns)
+        for job in self.background:
+            job.start()
 
     def set_dns_addresses(self, addresses: Iterable[HostPort]) -> None:
         """What DNS discovery resolved now: added endpoints are created (and take traffic
@@ -200,12 +207,18 @@ class Pool(Generic[E]):
             self._retire(ep)
         self.endpoints.clear()
         self._gen.n += 1
+        for job in self.background:
+            task = asyncio.ensure_future(job.stop())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
         """Close every endpoint still owned; requests in flight finish first."""
         eps = list(self.endpoints.values())
         self.endpoints.clear()
         self._gen.n += 1
+        for job in self.background:
+            await job.stop()
         for ep in eps:
             await ep.close()
 
@@ -220,7 +233,7 @@ class Pool(Generic[E]):
             if len(self._choice) >= 4096:  # clients choose model names: keep it bounded
                 self._choice.clear()
             self._choice[key] = hit
-        return self.balancer.order(hit[1], affinity)
+        return self.balancer.order(hit[1], affinity, key)
 
     def _eligible(self, model: str, version: str) -> list[E]:
         eps = list(self.endpoints.values())

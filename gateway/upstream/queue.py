@@ -1,0 +1,96 @@
+"""least_queue: each endpoint's Triton queue depth, read in the background.
+
+For a pool with ``balance: least_queue``, every ``queue_metrics.interval_s`` each endpoint's
+Triton metrics page (``http://<host>:<metrics port>/metrics``, plain HTTP on its own port)
+is read over a kept-alive connection and its pending request counts stored on the endpoint
+(``Endpoint.queue``), where the balancer reads them. A page that cannot be read (port
+closed, not Triton, too slow) sets ``queue`` to None: that endpoint is then balanced by its
+in-flight requests alone, and nothing fails. The work it costs is counted
+(``oip_gateway_queue_scrape_seconds_total``, ``oip_gateway_queue_scrapes_total``).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..codec.queue_metrics import parse_pending
+from ..config.schema import HostPort
+from .h1 import H1ConnectionPool
+from .pool import Endpoint, Pool
+
+__all__ = ["QueueScraper"]
+
+log = logging.getLogger("oip_gateway.queue")
+
+# A metrics page larger than this is not read whole (Triton's with thousands of models is a
+# few MiB); the endpoint then falls back to least-request.
+_MAX_PAGE = 32 << 20
+
+
+class QueueScraper:
+    def __init__(self, pool: Pool[Any], on_scrape: Callable[[str, bool, float], None] | None = None) -> None:
+        self.pool = pool
+        self._conns: dict[HostPort, H1ConnectionPool] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._ports = dict(pool.backend.metrics_ports)
+        # (pool name, read ok, seconds of work): for the metrics.
+        self.on_scrape = on_scrape or (lambda name, ok, seconds: None)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for conns in self._conns.values():
+            conns.close()
+        self._conns.clear()
+
+    async def _run(self) -> None:
+        interval = self.pool.backend.queue_metrics.interval_s
+        while True:
+            started = time.monotonic()
+            await self.scrape_once()
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+    async def scrape_once(self) -> None:
+        eps = list(self.pool.endpoints.values())
+        for addr in [a for a in self._conns if a not in self.pool.endpoints]:
+            self._conns.pop(addr).close()  # the endpoint left (DNS, reload)
+        await asyncio.gather(*(self._scrape(ep) for ep in eps))
+
+    async def _scrape(self, ep: Endpoint) -> None:
+        backend = self.pool.backend
+        timeout = min(backend.queue_metrics.interval_s * 4, backend.timeout_s, 2.0)
+        conns = self._conns.get(ep.address)
+        if conns is None:
+            port = self._ports.get(ep.address, backend.queue_metrics.port)
+            conns = self._conns[ep.address] = H1ConnectionPool(
+                ep.address.host, port, connect_timeout=min(timeout, backend.connect_timeout_s), max_connections=1,
+                max_idle=1)
+        try:
+            reply = await conns.request("GET", "/metrics", timeout=timeout, stream_min=_MAX_PAGE)
+            body = reply.body
+            if not isinstance(body, (bytes, bytearray)):
+                body.close()  # a page too large to read whole: not read at all
+                raise ValueError(f"metrics page over {_MAX_PAGE} bytes")
+            if reply.status != 200:
+                raise ValueError(f"metrics answered {reply.status}")
+        except Exception as exc:  # any failure only means "no queue known here"
+            if ep.queue is not None:
+                log.info("backend '%s' endpoint %s: queue metrics unreadable (%s); least-request for it",
+                         self.pool.name, ep.address, exc)
+            ep.queue = None
+            self.on_scrape(self.pool.name, False, 0.0)
+            return
+        t0 = time.perf_counter()
+        ep.queue = parse_pending(bytes(body))
+        self.on_scrape(self.pool.name, True, time.perf_counter() - t0)
