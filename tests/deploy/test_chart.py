@@ -572,6 +572,19 @@ BAD_VALUES = {
     "route-to-nowhere": ({"config": {"backends": {"t": {"protocol": "grpc", "endpoints": ["t:1"]}},
                                      "routes": [{"model": "m", "backend": "x"}]}},
                          ['config.routes[0].backend: no backend named "x"']),
+    "split-to-nowhere": ({"config": {"backends": {"t": {"protocol": "grpc", "endpoints": ["t:1"]}},
+                                     "routes": [{"model": "m", "split": [{"backend": "t", "weight": 9},
+                                                                         {"backend": "yy", "weight": 1}]}]}},
+                         ['config.routes[0].split[1].backend: no backend named "yy"']),
+    "mirror-to-nowhere": ({"config": {"backends": {"t": {"protocol": "grpc", "endpoints": ["t:1"]}},
+                                      "routes": [{"model": "m", "backend": "t",
+                                                  "mirror": {"backend": "z", "percent": 5}}]}},
+                          ['config.routes[0].mirror.backend: no backend named "z"']),
+    "route-with-backend-and-split": ({"config": {"backends": {"t": {"protocol": "grpc", "endpoints": ["t:1"]}},
+                                                 "routes": [{"model": "m", "backend": "t",
+                                                             "split": [{"backend": "t", "weight": 1},
+                                                                       {"backend": "t", "weight": 1}]}]}},
+                                     ["/config/routes/0"]),
     "endpoint": ({"config": {"backends": {"t": {"protocol": "grpc", "endpoints": ["no-port"]}},
                              "routes": [{"model": "m", "backend": "t"}]}},
                  ["/config/backends/t/endpoints/0"]),
@@ -598,7 +611,8 @@ BAD_VALUES = {
 # Cross-field checks JSON Schema cannot express fail in the templates instead. `helm lint`
 # renders in "lint mode", where a template's `fail` is only logged (helm/helm#8973, #11957):
 # those are proven with `helm template` (what install and upgrade run) alone.
-TEMPLATE_CHECKS = {"route-to-nowhere", "drain-shorter-than-probe", "env-not-provided"}
+TEMPLATE_CHECKS = {"route-to-nowhere", "split-to-nowhere", "mirror-to-nowhere", "drain-shorter-than-probe",
+                   "env-not-provided"}
 
 
 @pytest.mark.parametrize("name", sorted(BAD_VALUES))

@@ -85,10 +85,16 @@ express fail here, each naming the value (`helm lint` only logs a template's fai
 {{- $_ := set $cfg "listen" $listen }}
 {{- $_ := set $cfg "drain_s" .Values.drainSeconds }}
 {{- $_ := set $cfg "workers" .Values.workers }}
-{{- /* routes[i].backend must name a backend */}}
+{{- /* routes[i].backend, each split side and a mirror must name a backend */}}
 {{- range $i, $r := $cfg.routes }}
-{{- if not (hasKey $cfg.backends $r.backend) }}
-{{- fail (printf "config.routes[%d].backend: no backend named %q (config.backends has: %s)" $i $r.backend (keys $cfg.backends | sortAlpha | join ", ")) }}
+{{- $named := list }}
+{{- if hasKey $r "backend" }}{{ $named = append $named (dict "where" "backend" "name" $r.backend) }}{{ end }}
+{{- range $j, $side := ($r.split | default list) }}{{ $named = append $named (dict "where" (printf "split[%d].backend" $j) "name" $side.backend) }}{{ end }}
+{{- if $r.mirror }}{{ $named = append $named (dict "where" "mirror.backend" "name" $r.mirror.backend) }}{{ end }}
+{{- range $named }}
+{{- if not (hasKey $cfg.backends (toString .name)) }}
+{{- fail (printf "config.routes[%d].%s: no backend named %q (config.backends has: %s)" $i .where (toString .name) (keys $cfg.backends | sortAlpha | join ", ")) }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- /* check_headers {env: VAR}: the variable must be set in the pod, or the gateway refuses the config */}}
