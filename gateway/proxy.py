@@ -297,7 +297,7 @@ class Proxy:
         """Every endpoint's statistics: of the model's pool, or (no model: Triton's "all
         models") of every pool. Summed per model and version by the caller."""
         pools = self.routing.pools_of(model, version) if model else list(self.routing.pools.values())
-        answers = await asyncio.gather(*(self.timed(p, p.statistics("", "", timeout)) for p in pools),
+        answers = await asyncio.gather(*(self.timed(p, p.statistics(model, version, timeout)) for p in pools),
                                        return_exceptions=True)
         parts = [part for a in answers if isinstance(a, list) for part in a]
         if not parts:
