@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from .config import DEFAULT_MAX_MESSAGE_BYTES, HostPort, load_config
 from .config.loader import read_config
 from .errors import ConfigError, ListenError
 from .malloc import tune_malloc
+from .memlimit import memory_limit
 
 __all__ = ["main"]
 
@@ -48,7 +50,12 @@ async def _serve_one(config, *, config_path: str, port_file: str | None, http_po
     from .supervisor import announce
     from .watch import watch_file
 
-    gw = Gateway(config, reuse_port=worker, quiet_reload_errors=worker)
+    workers = int(os.environ.get("OIP_GATEWAY_WORKER_COUNT", "0") or 0) or config.workers
+    gw = Gateway(config, reuse_port=worker, quiet_reload_errors=worker, memory_limit=memory_limit(),
+                 workers=workers)
+    if gw.auto_inflight and config.max_inflight_bytes is None:
+        log.info("max_inflight_bytes: %d per process (a share of the memory limit; set it to override)",
+                 gw.auto_inflight)
     with contextlib.suppress(ConfigError):
         gw.config_digest = read_config(config_path)[1]  # what --watch compares changes against
     # SIGHUP reloads the config file (a worker's supervisor forwards it); --watch also

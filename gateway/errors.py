@@ -45,6 +45,9 @@ class GatewayError(Exception):
 
     http_status: int = 500
     grpc_code: str = "INTERNAL"
+    # Seconds after which a retry may succeed (HTTP Retry-After; gRPC trailing metadata
+    # retry-after and grpc-retry-pushback-ms), for refusals that are about load.
+    retry_after: int | None = None
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -86,6 +89,7 @@ class Overloaded(GatewayError):
 
     http_status = 503
     grpc_code = "UNAVAILABLE"
+    retry_after = 1
 
 
 class RequestTimeout(GatewayError):

@@ -10,22 +10,30 @@ limit and never trimming the heap lets freed buffers be reused: gateway CPU per
 (gRPC → HTTP). The price is memory held after a burst of large requests: up to
 about 2 × ``max_message_bytes`` per in-flight request stays resident.
 
+The memory comes back after the burst: :class:`IdleTrimmer` calls ``malloc_trim(0)``
+once large requests have stopped for a moment (``OIP_GATEWAY_MALLOC_TRIM=0`` disables it).
+
 Disable with ``OIP_GATEWAY_MALLOC_TUNING=0``; explicit ``MALLOC_MMAP_THRESHOLD_``
 / ``MALLOC_TRIM_THRESHOLD_`` environment settings are left alone.
 """
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
+import gc
 import logging
 import os
+import time
+from collections.abc import Callable
 
-__all__ = ["tune_malloc"]
+__all__ = ["IdleTrimmer", "tune_malloc"]
 
 log = logging.getLogger("oip_gateway")
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
 # mallopt takes an int; an explicit threshold is not bound by the 32 MiB ceiling
 # of glibc's *dynamic* threshold (checked on glibc 2.36: a 64 MiB copy 45 → 9 ms).
 _INT_MAX = 2**31 - 1
@@ -50,6 +58,78 @@ def tune_malloc(max_message_bytes: int) -> bool:
     threshold = min(max_message_bytes, _INT_MAX)
     trim = min(2 * max_message_bytes, _INT_MAX)
     ok = bool(mallopt(_M_MMAP_THRESHOLD, threshold)) and bool(mallopt(_M_TRIM_THRESHOLD, trim))
+    if "MALLOC_ARENA_MAX" not in os.environ:
+        # Two arenas, not 8 per core: large buffers freed by grpc's threads otherwise sit in
+        # arenas of their own, fragmented, and a trim gave back ~60 % of a burst's growth
+        # instead of ~97 % (tests/integration/test_memory.py: +44 → +10 MB over idle).
+        mallopt(_M_ARENA_MAX, 2)
     if not ok:
         log.info("glibc mallopt refused the large-buffer tuning; running with defaults")
     return ok
+
+
+class IdleTrimmer:
+    """Gives the allocator's free pages back to the system once large-tensor traffic has
+    gone quiet: the tuning above keeps freed buffers for reuse while large requests come
+    (their speed), and this returns them after the burst (the pod's memory). ``activity()``
+    is the monotonic time of the last large request entering or leaving (proxy.Admission);
+    ``quiet_s`` after it, ``malloc_trim(0)`` runs once, in a thread (it takes the arena locks
+    and walks the heap: milliseconds for a few hundred MiB). glibc only; a no-op elsewhere."""
+
+    def __init__(self, activity: Callable[[], float], quiet_s: float = 2.0, period_s: float = 0.5) -> None:
+        self.activity = activity
+        self.quiet_s = quiet_s
+        self.period_s = period_s
+        self.trims = 0
+        self._done_for = 0.0
+        self._trim = _malloc_trim()
+
+    async def run(self) -> None:
+        if self._trim is None:
+            return
+        while True:
+            await asyncio.sleep(self.period_s)
+            last = self.activity()
+            if last and last != self._done_for and time.monotonic() - last >= self.quiet_s:
+                self._done_for = last
+                # Buffers are also freed late (grpc's, collected cycles): a few passes, a few
+                # seconds apart, while each still gives back a noticeable amount.
+                for _ in range(3):
+                    if await self._once() < 8 << 20 or self.activity() != last:
+                        break
+                    await asyncio.sleep(self.quiet_s * 2)
+
+    async def _once(self) -> int:
+        """One trim; returns the bytes of RSS it gave back."""
+        assert self._trim is not None
+        before = _rss()
+        gc.collect()  # buffers held only by reference cycles (tracebacks, futures) go first
+        await asyncio.get_running_loop().run_in_executor(None, self._trim, 0)
+        self.trims += 1
+        after = _rss()
+        log.debug("large requests quiet: malloc_trim, RSS %d -> %d MiB", before >> 20, after >> 20)
+        return before - after
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    if os.environ.get("OIP_GATEWAY_MALLOC_TRIM", "1") == "0":
+        return None
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+def _rss() -> int:
+    """This process's resident set size in bytes (0 where /proc is not there)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

@@ -129,34 +129,52 @@ class Admission:
     ``max_inflight_bytes`` (0: unbounded, only counted). Over the limit a request is
     refused at once (503 / UNAVAILABLE: retry later), before its body is read or sent."""
 
-    __slots__ = ("budget", "gauge")
+    __slots__ = ("auto", "budget", "gauge", "large_at")
 
-    def __init__(self, limit: int, gauge: Any) -> None:
-        self.budget = ByteBudget(limit)
+    # A request this large marks "large-tensor activity" (when it enters and leaves): the
+    # allocator's freed pages go back to the system once it has been quiet (``idle_trim``).
+    LARGE = 1 << 20
+
+    def __init__(self, limit: int | None, gauge: Any, auto: int = 0) -> None:
+        self.auto = auto  # the limit when the config leaves it unset (memlimit.py)
+        self.budget = ByteBudget(self.auto if limit is None else limit)
         self.gauge = gauge
+        self.large_at = 0.0  # time.monotonic() of the last large request entering or leaving
+
+    def configure(self, limit: int | None) -> None:
+        self.budget.limit = self.auto if limit is None else limit
 
     def enter(self, n: int) -> None:
-        if not self.budget.take(n):
-            raise Overloaded(f"gateway overloaded: {self.budget.used} bytes of requests in flight, {n} more "
-                             f"would pass max_inflight_bytes ({self.budget.limit}); retry later")
+        # One request is always admitted when none is in flight: a limit below the message
+        # size (a small pod) bounds concurrency, it does not refuse a request forever.
+        budget = self.budget
+        if not budget.take(n):
+            if budget.used:
+                raise Overloaded(f"gateway overloaded: {budget.used} bytes of requests in flight, {n} more "
+                                 f"would pass max_inflight_bytes ({budget.limit}); retry later")
+            budget.used += n  # alone: admitted though larger than the limit
+        if n >= self.LARGE:
+            self.large_at = time.monotonic()
         self.gauge.set(self.budget.used)
 
     def leave(self, n: int) -> None:
         self.budget.give(n)
+        if n >= self.LARGE:
+            self.large_at = time.monotonic()
         self.gauge.set(self.budget.used)
 
 
 class Proxy:
     """Implements :class:`gateway.dataplane.DataPlane` by forwarding to backend pools."""
 
-    def __init__(self, routing: Routing, health: HealthChecker, metrics: Metrics) -> None:
+    def __init__(self, routing: Routing, health: HealthChecker, metrics: Metrics, auto_inflight: int = 0) -> None:
         self.routing = routing
         self.health = health
         self.metrics = metrics
         # Set on SIGTERM when drain_s > 0: "not ready" while still serving.
         self.draining = False
         config = routing.config
-        self.admission = Admission(config.max_inflight_bytes, metrics.inflight_bytes)
+        self.admission = Admission(config.max_inflight_bytes, metrics.inflight_bytes, auto_inflight)
         # Shadow traffic (routes' ``mirror``): copies sent in the background, answers dropped.
         self.mirrors = Mirrors(lambda: self.routing.pools, metrics.mirror_requests, metrics.mirror_inflight)
         self.limit = config.max_message_bytes
@@ -169,7 +187,7 @@ class Proxy:
         Admission and forwarded headers change with it (the message size limit is the
         listeners', fixed until a restart)."""
         config = routing.config
-        self.admission.budget.limit = config.max_inflight_bytes
+        self.admission.configure(config.max_inflight_bytes)
         self.context_headers = frozenset(TRACE_HEADERS) | frozenset(config.forward_headers)
         self._http_forwarded = (*_FORWARDED, *sorted(self.context_headers))
         self.routing = routing

@@ -29,6 +29,8 @@ from .dataplane import DataPlane
 from .errors import ConfigError, ListenError
 from .frontend.grpc import build_grpc_handler, server_options
 from .frontend.http import build_http_app
+from .malloc import IdleTrimmer
+from .memlimit import auto_inflight_limit
 from .observability.metrics import Metrics
 from .proxy import Proxy, Routing, build_pool
 from .routing.table import RouteTable
@@ -216,7 +218,10 @@ class Gateway:
     """
 
     def __init__(self, config: GatewayConfig, *, registry: CollectorRegistry | None = None,
-                 reuse_port: bool = False, quiet_reload_errors: bool = False) -> None:
+                 reuse_port: bool = False, quiet_reload_errors: bool = False,
+                 memory_limit: int | None = None, workers: int = 1) -> None:
+        """``memory_limit``: the limit the process runs under (memlimit.py), which sizes
+        admission control when the config leaves ``max_inflight_bytes`` unset."""
         self.config = config
         # A worker's supervisor checks the file and logs its problems: the workers do not repeat them.
         self._reload_error_level = logging.DEBUG if quiet_reload_errors else logging.ERROR
@@ -231,7 +236,11 @@ class Gateway:
             on_round=self._record_health,
         )
         self.discovery = Discovery(config.dns)
-        self.proxy = Proxy(routing, self.health, self.metrics)
+        self.auto_inflight = auto_inflight_limit(memory_limit, workers)
+        self.proxy = Proxy(routing, self.health, self.metrics, self.auto_inflight)
+        # Freed large buffers go back to the system once large requests have gone quiet.
+        self.trimmer = IdleTrimmer(lambda: self.proxy.admission.large_at)
+        self._trimmer: asyncio.Task[None] | None = None
         self.listeners = Listeners(self.proxy, config.max_message_bytes, self.metrics, reuse_port=reuse_port,
                                    tls=config.listen.tls)
         self._reloading = asyncio.Lock()
@@ -306,6 +315,7 @@ class Gateway:
         self.discovery.update(self.pools, self.config.dns)
         await self.discovery.resolved(self.config.dns.timeout_s * 2)
         self.health.start()
+        self._trimmer = asyncio.get_running_loop().create_task(self.trimmer.run())
         await self.health.first_round(self.config.health.timeout_s * 3)
         listen = self.config.listen
         return await self.listeners.start(
@@ -383,5 +393,9 @@ class Gateway:
         await self.listeners.stop()
         await self.discovery.stop()
         await self.health.stop()
+        if self._trimmer is not None:
+            self._trimmer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._trimmer
         for pool in self.pools.values():
             await pool.close()

@@ -65,7 +65,8 @@ async def supervise(
         ports.grpc = s.getsockname()[1]
 
     mpdir = tempfile.mkdtemp(prefix="oip-gateway-metrics-")
-    env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=mpdir)
+    # Each worker takes its share of the memory limit (admission control's default).
+    env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=mpdir, OIP_GATEWAY_WORKER_COUNT=str(workers))
     argv = [sys.executable, "-m", "gateway", "--log-level", log_level, "_worker", "--config", config_path]
     if ports.http is not None:
         argv += ["--http-port", str(ports.http)]

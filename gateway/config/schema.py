@@ -340,7 +340,7 @@ class GatewayConfig:
     # Admission control (per process): inference requests whose bodies add up to more
     # than this many bytes in flight are refused (503 / UNAVAILABLE) instead of pushing
     # the process out of memory; converting paths hold several times a payload. 0 = off.
-    max_inflight_bytes: int = 0
+    max_inflight_bytes: int | None = None  # None: from the memory limit (gateway/memlimit.py), else off
     # Client headers (HTTP) / metadata (gRPC) passed on to backends on every path, besides
     # the trace context (traceparent, tracestate, x-request-id) that always is. Lower case.
     forward_headers: tuple[str, ...] = ()
@@ -363,9 +363,9 @@ class GatewayConfig:
             raise ValueError("access_log.sample must be > 0 and <= 1")
         if self.max_message_bytes <= 0:
             raise ValueError("max_message_bytes must be > 0")
-        if self.max_inflight_bytes < 0:
+        if self.max_inflight_bytes is not None and self.max_inflight_bytes < 0:
             raise ValueError("max_inflight_bytes must be >= 0 (0 turns it off)")
-        if 0 < self.max_inflight_bytes < self.max_message_bytes:
+        if self.max_inflight_bytes is not None and 0 < self.max_inflight_bytes < self.max_message_bytes:
             raise ValueError(f"max_inflight_bytes ({self.max_inflight_bytes}) is below max_message_bytes "
                              f"({self.max_message_bytes}): a largest request could never be admitted")
         if not 0 <= self.drain_s <= 3600:

@@ -64,6 +64,14 @@ def _metadata_message(d: dict[str, Any]) -> pb.ModelMetadataResponse:
     )
 
 
+def _trailers(err: GatewayError) -> tuple[tuple[str, str], ...]:
+    """A load refusal's retry hint: Retry-After's gRPC spellings (grpc-retry-pushback-ms is
+    what gRPC's own retry policy reads)."""
+    if err.retry_after is None:
+        return ()
+    return (("retry-after", str(err.retry_after)), ("grpc-retry-pushback-ms", str(err.retry_after * 1000)))
+
+
 class _Seen:
     """What a call is about, as far as it is known: route label, model, version."""
 
@@ -106,7 +114,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
                 code = err.grpc_code
                 if record is not None and not isinstance(err, UpstreamError):
                     record.reason = err.message
-                await context.abort(grpc.StatusCode[err.grpc_code], err.message)
+                await context.abort(grpc.StatusCode[err.grpc_code], err.message, _trailers(err))
             except aio.AbortError:
                 raise
             except Exception:
@@ -178,7 +186,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
             code = err.grpc_code
             if record is not None and not isinstance(err, UpstreamError):
                 record.reason = err.message
-            await ctx.abort(grpc.StatusCode[err.grpc_code], err.message)
+            await ctx.abort(grpc.StatusCode[err.grpc_code], err.message, _trailers(err))
         except aio.AbortError:
             raise
         except Exception:

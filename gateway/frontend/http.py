@@ -43,7 +43,8 @@ def error_parts(err: GatewayError) -> tuple[int, bytes, str]:
 
 def error_response(err: GatewayError) -> Response:
     status, body, ctype = error_parts(err)
-    return Response(body, status, media_type=ctype)
+    extra = {"retry-after": str(err.retry_after)} if err.retry_after is not None else None
+    return Response(body, status, media_type=ctype, headers=extra)
 
 
 _INTERNAL = (500, orjson.dumps({"error": "internal gateway error"}), JSON)
@@ -276,6 +277,8 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             status, content, ctype = error_parts(err)
             parts = [content]
             out_headers = [(b"content-type", ctype.encode("latin-1"))]
+            if err.retry_after is not None:
+                out_headers.append((b"retry-after", str(err.retry_after).encode("latin-1")))
             if record is not None and not isinstance(err, UpstreamError):
                 record.reason = err.message
         except Exception:

@@ -89,8 +89,8 @@ class Metrics:
             "that endpoint is balanced by its requests in flight).", ["backend", "result"], registry=r,
         )
         self.queue_scrape_seconds = Counter(
-            "oip_gateway_queue_scrape_seconds", "least_queue: CPU time spent reading the pending counts out of "
-            "scraped metrics pages.", ["backend"], registry=r,
+            "oip_gateway_queue_scrape_seconds", "least_queue: CPU time spent parsing the pending counts out of "
+            "scraped metrics pages (the parsing only, not the HTTP exchange).", ["backend"], registry=r,
         )
         self.config_reloads = Counter(
             "oip_gateway_config_reloads", "Config reloads (SIGHUP or a watched file change), by result.",

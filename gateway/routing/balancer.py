@@ -72,10 +72,10 @@ class LeastRequest(RoundRobin[E]):
 
 class LeastQueue(RoundRobin[E]):
     """Power of two choices on each endpoint's backlog for the model: Triton's own queue
-    (``nv_inference_pending_request_count``, scraped: ``upstream/queue.py``) plus the
-    gateway's requests in flight there. An endpoint whose metrics cannot be read counts
-    its in-flight requests only (least-request). Two random candidates, the lower score
-    first (ties: the first drawn), then the rest in round-robin order for retries —
+    (``nv_inference_pending_request_count``, scraped: ``upstream/queue.py``) or the
+    gateway's requests in flight there, whichever is larger (see ``_score``). An endpoint
+    whose metrics cannot be read counts its in-flight requests only (least-request). Two
+    random candidates, the lower score first (ties: the first drawn), then the rest in round-robin order for retries —
     sampling two, not sorting all, keeps a burst from piling onto one endpoint between
     two scrapes (Mitzenmacher's power of two choices)."""
 
@@ -97,8 +97,13 @@ class LeastQueue(RoundRobin[E]):
 
 
 def _score(e: HasLoad, model: tuple[str, str]) -> float:
+    """The endpoint's backlog: Triton's pending count already includes the gateway's own
+    requests waiting there, so the two are not added (that would count ours twice and other
+    clients' half): the larger of the two — Triton's when others load it, ours (fresher
+    than the last scrape) when we are its main client."""
     queue = e.queue
-    return e.inflight + (queue.get(model, 0.0) if queue is not None else 0.0)
+    pending = queue.get(model, 0.0) if queue is not None else 0.0
+    return max(float(e.inflight), pending)
 
 
 def balancer(kind: str) -> RoundRobin:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import threading
 import urllib.request
+from typing import Any
 
 import grpc
 import numpy as np
@@ -19,8 +20,10 @@ from tests.support.procs import wait_for
 MiB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def gw(reference, black_hole, tmp_path_factory):
+@pytest.fixture(scope="module", params=["explicit", "memory-limit"])
+def gw(request, reference, black_hole, tmp_path_factory):
+    """The same 3 MiB limit, set in the config or (unset there) sized from the memory limit
+    the gateway runs under: a fifth of 15 MiB, injected as a cgroup's memory.max would be."""
     backends = {
         "ref": {"protocol": "http", "endpoints": [reference.http_url]},
         "ref-grpc": {"protocol": "grpc", "endpoints": [reference.grpc_url]},
@@ -28,8 +31,15 @@ def gw(reference, black_hole, tmp_path_factory):
     }
     routes = [{"model": "slow", "backend": "hole"}, {"model": "identity_UINT8", "backend": "ref-grpc"},
               {"model": "*", "backend": "ref"}]
-    cfg = gateway_config(backends, routes, max_message_bytes=2 * MiB, max_inflight_bytes=3 * MiB)
-    with GatewayProcess(cfg, tmp_path_factory.mktemp("admission"), "gw-admission") as g:
+    if request.param == "explicit":
+        cfg = gateway_config(backends, routes, max_message_bytes=2 * MiB, max_inflight_bytes=3 * MiB)
+        env = None
+    else:
+        cfg = gateway_config(backends, routes, max_message_bytes=2 * MiB)
+        env = {"OIP_GATEWAY_MEMORY_LIMIT": str(15 * MiB)}
+    with GatewayProcess(cfg, tmp_path_factory.mktemp("admission"), "gw-admission", env=env) as g:
+        if env is not None:
+            assert f"max_inflight_bytes: {3 * MiB} per process" in g.log_tail(200)
         yield g
 
 
@@ -41,7 +51,7 @@ def inflight(g: GatewayProcess) -> float:
     return -1.0
 
 
-def post(url: str, model: str, body: bytes) -> tuple[int, bytes]:
+def post(url: str, model: str, body: bytes, with_retry: bool = False) -> Any:
     """POST on a keep-alive connection. (urllib sends ``Connection: close``: a server that
     refuses a request before reading its body then closes with the body unread, and the
     client, still sending, sees EPIPE instead of the answer — timing-dependent.)"""
@@ -50,7 +60,7 @@ def post(url: str, model: str, body: bytes) -> tuple[int, bytes]:
     try:
         conn.request("POST", f"/v2/models/{model}/infer", body=body, headers={"Content-Type": "application/json"})
         r = conn.getresponse()
-        return r.status, r.read()
+        return (r.status, r.read(), r.getheader("retry-after")) if with_retry else (r.status, r.read())
     finally:
         conn.close()
 
@@ -71,8 +81,9 @@ def test_over_the_limit_is_refused_and_recovers(gw):
     try:
         wait_for(lambda: inflight(gw) >= len(held), timeout=10, what="the held request to be in flight")
         # 1.5 MiB in flight + 2 MiB > 3 MiB: refused at once, on both fronts.
-        status, answer = post(gw.http_url, "add_sub", json_body(2 * MiB - 4096))
+        status, answer, retry = post(gw.http_url, "add_sub", json_body(2 * MiB - 4096), with_retry=True)
         assert status == 503 and "max_inflight_bytes" in orjson.loads(answer)["error"]
+        assert retry == "1"  # Retry-After
         with grpc.insecure_channel(gw.grpc_url) as ch:
             from gateway._pb import grpc_predict_v2_pb2 as pb
 
@@ -82,6 +93,7 @@ def test_over_the_limit_is_refused_and_recovers(gw):
             with pytest.raises(grpc.RpcError) as info:
                 ch.unary_unary("/inference.GRPCInferenceService/ModelInfer")(msg.SerializeToString(), timeout=10)
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert ("grpc-retry-pushback-ms", "1000") in tuple(info.value.trailing_metadata())
         # Small requests still fit beside the held one.
         a = np.arange(4, dtype=np.float32)
         r = infer("http", gw.http_url, "add_sub", [In("INPUT0", a, "FP32"), In("INPUT1", a, "FP32")])

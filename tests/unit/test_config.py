@@ -95,7 +95,8 @@ def test_each_problem_names_its_key(raw, key):
 
 
 def test_max_inflight_bytes():
-    assert parse_config(MINIMAL).max_inflight_bytes == 0  # off by default
+    assert parse_config(MINIMAL).max_inflight_bytes is None  # unset: from the memory limit, else off
+    assert parse_config(dict(MINIMAL, max_inflight_bytes=0)).max_inflight_bytes == 0  # off
     assert parse_config(dict(MINIMAL, max_inflight_bytes=1 << 30)).max_inflight_bytes == 1 << 30
     assert any("max_inflight_bytes must be >= 0" in p for p in problems(dict(MINIMAL, max_inflight_bytes=-1)))
     # Below the largest message, the largest request could never be admitted.

@@ -49,9 +49,13 @@ def test_the_shorter_queue_wins():
     fast, slow = Ep("fast", queue={("m", ""): 0.0}), Ep("slow", queue={("m", ""): 5.0})
     lb = LeastQueue(seed=1)
     assert Counter(lb.order([fast, slow], None, ("m", ""))[0].address for _ in range(100)) == {"fast": 100}
-    # The gateway's own requests in flight count too.
+    # The gateway's own requests in flight count too (when above Triton's count: fresher).
     fast.inflight = 6
     assert Counter(lb.order([fast, slow], None, ("m", ""))[0].address for _ in range(100)) == {"slow": 100}
+    # Not added to Triton's count, which already includes ours waiting there.
+    slow.inflight = 5
+    fast.inflight = 4
+    assert Counter(lb.order([fast, slow], None, ("m", ""))[0].address for _ in range(100)) == {"fast": 100}
 
 
 def test_no_metrics_means_least_request_and_sequences_stay():
