@@ -2,6 +2,7 @@
 exactly, and statistics summed over endpoints."""
 from __future__ import annotations
 
+import json
 import math
 
 import orjson
@@ -185,3 +186,65 @@ def test_message_to_json_prints_defaults_like_triton():
     assert doc["max_batch_size"] == 0 and doc["input"] == [] and doc["parameters"] == {}
     assert "dynamic_batching" not in doc  # an unset sub-message is left out, as Triton leaves it
     assert InvalidRequest  # the client-fault class exists for request bodies (load, settings)
+
+
+# -- hostile input: every converter answers with our error, never another exception --------
+from gateway.codec.triton import (  # noqa: E402
+    control_from_json,
+    control_to_json,
+    log_to_json,
+    log_to_pb,
+    trace_to_json,
+    trace_to_pb,
+    version_refusal,
+)
+from gateway.errors import GatewayError  # noqa: E402
+
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=6)),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8)
+bodies = st.one_of(st.binary(max_size=64), json_values.map(lambda v: json.dumps(v).encode()))
+
+
+def _only_ours(call, *args, **kw) -> None:
+    try:
+        call(*args, **kw)
+    except GatewayError:
+        pass
+
+
+@settings(max_examples=300)
+@given(bodies, st.booleans())
+def test_json_side_converters_refuse_cleanly(body, answer):
+    for fn in (config_from_json, stats_from_json):
+        _only_ours(fn, body)
+    _only_ours(trace_to_pb, body, "m", answer=answer)
+    _only_ours(log_to_pb, body, answer=answer)
+    _only_ours(control_from_json, body, "m", answer)
+    wrapped = json.dumps({"parameters": json.loads(body)}).encode() if _is_json(body) else body
+    _only_ours(control_from_json, wrapped, "m", answer)
+
+
+def _is_json(body: bytes) -> bool:
+    try:
+        orjson.loads(body)
+        return True
+    except orjson.JSONDecodeError:
+        return False
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=96), st.booleans())
+def test_protobuf_side_converters_refuse_cleanly(message, answer):
+    _only_ours(config_to_json, message)
+    _only_ours(stats_from_pb, message)
+    _only_ours(trace_to_json, message, answer=answer)
+    _only_ours(log_to_json, message, answer=answer)
+    _only_ours(control_to_json, message, answer)
+
+
+@given(st.text(max_size=12))
+def test_version_refusal_never_raises(version):
+    got = version_refusal(version)
+    assert got is None or version in got
