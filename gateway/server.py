@@ -135,6 +135,7 @@ class Listeners:
     metrics: Metrics | None = None
     reuse_port: bool = False
     tls: Tls | None = None  # for the HTTP and gRPC listeners; metrics stay plain
+    max_json_depth: int = 64  # HTTP request JSON nesting limit (0: off)
     ports: Ports = field(default_factory=Ports)
     _servers: list[tuple[_Uvicorn, asyncio.Task[None]]] = field(default_factory=list)
     _grpc: aio.Server | None = None
@@ -163,7 +164,8 @@ class Listeners:
         metrics_registry: CollectorRegistry | None = None,
     ) -> Ports:
         if http is not None:
-            app = build_http_app(self.plane, self.metrics, max_message_bytes=self.max_message_bytes)
+            app = build_http_app(self.plane, self.metrics, max_message_bytes=self.max_message_bytes,
+                                 max_json_depth=self.max_json_depth)
             self.ports.http = await self._serve_http(app, bind_socket(http, reuse_port=self.reuse_port), self.tls)
         if grpc is not None:
             self._grpc = aio.server(options=server_options(self.max_message_bytes, reuse_port=self.reuse_port))
@@ -242,6 +244,7 @@ class Gateway:
         self.trimmer = IdleTrimmer(lambda: self.proxy.admission.large_at)
         self._trimmer: asyncio.Task[None] | None = None
         self.listeners = Listeners(self.proxy, config.max_message_bytes, self.metrics, reuse_port=reuse_port,
+                                   max_json_depth=config.max_json_depth,
                                    tls=config.listen.tls)
         self._reloading = asyncio.Lock()
         # SHA-256 of the config file content last loaded or refused (set by the caller
@@ -332,9 +335,10 @@ class Gateway:
 
     async def _apply(self, config: GatewayConfig) -> None:
         old = self.proxy.routing
-        if (config.listen, config.workers, config.max_message_bytes) != (
-                old.config.listen, old.config.workers, old.config.max_message_bytes):
-            log.warning("reload: listen, workers and max_message_bytes take effect at the next restart")
+        if (config.listen, config.workers, config.max_message_bytes, config.max_json_depth) != (
+                old.config.listen, old.config.workers, old.config.max_message_bytes, old.config.max_json_depth):
+            log.warning("reload: listen, workers, max_message_bytes and max_json_depth take effect at the next "
+                        "restart")
         pools: dict[str, Pool[Any]] = {}
         for name, backend in config.backends.items():
             prev = old.pools.get(name)

@@ -340,6 +340,9 @@ class GatewayConfig:
     # Admission control (per process): inference requests whose bodies add up to more
     # than this many bytes in flight are refused (503 / UNAVAILABLE) instead of pushing
     # the process out of memory; converting paths hold several times a payload. 0 = off.
+    # HTTP request bodies (inference JSON part, generate, model control, settings) nesting
+    # deeper than this are refused before they go anywhere (0: no limit).
+    max_json_depth: int = 64
     max_inflight_bytes: int | None = None  # None: from the memory limit (gateway/memlimit.py), else off
     # Client headers (HTTP) / metadata (gRPC) passed on to backends on every path, besides
     # the trace context (traceparent, tracestate, x-request-id) that always is. Lower case.
@@ -363,6 +366,8 @@ class GatewayConfig:
             raise ValueError("access_log.sample must be > 0 and <= 1")
         if self.max_message_bytes <= 0:
             raise ValueError("max_message_bytes must be > 0")
+        if not 0 <= self.max_json_depth <= 10_000:
+            raise ValueError("max_json_depth must be between 0 (no limit) and 10000")
         if self.max_inflight_bytes is not None and self.max_inflight_bytes < 0:
             raise ValueError("max_inflight_bytes must be >= 0 (0 turns it off)")
         if self.max_inflight_bytes is not None and 0 < self.max_inflight_bytes < self.max_message_bytes:

@@ -93,7 +93,9 @@ async def _gone(receive: Receive) -> None:
 
 
 def build_generate(plane: DataPlane, metrics: Metrics | None, *, max_message_bytes: int,
-                   route_label: Callable[[str, str], RouteLabel]) -> GenerateHandler:
+                   route_label: Callable[[str, str], RouteLabel],
+                   check: Callable[[bytes], None] = lambda body: None) -> GenerateHandler:
+    """``check``: run on every body before it goes on (the HTTP front end's JSON nesting limit)."""
     from .http import error_parts  # (frontend/http.py imports this module)
 
     generate: Callable[..., Awaitable[Any]] | None = getattr(plane, "generate", None)
@@ -192,6 +194,8 @@ def build_generate(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         try:
             body = await _read_body(receive, headers.get("content-length"), max_message_bytes) \
                 if scope["method"] == "POST" else None
+            if body is not None:
+                check(body)
         except ClientDisconnected:
             return
         except GatewayError as err:

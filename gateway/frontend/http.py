@@ -22,6 +22,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..budget import ByteBudget
+from ..codec.jsondepth import DepthScanner, too_deep
 from ..dataplane import ClientDisconnected, DataPlane, StreamedBody
 from ..errors import SHARED_MEMORY_REFUSAL, GatewayError, InvalidRequest, PayloadTooLarge, Unsupported, UpstreamError
 from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
@@ -74,10 +75,11 @@ class _IncomingBody:
 
     __slots__ = ("_budget", "_chunks", "_prefix", "_taken", "consumed", "length")
 
-    def __init__(self, receive: Receive, length: int, budget: ByteBudget) -> None:
+    def __init__(self, receive: Receive, length: int, budget: ByteBudget, depth: DepthScanner | None = None,
+                 json_length: int | None = None) -> None:
         self.length = length
         self.consumed = False
-        self._chunks = _checked(receive, length)
+        self._chunks = _checked(receive, length, depth, json_length)
         self._prefix: list[bytes] = []  # chunks read by prefix(), replayed by every iteration
         self._budget = budget
         self._taken = 0
@@ -117,16 +119,52 @@ class _IncomingBody:
             yield chunk
 
 
-async def _checked(receive: Receive, size: int) -> AsyncIterator[bytes]:
-    """The body's chunks, checked against its declared size."""
+async def _checked(receive: Receive, size: int, depth: DepthScanner | None = None,
+                   json_length: int | None = None) -> AsyncIterator[bytes]:
+    """The body's chunks, checked against its declared size — and, with ``depth``, its JSON
+    part (the first ``json_length`` bytes, or all) against the nesting limit, as it
+    arrives: a body streamed to a backend never carries more than the limit allows."""
     pos = 0
+    json_end = size if json_length is None else json_length
     async for chunk in _chunks(receive):
+        if depth is not None and pos < json_end:
+            if depth.feed(chunk[: json_end - pos]):
+                raise InvalidRequest(_too_deep_message(depth.limit))
         pos += len(chunk)
         if pos > size:
             raise InvalidRequest("request body is longer than its Content-Length")
         yield chunk
     if pos != size:
         raise InvalidRequest("request body is shorter than its Content-Length")
+
+
+def _too_deep_message(limit: int) -> str:
+    return (f"request JSON nests deeper than {limit} levels (max_json_depth): a V2 request nests no deeper "
+            "than its tensors have dimensions")
+
+
+def json_part(body: bytes | bytearray, json_length: str | None) -> bytes | bytearray | memoryview:
+    """The JSON of an inference body: all of it, or its first Inference-Header-Content-Length bytes."""
+    if json_length is not None and json_length.isdigit() and int(json_length) <= len(body):
+        return memoryview(body)[: int(json_length)]
+    return body
+
+
+def check_depth(body: bytes | bytearray | memoryview, limit: int) -> None:
+    """Refuse a JSON body nesting deeper than ``limit`` (codec/jsondepth.py: a scan, not a parse)."""
+    if limit and too_deep(body, limit):
+        raise InvalidRequest(_too_deep_message(limit))
+
+
+def _header_length(value: str | None, body_length: int) -> int | None:
+    """Inference-Header-Content-Length, checked (binary extension): a number within the body."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not text.isdigit() or int(text) > body_length:
+        raise InvalidRequest(f"Inference-Header-Content-Length {value!r} is not a byte count within the "
+                             f"{body_length}-byte body")
+    return int(text)
 
 
 async def _receive_body(receive: Receive, limit: int) -> bytes:
@@ -178,7 +216,8 @@ def _json(obj: Any) -> Response:
 _PREALLOC_BUDGET_MESSAGES = 4
 
 
-def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_bytes: int) -> ASGIApp:
+def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_bytes: int,
+                   max_json_depth: int = 64) -> ASGIApp:
     """The V2 HTTP app. Inference (the hot path) is served by a plain ASGI handler
     — no Request/Response objects, no middleware stack, one string split to find
     the model — and everything else by a Starlette app; measured, Starlette's
@@ -247,12 +286,16 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                 raise PayloadTooLarge(
                     f"request body of {declared} bytes exceeds the limit of {max_message_bytes} bytes")
             if declared is not None and declared.isdigit() and int(declared) > _LARGE:
-                incoming = _IncomingBody(receive, int(declared), budget)
+                json_length = _header_length(headers.get("inference-header-content-length"), int(declared))
+                depth = DepthScanner(max_json_depth) if max_json_depth else None
+                incoming = _IncomingBody(receive, int(declared), budget, depth, json_length)
                 body: bytes | _IncomingBody = incoming
                 size = int(declared)
             else:
                 body = await _receive_body(receive, max_message_bytes)
                 size = len(body)
+                _header_length(headers.get("inference-header-content-length"), size)
+                check_depth(json_part(body, headers.get("inference-header-content-length")), max_json_depth)
             if metrics is not None:
                 metrics.request_bytes.labels("http").observe(size)
             if record is not None:
@@ -330,6 +373,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             if control is None:
                 raise Unsupported("this server has no model control")
             body = await request.body()
+            check_depth(body, max_json_depth)  # relayed as it came to a same-protocol pool
             headers = {k.lower(): v for k, v in request.headers.items()}
             reply = await control(action, model, body, headers)
             content = reply.body if isinstance(reply.body, (bytes, bytearray)) else b""
@@ -344,6 +388,8 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             if change is None:
                 raise Unsupported(f"this server has no {kind} settings")
             body = (await request.body() or b"{}") if request.method == "POST" else None
+            if body is not None:
+                check_depth(body, max_json_depth)
             answer = await change(kind, model, ("json", body), body is not None)
             return Response(answer, 200, media_type=JSON)
 
@@ -406,7 +452,8 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
     rest = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
 
     # Triton's generate extension (frontend/generate.py): any method, so others get its 405.
-    generate = build_generate(plane, metrics, max_message_bytes=max_message_bytes, route_label=route_label)
+    generate = build_generate(plane, metrics, max_message_bytes=max_message_bytes, route_label=route_label,
+                              check=lambda body: check_depth(body, max_json_depth))
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":

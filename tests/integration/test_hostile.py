@@ -1,0 +1,81 @@
+"""Hostile HTTP bodies stopped at the gateway, in front of real Triton: deeply nested JSON —
+100,000 brackets crash Triton 2.51's HTTP front end when sent to it directly, so it is never
+sent to it here — is refused on the pass-through path, small or streamed, on the inference
+JSON part, model control and generate; a bad Inference-Header-Content-Length is a 400; the
+backend is alive afterwards and the gateway keeps serving."""
+from __future__ import annotations
+
+import http.client
+
+import numpy as np
+import orjson
+import pytest
+import tritonclient.http as httpclient
+
+from tests.conftest import start_gateway
+from tests.support.clients import In, infer
+
+
+@pytest.fixture(scope="module")
+def gw(triton, tmp_path_factory):
+    g = start_gateway(tmp_path_factory.mktemp("hostile"), triton.http_url, triton.grpc_url, "http")
+    yield g
+    g.stop()
+
+
+def post(url: str, path: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
+    host, port = url.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request("POST", path, body=body, headers={"content-type": "application/json", **(headers or {})})
+        r = conn.getresponse()
+        return r.status, orjson.loads(r.read() or b"{}")
+    finally:
+        conn.close()
+
+
+def deep(n: int, pad: int = 0) -> bytes:
+    return (b'{"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": '
+            + b"[" * n + b"1" + b"]" * n + b"}]" + (b', "id": "' + b"x" * pad + b'"' if pad else b"") + b"}")
+
+
+@pytest.mark.parametrize("pad", [0, 2 << 20], ids=["small", "streamed"])
+def test_deep_json_never_reaches_triton(triton, gw, pad):
+    status, answer = post(gw.http_url, "/v2/models/add_sub/infer", deep(100_000, pad))
+    assert status == 400 and "max_json_depth" in answer["error"]
+    assert httpclient.InferenceServerClient(triton.http_url).is_server_live()
+    a = np.arange(4, dtype=np.float32)
+    r = infer("http", gw.http_url, "add_sub", [In("INPUT0", a, "FP32"), In("INPUT1", a, "FP32")])
+    np.testing.assert_array_equal(r.outputs["OUTPUT0"], 2 * a)
+
+
+def test_deep_json_in_the_binary_extension_header(triton, gw):
+    header = deep(5_000)
+    body = header + b"\0" * 16
+    status, answer = post(gw.http_url, "/v2/models/add_sub/infer", body,
+                          {"inference-header-content-length": str(len(header))})
+    assert status == 400 and "max_json_depth" in answer["error"]
+
+
+@pytest.mark.parametrize("path", ["/v2/repository/models/add_sub/load", "/v2/models/add_sub/generate",
+                                  "/v2/trace/setting", "/v2/logging"])
+def test_deep_json_on_the_other_endpoints(triton, gw, path):
+    status, answer = post(gw.http_url, path, b'{"parameters": ' + b"[" * 50_000 + b"]" * 50_000 + b"}")
+    assert status == 400 and "max_json_depth" in answer["error"]
+    assert httpclient.InferenceServerClient(triton.http_url).is_server_live()
+
+
+@pytest.mark.parametrize("value", ["abc", "-5", "99999999"])
+def test_bad_inference_header_content_length(gw, value):
+    body = orjson.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [1]}]})
+    status, answer = post(gw.http_url, "/v2/models/add_sub/infer", body, {"inference-header-content-length": value})
+    assert status == 400 and "Inference-Header-Content-Length" in answer["error"]
+
+
+def test_a_legitimately_nested_request_passes(gw):
+    a = np.arange(24, dtype=np.float32).reshape(2, 12)
+    body = orjson.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2, 12], "data": a.tolist()}],
+                         "id": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["})
+    status, answer = post(gw.http_url, "/v2/models/identity_FP32/infer", body)
+    assert status == 200, answer
+    assert answer["outputs"][0]["data"] == a.reshape(-1).tolist()

@@ -1,0 +1,74 @@
+"""codec/jsondepth.py: JSON nesting depth without parsing, whole or in chunks, equal to a
+byte-by-byte reference on any text (brackets in strings, escaped quotes, chunk edges)."""
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.codec.jsondepth import DepthScanner, too_deep
+
+
+def reference_max_depth(text: bytes) -> int:
+    depth = best = 0
+    in_string = escaped = False
+    for c in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == 92:
+                escaped = True
+            elif c == 34:
+                in_string = False
+        elif c == 34:
+            in_string = True
+        elif c == 92:
+            return best  # a backslash outside a string: a parser stops here (syntax error)
+        elif c in (91, 123):
+            depth += 1
+            best = max(best, depth)
+        elif c in (93, 125):
+            depth -= 1
+    return best
+
+
+texts = st.lists(st.sampled_from([b"[", b"]", b"{", b"}", b'"', b"\\", b"a", b",", b":", b"\\\\", b'\\"']),
+                 max_size=200).map(b"".join)
+
+
+@settings(max_examples=500)
+@given(texts, st.integers(0, 12), st.lists(st.integers(1, 40), max_size=8))
+def test_never_below_the_reference_and_chunks_change_nothing(text, limit, cuts):
+    """Any text: never less deep than a parser reads it (a backslash outside a string —
+    invalid JSON, where a parser stops — may make the scan count more, never less); exact
+    when backslashes stay inside strings (test_real_json); chunking changes nothing."""
+    whole = too_deep(text, limit)
+    if reference_max_depth(text) > limit:
+        assert whole
+    if b"\\" not in text:
+        assert whole == (reference_max_depth(text) > limit)
+    scanner = DepthScanner(limit)
+    pos = 0
+    for size in cuts:
+        scanner.feed(text[pos:pos + size])
+        pos += size
+    scanner.feed(text[pos:])
+    # too_deep skips the scan when there are few brackets; the scanner always scans.
+    assert scanner.exceeded == whole or (not whole and text.count(b"[") + text.count(b"{") <= limit)
+
+
+@given(st.recursive(st.one_of(st.integers(), st.text(alphabet='[]{}"\\ab', max_size=5)),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+                    max_leaves=20), st.integers(0, 6))
+def test_real_json(value, limit):
+    text = json.dumps(value).encode()
+    assert too_deep(text, limit) == (reference_max_depth(text) > limit)
+
+
+def test_the_crashing_body_and_a_legitimate_one():
+    assert too_deep(b'{"inputs": [{"data": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]}", 64)
+    nested = json.dumps({"inputs": [{"name": "x", "shape": [2, 3, 4], "datatype": "FP32",
+                                     "data": [[[1.0] * 4] * 3] * 2}]}).encode()
+    assert not too_deep(nested, 8)
+    assert not too_deep(json.dumps({"id": "[" * 500}).encode(), 4)  # brackets in a string are text
