@@ -11,6 +11,7 @@ transports (codec, routing, config) import no grpc.
     ├── ModelNotFound         404  NOT_FOUND          no route for the model / version
     ├── PayloadTooLarge       413  RESOURCE_EXHAUSTED body over the configured limit
     ├── Unsupported           400  UNIMPLEMENTED      a valid request the gateway cannot carry
+    ├── UnsupportedEncoding   415  INVALID_ARGUMENT   a body in a Content-Encoding other than gzip/deflate
     ├── NoEndpointAvailable   503  UNAVAILABLE        no endpoint of the pool answered
     │   └── ModelNotReady     503  UNAVAILABLE        the route exists; no endpoint has the model ready
     ├── UpstreamTimeout       504  DEADLINE_EXCEEDED  the backend did not answer in time
@@ -35,6 +36,7 @@ __all__ = [
     "PayloadTooLarge",
     "RequestTimeout",
     "Unsupported",
+    "UnsupportedEncoding",
     "UpstreamError",
     "UpstreamTimeout",
 ]
@@ -72,6 +74,13 @@ class PayloadTooLarge(GatewayError):
 class Unsupported(GatewayError):
     http_status = 400
     grpc_code = "UNIMPLEMENTED"
+
+
+class UnsupportedEncoding(GatewayError):
+    """A request body in a Content-Encoding the gateway cannot read (only gzip and deflate)."""
+
+    http_status = 415
+    grpc_code = "INVALID_ARGUMENT"
 
 
 class NoEndpointAvailable(GatewayError):

@@ -14,7 +14,7 @@ import zlib
 
 import orjson
 
-from ..errors import InvalidRequest, PayloadTooLarge, Unsupported
+from ..errors import InvalidRequest, PayloadTooLarge, Unsupported, UnsupportedEncoding
 
 __all__ = [
     "HEADER_LENGTH",
@@ -56,7 +56,7 @@ def decode_content(body: bytes | bytearray, encoding: str | None, limit: int) ->
     if coding in ("", "identity"):
         return body
     if coding not in ("gzip", "deflate"):
-        raise Unsupported(f"Unsupported compression type '{encoding}'; use gzip or deflate")
+        raise UnsupportedEncoding(f"Unsupported compression type '{encoding}'; use gzip or deflate")
     try:
         return _inflate(body, 32 + zlib.MAX_WBITS, coding, limit)
     except zlib.error as exc:

@@ -24,7 +24,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..budget import ByteBudget
 from ..codec.jsondepth import DepthScanner, too_deep
 from ..dataplane import ClientDisconnected, DataPlane, StreamedBody
-from ..errors import SHARED_MEMORY_REFUSAL, GatewayError, InvalidRequest, PayloadTooLarge, Unsupported, UpstreamError
+from ..errors import (
+    SHARED_MEMORY_REFUSAL,
+    GatewayError,
+    InvalidRequest,
+    PayloadTooLarge,
+    Unsupported,
+    UnsupportedEncoding,
+    UpstreamError,
+)
 from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
 from .generate import build_generate, generate_target
 
@@ -136,6 +144,9 @@ async def _checked(receive: Receive, size: int, depth: DepthScanner | None = Non
         yield chunk
     if pos != size:
         raise InvalidRequest("request body is shorter than its Content-Length")
+
+
+_ENCODINGS = frozenset({"", "identity", "gzip", "deflate"})
 
 
 def _too_deep_message(limit: int) -> str:
@@ -281,6 +292,11 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
             if access is not None:
                 record = access.begin(headers.get("x-request-id"))
+            encoding = headers.get("content-encoding")
+            if encoding is not None and encoding.strip().lower() not in _ENCODINGS:
+                # Not passed on for a backend to puzzle over (Triton answers 501): the gateway
+                # reads gzip and deflate only, on every path.
+                raise UnsupportedEncoding(f"Unsupported compression type '{encoding}'; use gzip or deflate")
             declared = headers.get("content-length")
             if declared is not None and declared.isdigit() and int(declared) > max_message_bytes:
                 raise PayloadTooLarge(

@@ -79,3 +79,10 @@ def test_a_legitimately_nested_request_passes(gw):
     status, answer = post(gw.http_url, "/v2/models/identity_FP32/infer", body)
     assert status == 200, answer
     assert answer["outputs"][0]["data"] == a.reshape(-1).tolist()
+
+
+@pytest.mark.parametrize("encoding", ["br", "zstd", "gzip, br", "x" * 100])
+def test_unknown_content_encoding_is_415(triton, gw, encoding):
+    body = orjson.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [1]}]})
+    status, answer = post(gw.http_url, "/v2/models/add_sub/infer", body, {"content-encoding": encoding})
+    assert status == 415 and "compression" in answer["error"]

@@ -15,7 +15,7 @@ import gateway
 from gateway._pb import grpc_predict_v2_pb2 as pb
 from gateway.dataplane import DataPlane, HttpReply
 from gateway.demo.plane import DemoPlane
-from gateway.errors import InvalidRequest, ModelNotFound, PayloadTooLarge, Unsupported
+from gateway.errors import InvalidRequest, ModelNotFound, PayloadTooLarge, Unsupported, UnsupportedEncoding
 
 PLANE = DemoPlane()
 RNG = np.random.default_rng(11)
@@ -198,7 +198,7 @@ async def test_http_raw_deflate_is_accepted():
 
 async def test_http_compression_errors():
     body = orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "INT8", "data": [1, 2]}]})
-    with pytest.raises(Unsupported, match="br"):
+    with pytest.raises(UnsupportedEncoding, match="br"):
         await PLANE.infer_http("identity_INT8", "", body, {"content-encoding": "br"})
     with pytest.raises(InvalidRequest, match="gzip"):
         await PLANE.infer_http("identity_INT8", "", gzip.compress(body)[:-6], {"content-encoding": "gzip"})
