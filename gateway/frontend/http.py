@@ -136,7 +136,11 @@ async def _checked(receive: Receive, size: int, depth: DepthScanner | None = Non
     json_end = size if json_length is None else json_length
     async for chunk in _chunks(receive):
         if depth is not None and pos < json_end:
-            if depth.feed(chunk[: json_end - pos]):
+            part = chunk[: json_end - pos]
+            # The whole JSON part in the first chunk (a binary-extension header): one
+            # stateless check, which skips the scan when there are few brackets.
+            whole = pos == 0 and len(chunk) >= json_end
+            if too_deep(part, depth.limit) if whole else depth.feed(part):
                 raise InvalidRequest(_too_deep_message(depth.limit))
         pos += len(chunk)
         if pos > size:
