@@ -14,9 +14,11 @@ its state — depth, inside a string, a pending backslash — from one chunk to 
 """
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 
-__all__ = ["DepthScanner", "too_deep"]
+__all__ = ["DepthScanner", "InflatingDepthScanner", "too_deep"]
 
 _QUOTE, _BACKSLASH = 34, 92
 _OPEN = (91, 123)  # [ {
@@ -80,3 +82,61 @@ class DepthScanner:
         trailing = n - 1 - int(last_plain[-1])
         self.pending_escape = (trailing % 2 == 1) ^ (trailing == n and self.pending_escape)
         return self.exceeded
+
+
+class InflatingDepthScanner:
+    """:class:`DepthScanner` over a gzip / deflate body arriving in compressed chunks: each
+    is inflated in bounded pieces (never more than ``_PIECE`` bytes at once) only as far as
+    the JSON part goes — ``json_length`` inflated bytes, or all — and the pieces scanned.
+    A body that does not inflate raises ``zlib.error`` (the caller's 400)."""
+
+    _PIECE = 1 << 16
+
+    __slots__ = ("_d", "_done", "_first", "_head", "_json_end", "_pos", "_raw_ok", "scanner")
+
+    def __init__(self, limit: int, coding: str, json_length: int | None) -> None:
+        self.scanner = DepthScanner(limit)
+        self._json_end = json_length
+        self._pos = 0  # inflated bytes seen
+        self._done = False
+        # gzip and zlib streams both start with a header wbits 32+15 recognises; some clients
+        # send raw deflate as "deflate", tried if the first bytes are not a zlib stream.
+        self._raw_ok = coding == "deflate"
+        self._d = zlib.decompressobj(32 + zlib.MAX_WBITS)
+        self._first = True
+        self._head = b""
+
+    @property
+    def exceeded(self) -> bool:
+        return self.scanner.exceeded
+
+    def feed(self, chunk: bytes | bytearray | memoryview) -> bool:
+        if self._done or self.scanner.exceeded:
+            return self.scanner.exceeded
+        data = bytes(chunk)
+        if self._first:
+            # The stream's kind shows in its first two bytes (zlib / gzip header): held until then.
+            data = self._head + data
+            if len(data) < 2:
+                self._head = data
+                return False
+            self._first = False
+            if self._raw_ok:
+                try:
+                    zlib.decompressobj(32 + zlib.MAX_WBITS).decompress(data[:64], 1)
+                except zlib.error:
+                    self._d = zlib.decompressobj(-zlib.MAX_WBITS)
+        while data and not self._done:
+            piece = self._d.decompress(data, self._PIECE)
+            data = self._d.unconsumed_tail
+            if self._json_end is not None and self._pos + len(piece) >= self._json_end:
+                piece = piece[: self._json_end - self._pos]
+                self._done = True
+            self._pos += len(piece)
+            if piece and self.scanner.feed(piece):
+                return True
+            if self._d.eof:
+                self._done = True
+            elif not piece and not data:
+                break
+        return self.scanner.exceeded

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -22,7 +23,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..budget import ByteBudget
-from ..codec.jsondepth import DepthScanner, too_deep
+from ..codec.content import decode_content
+from ..codec.jsondepth import DepthScanner, InflatingDepthScanner, too_deep
 from ..dataplane import ClientDisconnected, DataPlane, StreamedBody
 from ..errors import (
     SHARED_MEMORY_REFUSAL,
@@ -83,8 +85,8 @@ class _IncomingBody:
 
     __slots__ = ("_budget", "_chunks", "_prefix", "_taken", "consumed", "length")
 
-    def __init__(self, receive: Receive, length: int, budget: ByteBudget, depth: DepthScanner | None = None,
-                 json_length: int | None = None) -> None:
+    def __init__(self, receive: Receive, length: int, budget: ByteBudget,
+                 depth: DepthScanner | InflatingDepthScanner | None = None, json_length: int | None = None) -> None:
         self.length = length
         self.consumed = False
         self._chunks = _checked(receive, length, depth, json_length)
@@ -127,15 +129,22 @@ class _IncomingBody:
             yield chunk
 
 
-async def _checked(receive: Receive, size: int, depth: DepthScanner | None = None,
+async def _checked(receive: Receive, size: int, depth: DepthScanner | InflatingDepthScanner | None = None,
                    json_length: int | None = None) -> AsyncIterator[bytes]:
     """The body's chunks, checked against its declared size — and, with ``depth``, its JSON
-    part (the first ``json_length`` bytes, or all) against the nesting limit, as it
-    arrives: a body streamed to a backend never carries more than the limit allows."""
+    part (the first ``json_length`` bytes, or all; a compressed body's inflated) against
+    the nesting limit, as it arrives: a body streamed to a backend never carries more than
+    the limit allows."""
     pos = 0
     json_end = size if json_length is None else json_length
     async for chunk in _chunks(receive):
-        if depth is not None and pos < json_end:
+        if isinstance(depth, InflatingDepthScanner):
+            try:
+                if depth.feed(chunk):
+                    raise InvalidRequest(_too_deep_message(depth.scanner.limit))
+            except zlib.error as exc:
+                raise InvalidRequest(f"cannot decompress the body: {exc}") from exc
+        elif depth is not None and pos < json_end:
             part = chunk[: json_end - pos]
             # The whole JSON part in the first chunk (a binary-extension header): one
             # stateless check, which skips the scan when there are few brackets.
@@ -305,17 +314,27 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             if declared is not None and declared.isdigit() and int(declared) > max_message_bytes:
                 raise PayloadTooLarge(
                     f"request body of {declared} bytes exceeds the limit of {max_message_bytes} bytes")
+            coding = (encoding or "").strip().lower()
+            compressed = coding in ("gzip", "deflate")
+            ihcl = headers.get("inference-header-content-length")
             if declared is not None and declared.isdigit() and int(declared) > _LARGE:
-                json_length = _header_length(headers.get("inference-header-content-length"), int(declared))
-                depth = DepthScanner(max_json_depth) if max_json_depth else None
-                incoming = _IncomingBody(receive, int(declared), budget, depth, json_length)
+                # Inference-Header-Content-Length counts inflated bytes of a compressed body.
+                json_length = _header_length(ihcl, max_message_bytes if compressed else int(declared))
+                depth: DepthScanner | InflatingDepthScanner | None = None
+                if max_json_depth:
+                    depth = InflatingDepthScanner(max_json_depth, coding, json_length) if compressed \
+                        else DepthScanner(max_json_depth)
+                incoming = _IncomingBody(receive, int(declared), budget, depth, None if compressed else json_length)
                 body: bytes | _IncomingBody = incoming
                 size = int(declared)
             else:
                 body = await _receive_body(receive, max_message_bytes)
                 size = len(body)
-                _header_length(headers.get("inference-header-content-length"), size)
-                check_depth(json_part(body, headers.get("inference-header-content-length")), max_json_depth)
+                # A compressed body is checked inflated (what the backend will parse).
+                plain = decode_content(body, encoding, max_message_bytes) if compressed else body
+                _header_length(ihcl, len(plain))
+                check_depth(json_part(plain, ihcl), max_json_depth)
+                del plain
             if metrics is not None:
                 metrics.request_bytes.labels("http").observe(size)
             if record is not None:

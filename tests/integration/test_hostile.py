@@ -86,3 +86,20 @@ def test_unknown_content_encoding_is_415(triton, gw, encoding):
     body = orjson.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [1]}]})
     status, answer = post(gw.http_url, "/v2/models/add_sub/infer", body, {"content-encoding": encoding})
     assert status == 415 and "compression" in answer["error"]
+
+
+@pytest.mark.parametrize("pad", [0, 3 << 20], ids=["small", "streamed"])
+@pytest.mark.parametrize("coding", ["gzip", "deflate"])
+def test_deep_json_in_a_compressed_body(triton, gw, coding, pad):
+    """Checked inflated — what the backend would parse — not as the compressed bytes."""
+    import gzip
+    import os
+    import zlib
+    raw = deep(100_000)
+    if pad:  # an incompressible id, so that the compressed body itself streams (over 1 MiB)
+        raw = raw[:-1] + b', "id": "' + os.urandom(pad // 2).hex().encode() + b'"}'
+    body = gzip.compress(raw) if coding == "gzip" else zlib.compress(raw)
+    assert not pad or len(body) > 1 << 20
+    status, answer = post(gw.http_url, "/v2/models/add_sub/infer", body, {"content-encoding": coding})
+    assert status == 400 and "max_json_depth" in answer["error"]
+    assert httpclient.InferenceServerClient(triton.http_url).is_server_live()

@@ -72,3 +72,38 @@ def test_the_crashing_body_and_a_legitimate_one():
                                      "data": [[[1.0] * 4] * 3] * 2}]}).encode()
     assert not too_deep(nested, 8)
     assert not too_deep(json.dumps({"id": "[" * 500}).encode(), 4)  # brackets in a string are text
+
+
+@settings(max_examples=200)
+@given(texts, st.integers(0, 12), st.sampled_from(["gzip", "zlib", "raw"]), st.integers(1, 50))
+def test_inflating_scanner_equals_the_plain_one(text, limit, form, step):
+    import zlib
+
+    from gateway.codec.jsondepth import InflatingDepthScanner
+    if form == "gzip":
+        data, coding = __import__("gzip").compress(text), "gzip"
+    elif form == "zlib":
+        data, coding = zlib.compress(text), "deflate"
+    else:
+        c = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+        data, coding = c.compress(text) + c.flush(), "deflate"
+    plain = DepthScanner(limit)
+    plain.feed(text)
+    inflating = InflatingDepthScanner(limit, coding, None)
+    for i in range(0, len(data), step):
+        inflating.feed(data[i:i + step])
+    assert inflating.exceeded == plain.exceeded
+
+
+def test_inflating_scanner_stops_at_the_json_part():
+    import gzip
+
+    from gateway.codec.jsondepth import InflatingDepthScanner
+    header = b'{"inputs": []}'
+    body = gzip.compress(header + b"[" * 10_000)  # binary bytes that look like brackets
+    s = InflatingDepthScanner(4, "gzip", len(header))
+    s.feed(body)
+    assert not s.exceeded
+    s = InflatingDepthScanner(4, "gzip", None)
+    s.feed(body)
+    assert s.exceeded
