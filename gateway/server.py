@@ -136,6 +136,8 @@ class Listeners:
     reuse_port: bool = False
     tls: Tls | None = None  # for the HTTP and gRPC listeners; metrics stay plain
     max_json_depth: int = 64  # HTTP request JSON nesting limit (0: off)
+    max_header_count: int = 100
+    max_header_bytes: int = 32768
     ports: Ports = field(default_factory=Ports)
     _servers: list[tuple[_Uvicorn, asyncio.Task[None]]] = field(default_factory=list)
     _grpc: aio.Server | None = None
@@ -165,10 +167,12 @@ class Listeners:
     ) -> Ports:
         if http is not None:
             app = build_http_app(self.plane, self.metrics, max_message_bytes=self.max_message_bytes,
-                                 max_json_depth=self.max_json_depth)
+                                 max_json_depth=self.max_json_depth, max_header_count=self.max_header_count,
+                                 max_header_bytes=self.max_header_bytes)
             self.ports.http = await self._serve_http(app, bind_socket(http, reuse_port=self.reuse_port), self.tls)
         if grpc is not None:
-            self._grpc = aio.server(options=server_options(self.max_message_bytes, reuse_port=self.reuse_port))
+            self._grpc = aio.server(options=server_options(self.max_message_bytes, reuse_port=self.reuse_port,
+                                                           max_metadata_bytes=self.max_header_bytes))
             self._grpc.add_generic_rpc_handlers((build_grpc_handler(self.plane, self.metrics),))
             target = f"[{grpc.host}]:{grpc.port}" if ":" in grpc.host else f"{grpc.host}:{grpc.port}"
             if self.tls is None:
@@ -244,7 +248,8 @@ class Gateway:
         self.trimmer = IdleTrimmer(lambda: self.proxy.admission.large_at)
         self._trimmer: asyncio.Task[None] | None = None
         self.listeners = Listeners(self.proxy, config.max_message_bytes, self.metrics, reuse_port=reuse_port,
-                                   max_json_depth=config.max_json_depth,
+                                   max_json_depth=config.max_json_depth, max_header_count=config.max_header_count,
+                                   max_header_bytes=config.max_header_bytes,
                                    tls=config.listen.tls)
         self._reloading = asyncio.Lock()
         # SHA-256 of the config file content last loaded or refused (set by the caller
@@ -335,10 +340,9 @@ class Gateway:
 
     async def _apply(self, config: GatewayConfig) -> None:
         old = self.proxy.routing
-        if (config.listen, config.workers, config.max_message_bytes, config.max_json_depth) != (
-                old.config.listen, old.config.workers, old.config.max_message_bytes, old.config.max_json_depth):
-            log.warning("reload: listen, workers, max_message_bytes and max_json_depth take effect at the next "
-                        "restart")
+        fixed = ("listen", "workers", "max_message_bytes", "max_json_depth", "max_header_count", "max_header_bytes")
+        if any(getattr(config, k) != getattr(old.config, k) for k in fixed):
+            log.warning("reload: %s take effect at the next restart", ", ".join(fixed))
         pools: dict[str, Pool[Any]] = {}
         for name, backend in config.backends.items():
             prev = old.pools.get(name)

@@ -40,7 +40,8 @@ __all__ = ["load_config", "parse_config", "read_config"]
 T = TypeVar("T")
 
 _TOP_KEYS = {"listen", "backends", "routes", "health", "max_message_bytes", "workers", "access_log", "drain_s",
-             "max_inflight_bytes", "forward_headers", "dns", "server", "max_json_depth"}
+             "max_inflight_bytes", "forward_headers", "dns", "server", "max_json_depth",
+             "max_header_count", "max_header_bytes"}
 _DNS_KEYS = {"nameservers", "refresh_s", "timeout_s"}
 _OUTLIER_KEYS = {"consecutive_failures", "base_ejection_s", "max_ejection_s", "max_ejection_percent"}
 _LISTEN_KEYS = {"http", "grpc", "metrics"}
@@ -480,8 +481,9 @@ def parse_config(raw: Any) -> GatewayConfig:
                         extra[f"server_{key}"] = server[key]
                     else:
                         p.add(f"server.{key}", f"expected a non-empty string, got {server[key]!r}")
-    if "max_json_depth" in raw:
-        extra["max_json_depth"] = _number(p, "max_json_depth", raw["max_json_depth"], int)
+    for k in ("max_json_depth", "max_header_count", "max_header_bytes"):
+        if k in raw:
+            extra[k] = _number(p, k, raw[k], int)
     if "max_inflight_bytes" in raw:
         extra["max_inflight_bytes"] = _number(p, "max_inflight_bytes", raw["max_inflight_bytes"], int)
     if "access_log" in raw:

@@ -343,6 +343,10 @@ class GatewayConfig:
     # HTTP request bodies (inference JSON part, generate, model control, settings) nesting
     # deeper than this are refused before they go anywhere (0: no limit).
     max_json_depth: int = 64
+    # The head of an HTTP request (count of headers; their names and values in bytes, also
+    # the gRPC listener's metadata size): past either, 431 before anything else is read.
+    max_header_count: int = 100
+    max_header_bytes: int = 32768
     max_inflight_bytes: int | None = None  # None: from the memory limit (gateway/memlimit.py), else off
     # Client headers (HTTP) / metadata (gRPC) passed on to backends on every path, besides
     # the trace context (traceparent, tracestate, x-request-id) that always is. Lower case.
@@ -366,6 +370,8 @@ class GatewayConfig:
             raise ValueError("access_log.sample must be > 0 and <= 1")
         if self.max_message_bytes <= 0:
             raise ValueError("max_message_bytes must be > 0")
+        if self.max_header_count < 10 or self.max_header_bytes < 1024:
+            raise ValueError("max_header_count must be >= 10 and max_header_bytes >= 1024")
         if not 0 <= self.max_json_depth <= 10_000:
             raise ValueError("max_json_depth must be between 0 (no limit) and 10000")
         if self.max_inflight_bytes is not None and self.max_inflight_bytes < 0:

@@ -35,8 +35,10 @@ _SHARED_MEMORY_RPCS = tuple(f"{kind}SharedMemory{op}" for kind in ("System", "Cu
                             for op in ("Status", "Register", "Unregister"))
 
 
-def server_options(max_message_bytes: int, *, reuse_port: bool = False) -> list[tuple[str, int | str]]:
+def server_options(max_message_bytes: int, *, reuse_port: bool = False,
+                   max_metadata_bytes: int = 32768) -> list[tuple[str, int | str]]:
     return [
+        ("grpc.max_metadata_size", max_metadata_bytes),
         ("grpc.optimization_target", "throughput"),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),

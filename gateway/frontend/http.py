@@ -240,8 +240,22 @@ def _json(obj: Any) -> Response:
 _PREALLOC_BUDGET_MESSAGES = 4
 
 
+async def _refuse_head(scope: Scope, receive: Receive, send: Send, count: int, size: int) -> None:
+    """431 for a request whose headers pass the limits; the connection is closed after it
+    (its body, if any, is not read)."""
+    headers = scope["headers"]
+    total = sum(len(k) + len(v) for k, v in headers)
+    body = orjson.dumps({"error": f"request headers too large: {len(headers)} headers, {total} bytes "
+                                  f"(limits: max_header_count {count}, max_header_bytes {size})"})
+    await send({"type": "http.response.start", "status": 431,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
 def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_bytes: int,
-                   max_json_depth: int = 64) -> ASGIApp:
+                   max_json_depth: int = 64, max_header_count: int = 100,
+                   max_header_bytes: int = 32768) -> ASGIApp:
     """The V2 HTTP app. Inference (the hot path) is served by a plain ASGI handler
     — no Request/Response objects, no middleware stack, one string split to find
     the model — and everything else by a Starlette app; measured, Starlette's
@@ -495,6 +509,12 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                               check=lambda body: check_depth(body, max_json_depth))
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = scope["headers"]
+            if len(headers) > max_header_count or sum(len(k) + len(v) for k, v in headers) > max_header_bytes:
+                # Limits of the request's head (hard limits): refused before anything reads it.
+                await _refuse_head(scope, receive, send, max_header_count, max_header_bytes)
+                return
         if scope["type"] == "http" and scope["method"] == "POST":
             target = _infer_target(scope["path"])
             if target is not None:

@@ -103,3 +103,39 @@ def test_deep_json_in_a_compressed_body(triton, gw, coding, pad):
     status, answer = post(gw.http_url, "/v2/models/add_sub/infer", body, {"content-encoding": coding})
     assert status == 400 and "max_json_depth" in answer["error"]
     assert httpclient.InferenceServerClient(triton.http_url).is_server_live()
+
+
+def _raw(url: str, head: bytes) -> bytes:
+    import socket
+    host, port = url.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(head)
+        chunks = []
+        while True:
+            data = s.recv(65536)
+            if not data:
+                break
+            chunks.append(data)
+    return b"".join(chunks)
+
+
+@pytest.mark.parametrize("headers", [
+    b"".join(b"x-h%d: v\r\n" % i for i in range(20_000)),  # 20,000 headers
+    b"x-big: " + b"a" * (2 << 20) + b"\r\n",  # a 2 MB header line
+], ids=["many", "huge"])
+def test_oversized_request_heads_are_431(triton, gw, headers):
+    answer = _raw(gw.http_url, b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
+    status_line = answer.split(b"\r\n", 1)[0]
+    # 431 from the gateway's limit — or, for a head past the HTTP parser's own bounds, a 4xx
+    # from the server before the application sees it; never a 2xx or 5xx.
+    assert status_line.startswith(b"HTTP/1.1 4"), status_line
+    a = np.arange(4, dtype=np.float32)
+    r = infer("http", gw.http_url, "add_sub", [In("INPUT0", a, "FP32"), In("INPUT1", a, "FP32")])
+    np.testing.assert_array_equal(r.outputs["OUTPUT0"], 2 * a)
+
+
+def test_many_headers_get_the_gateways_431(gw):
+    head = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n" + b"".join(b"x-h%d: v\r\n" % i for i in range(150)) + b"\r\n"
+    answer = _raw(gw.http_url, head)
+    assert answer.startswith(b"HTTP/1.1 431")
+    assert b"max_header_count" in answer
