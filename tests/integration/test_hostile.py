@@ -139,3 +139,52 @@ def test_many_headers_get_the_gateways_431(gw):
     answer = _raw(gw.http_url, head)
     assert answer.startswith(b"HTTP/1.1 431")
     assert b"max_header_count" in answer
+
+
+@pytest.mark.parametrize("path", [
+    "/v2/models/..%2F..%2Fetc%2Fpasswd/infer", "/v2/models/a%00b/infer", "/v2/models/a%0D%0AX-Injected:%201/infer",
+    "/v2/models/%2E%2E/infer", "/v2/models/add_sub/versions/1%0D%0AX: y/infer",
+])
+def test_hostile_model_names_over_http(triton, gw, path):
+    body = orjson.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [1]}]})
+    host, port = gw.http_url.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request("POST", path.replace(" ", "%20"), body=body, headers={"content-type": "application/json"})
+        r = conn.getresponse()
+        answer = r.read()
+        assert 400 <= r.status < 500, (r.status, answer)
+        assert b"x-injected" not in b"".join(k.lower().encode() for k, _ in r.getheaders())
+    finally:
+        conn.close()
+    assert httpclient.InferenceServerClient(triton.http_url).is_server_live()
+
+
+@pytest.mark.parametrize("name", ["a\r\nX-Injected: 1", "../../etc", "a/b", "a\x00b", "%2F", "\x7f"])
+def test_hostile_model_names_and_ids_over_grpc(triton, gw, name):
+    import grpc
+
+    from gateway._pb import grpc_predict_v2_pb2 as pb
+    msg = pb.ModelInferRequest(model_name=name, id="id\r\nX-Injected: 1")
+    msg.inputs.add(name="INPUT0", datatype="FP32", shape=[1]).contents.fp32_contents.append(1.0)
+    with grpc.insecure_channel(gw.grpc_url) as ch:
+        with pytest.raises(grpc.RpcError) as info:
+            ch.unary_unary("/inference.GRPCInferenceService/ModelInfer")(msg.SerializeToString(), timeout=30)
+    assert info.value.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT,
+                                 grpc.StatusCode.UNAVAILABLE)
+    assert not any(k.lower() == "x-injected" for k, _ in (info.value.trailing_metadata() or ()))
+
+
+def test_an_id_with_crlf_comes_back_as_data_not_as_a_header(gw):
+    body = orjson.dumps({"id": "a\r\nX-Injected: 1", "inputs": [
+        {"name": f"INPUT{i}", "datatype": "FP32", "shape": [1], "data": [1]} for i in (0, 1)]})
+    host, port = gw.http_url.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request("POST", "/v2/models/add_sub/infer", body=body, headers={"content-type": "application/json"})
+        r = conn.getresponse()
+        answer = orjson.loads(r.read())
+        assert r.status == 200 and answer["id"] == "a\r\nX-Injected: 1"
+        assert "x-injected" not in {k.lower() for k, _ in r.getheaders()}
+    finally:
+        conn.close()
