@@ -188,3 +188,35 @@ def test_an_id_with_crlf_comes_back_as_data_not_as_a_header(gw):
         assert "x-injected" not in {k.lower() for k, _ in r.getheaders()}
     finally:
         conn.close()
+
+
+def _add_sub_count(triton) -> int:
+    stats = httpclient.InferenceServerClient(triton.http_url).get_inference_statistics("add_sub")
+    return sum(s["inference_count"] for s in stats["model_stats"])
+
+
+@pytest.mark.parametrize("framing", ["te-and-cl", "two-cl", "te-obfuscated"])
+def test_request_smuggling_never_reaches_the_backend_as_two(triton, gw, framing):
+    """A request framed to be read two ways (Transfer-Encoding with Content-Length, two
+    Content-Lengths): the gateway refuses it or reads it one way, and sends the backend one
+    request of its own framing — never the smuggled second one."""
+    inner = orjson.dumps({"inputs": [{"name": f"INPUT{i}", "datatype": "FP32", "shape": [1], "data": [1]}
+                                     for i in (0, 1)]})
+    smuggled = (b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(inner) + inner)
+    chunked = b"%x\r\n" % len(inner) + inner + b"\r\n0\r\n\r\n"
+    if framing == "te-and-cl":
+        head = b"Transfer-Encoding: chunked\r\nContent-Length: %d\r\n" % len(chunked)
+        body = chunked + smuggled
+    elif framing == "two-cl":
+        head = b"Content-Length: %d\r\nContent-Length: %d\r\n" % (len(inner), len(inner) + len(smuggled))
+        body = inner + smuggled
+    else:
+        head = b"Transfer-Encoding: xchunked\r\nContent-Length: %d\r\n" % len(inner)
+        body = inner + smuggled
+    before = _add_sub_count(triton)
+    answer = _raw(gw.http_url, b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                  b"Content-Type: application/json\r\n" + head + b"\r\n" + body)
+    statuses = [line for line in answer.split(b"\r\n") if line.startswith(b"HTTP/1.1 ")]
+    assert len(statuses) <= 1, statuses  # never a second answer on the connection
+    assert _add_sub_count(triton) - before <= 1  # the backend saw at most the one request
