@@ -1,0 +1,121 @@
+"""Memory after a burst: the gateway's RSS idle, at the peak of a burst of large requests,
+and 2 / 5 / 10 / 30 s after it ended — with the idle trim (gateway/malloc.py) on and off.
+
+    .venv/bin/python -m benchmarks.memory [--clients 6] [--requests 3] [--mb 8] [--workers 1]
+
+One Triton (identity_FP32), one gateway per mode with a gRPC pool; the burst is HTTP
+binary-extension requests (converted to gRPC: the path that holds the most copies) of ``--mb`` MB
+each way, ``--clients`` at once, ``--requests`` each. RSS is the gateway's process tree
+(supervisor + workers), sampled every 50 ms during the burst. Writes
+benchmarks/results/<date>-memory/results.md and results.json.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.procstat import rss_bytes
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.support.clients import In, Out, infer  # noqa: E402
+from tests.support.gateway import GatewayProcess, gateway_config  # noqa: E402
+from tests.support.triton import TritonServer  # noqa: E402
+
+MB = 1_000_000
+AFTER = (2, 5, 10, 30)
+
+
+def run_mode(name: str, env: dict[str, str], triton: TritonServer, args: argparse.Namespace,
+             workdir: Path) -> dict:
+    backends = {"t": {"protocol": "grpc", "endpoints": [triton.grpc_url]}}
+    cfg = gateway_config(backends, [{"model": "identity_FP32", "backend": "t"}])
+    gw = GatewayProcess(cfg, workdir, f"gw-{name}", workers=args.workers, env=env).start()
+    try:
+        assert gw.proc is not None
+        pid = gw.proc.pid
+        small = np.ones((1, 16), dtype=np.float32)
+        for _ in range(50):
+            infer("http", gw.http_url, "identity_FP32", [In("INPUT0", small, "FP32")], [Out("OUTPUT0")])
+        time.sleep(1.0)
+        idle = rss_bytes(pid)
+        big = np.arange(args.mb * MB // 4, dtype=np.float32).reshape(1, -1)
+        peak = [idle]
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                peak[0] = max(peak[0], rss_bytes(pid))
+                time.sleep(0.05)
+
+        def client() -> None:
+            for _ in range(args.requests):
+                infer("http", gw.http_url, "identity_FP32", [In("INPUT0", big, "FP32")], [Out("OUTPUT0")])
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        start = time.monotonic()
+        clients = [threading.Thread(target=client) for _ in range(args.clients)]
+        for c in clients:
+            c.start()
+        for c in clients:
+            c.join(timeout=300)
+        burst_s = time.monotonic() - start
+        done.set()
+        sampler.join()
+        end = time.monotonic()
+        after = {}
+        for t in AFTER:
+            time.sleep(max(0.0, end + t - time.monotonic()))
+            after[t] = rss_bytes(pid)
+        return {"mode": name, "idle": idle, "peak": peak[0], "after": after, "burst_s": burst_s}
+    finally:
+        gw.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--clients", type=int, default=6)
+    p.add_argument("--requests", type=int, default=3)
+    p.add_argument("--mb", type=int, default=8)
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    date = datetime.date.today().isoformat()
+    out = Path(args.out or ROOT / "benchmarks" / "results" / f"{date}-memory")
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="memory-bench-"))
+    triton = TritonServer(startup_models=["identity_FP32"]).start(work / "triton")
+    try:
+        rows = [run_mode("trim on (default)", {}, triton, args, work),
+                run_mode("trim off", {"OIP_GATEWAY_MALLOC_TRIM": "0"}, triton, args, work)]
+    finally:
+        triton.stop()
+    (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1, default=str))
+    lines = [f"# Gateway RSS after a burst ({date})", "",
+             f"{args.clients} clients × {args.requests} HTTP binary requests of {args.mb} MB (identity_FP32, "
+             f"converted to gRPC), gateway with {args.workers} worker(s); RSS of its process tree in MB.", "",
+             "| mode | idle | peak | " + " | ".join(f"+{t} s" for t in AFTER) + " | burst s |",
+             "|---|--:|--:|" + "--:|" * len(AFTER) + "--:|"]
+    for r in rows:
+        lines.append(f"| {r['mode']} | {r['idle'] / MB:.0f} | {r['peak'] / MB:.0f} | "
+                     + " | ".join(f"{r['after'][t] / MB:.0f}" for t in AFTER) + f" | {r['burst_s']:.1f} |")
+    text = "\n".join(lines) + "\n"
+    (out / "results.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
