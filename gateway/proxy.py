@@ -111,7 +111,10 @@ class Routing:
              affinity: str | None = None) -> tuple[Pool[Any], Match]:
         """The pool for one request (a split's side chosen now) and its route. The
         (route, pool) pair is noted for this request's metrics (``CHOSEN``)."""
-        match = self.table.resolve(model, version, headers)
+        return self.choose(self.table.resolve(model, version, headers), model, version, affinity)
+
+    def choose(self, match: Match, model: str, version: str, affinity: str | None = None) -> tuple[Pool[Any], Match]:
+        """``pick`` for a route already resolved."""
         name = match.backend if match.split is None else \
             match.pick(lambda n: self.pools[n].can_take(model, version), affinity)
         CHOSEN.set((match.label, name))
@@ -380,7 +383,7 @@ class Proxy:
             affinity = None
             if match.split is not None:  # a sequence stays in one pool of the split
                 body, affinity = await http_affinity(body, headers, self.limit, True)
-            pool, match = self.routing.pick(model, version, headers, affinity)
+            pool, match = self.routing.choose(match, model, version, affinity)
             if match.mirror is not None and isinstance(body, (bytes, bytearray)):
                 self.mirrors.http(match, model, version, bytes(body), headers, self._http_forwarded, self.limit)
             if match.split is None or not isinstance(body, (bytes, bytearray)):
