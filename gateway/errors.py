@@ -12,6 +12,10 @@ transports (codec, routing, config) import no grpc.
     ├── PayloadTooLarge       413  RESOURCE_EXHAUSTED body over the configured limit
     ├── Unsupported           400  UNIMPLEMENTED      a valid request the gateway cannot carry
     ├── UnsupportedEncoding   415  INVALID_ARGUMENT   a body in a Content-Encoding other than gzip/deflate
+    ├── LimitExceeded         400  INVALID_ARGUMENT   a request over a hard limit (names the limit)
+    ├── Unauthenticated       401  UNAUTHENTICATED    no credential, or one that does not verify
+    ├── PermissionDenied      403  PERMISSION_DENIED  a credential not allowed this model / operation
+    ├── RateLimited           429  RESOURCE_EXHAUSTED a credential's or a model's rate limit (Retry-After)
     ├── NoEndpointAvailable   503  UNAVAILABLE        no endpoint of the pool answered
     │   └── ModelNotReady     503  UNAVAILABLE        the route exists; no endpoint has the model ready
     ├── UpstreamTimeout       504  DEADLINE_EXCEEDED  the backend did not answer in time
@@ -28,13 +32,17 @@ __all__ = [
     "ConfigError",
     "GatewayError",
     "InvalidRequest",
+    "LimitExceeded",
     "ListenError",
     "ModelNotFound",
     "ModelNotReady",
     "NoEndpointAvailable",
     "Overloaded",
     "PayloadTooLarge",
+    "PermissionDenied",
+    "RateLimited",
     "RequestTimeout",
+    "Unauthenticated",
     "Unsupported",
     "UnsupportedEncoding",
     "UpstreamError",
@@ -59,6 +67,37 @@ class GatewayError(Exception):
 class InvalidRequest(GatewayError):
     http_status = 400
     grpc_code = "INVALID_ARGUMENT"
+
+
+class LimitExceeded(InvalidRequest):
+    """A request over one of the hard limits (``limits`` in the config); the message names
+    the limit's key, so an operator knows what to raise."""
+
+
+class Unauthenticated(GatewayError):
+    """No credential where the route needs one, or one that does not verify. HTTP answers
+    carry ``WWW-Authenticate: Bearer`` (RFC 6750 section 3)."""
+
+    http_status = 401
+    grpc_code = "UNAUTHENTICATED"
+
+
+class PermissionDenied(GatewayError):
+    """A valid credential that may not use this model (or model control / settings)."""
+
+    http_status = 403
+    grpc_code = "PERMISSION_DENIED"
+
+
+class RateLimited(GatewayError):
+    """Over a credential's or a model's rate limit: retry after ``retry_after`` seconds."""
+
+    http_status = 429
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class ModelNotFound(GatewayError):

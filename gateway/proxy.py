@@ -35,6 +35,7 @@ from .errors import (
 from .observability.metrics import UNROUTED, Metrics, RouteLabel
 from .routing.readiness import Ready
 from .routing.table import Match, RouteTable
+from .security.guard import Guard, guard_for
 from .upstream.grpc import GrpcPool
 from .upstream.health import HealthChecker
 from .upstream.http import HttpPool, http_affinity
@@ -184,6 +185,8 @@ class Proxy:
         # Client headers / gRPC metadata passed on to backends, on every path.
         self.context_headers = frozenset(TRACE_HEADERS) | frozenset(config.forward_headers)
         self._http_forwarded = (*_FORWARDED, *sorted(self.context_headers))
+        # Who may call what, and how often (security/guard.py); None: an open gateway.
+        self.guard: Guard | None = guard_for(config, routing.table)
 
     def swap(self, routing: Routing) -> None:
         """A reload: new requests route with ``routing``; those in flight keep theirs.
@@ -193,6 +196,7 @@ class Proxy:
         self.admission.configure(config.max_inflight_bytes)
         self.context_headers = frozenset(TRACE_HEADERS) | frozenset(config.forward_headers)
         self._http_forwarded = (*_FORWARDED, *sorted(self.context_headers))
+        self.guard = guard_for(config, routing.table, self.guard)
         self.routing = routing
 
     # -- server-level answers are the gateway's own ------------------------------

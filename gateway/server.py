@@ -14,7 +14,7 @@ import logging
 import signal
 import socket
 import ssl
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,9 +25,11 @@ from prometheus_client import CollectorRegistry, make_asgi_app
 
 from .config.loader import read_config
 from .config.schema import Backend, GatewayConfig, HostPort, Tls
+from .config.security import Limits
 from .dataplane import DataPlane
 from .errors import ConfigError, ListenError
 from .frontend.grpc import build_grpc_handler, server_options
+from .frontend.h1listen import limited_protocol
 from .frontend.http import build_http_app
 from .malloc import IdleTrimmer
 from .memlimit import auto_inflight_limit
@@ -73,6 +75,9 @@ def bind_socket(addr: HostPort, *, listen: bool = True, reuse_port: bool = False
     return sock
 
 
+DEFAULT_LIMITS = Limits()
+
+
 class _Uvicorn(uvicorn.Server):
     """uvicorn without its own signal handling: the process owner decides when to stop."""
 
@@ -81,7 +86,8 @@ class _Uvicorn(uvicorn.Server):
         yield
 
 
-def _uvicorn(app, *, access_log: bool = False, tls: Tls | None = None) -> _Uvicorn:
+def _uvicorn(app, *, access_log: bool = False, tls: Tls | None = None, limits: Limits = DEFAULT_LIMITS,
+             on_refusal: Callable[[str], None] | None = None) -> _Uvicorn:
     ssl_kwargs: dict[str, Any] = {}
     if tls is not None:
         ssl_kwargs = {"ssl_certfile": tls.cert, "ssl_keyfile": tls.key}
@@ -90,7 +96,8 @@ def _uvicorn(app, *, access_log: bool = False, tls: Tls | None = None) -> _Uvico
     cfg = uvicorn.Config(
         app,
         loop="none",
-        http="httptools",
+        # uvicorn's httptools protocol with connection limits and read timeouts (h1listen.py).
+        http=limited_protocol(limits, on_refusal),
         lifespan="off",
         access_log=access_log,
         log_level="warning",
@@ -99,7 +106,7 @@ def _uvicorn(app, *, access_log: bool = False, tls: Tls | None = None) -> _Uvico
         proxy_headers=False,
         timeout_graceful_shutdown=10,
         # Keep-alive longer than typical client pools so we are not the side that races a reuse.
-        timeout_keep_alive=75,
+        timeout_keep_alive=limits.idle_timeout_s,  # type: ignore[arg-type]
         h11_max_incomplete_event_size=256 * 1024,
         **ssl_kwargs,
     )
@@ -138,12 +145,15 @@ class Listeners:
     max_json_depth: int = 64  # HTTP request JSON nesting limit (0: off)
     max_header_count: int = 100
     max_header_bytes: int = 32768
+    limits: Limits = field(default_factory=Limits)  # hard limits (config ``limits``)
     ports: Ports = field(default_factory=Ports)
     _servers: list[tuple[_Uvicorn, asyncio.Task[None]]] = field(default_factory=list)
     _grpc: aio.Server | None = None
 
-    async def _serve_http(self, app, sock: socket.socket, tls: Tls | None = None) -> int:
-        server = _uvicorn(app, tls=tls)
+    async def _serve_http(self, app, sock: socket.socket, tls: Tls | None = None,
+                          limits: Limits | None = None) -> int:
+        refused = self.metrics.connection_refused if self.metrics is not None else None
+        server = _uvicorn(app, tls=tls, limits=limits or Limits(), on_refusal=refused)
         task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
         # uvicorn sets .started once its listeners accept; wait on that, bounded.
         for _ in range(500):
@@ -168,12 +178,14 @@ class Listeners:
         if http is not None:
             app = build_http_app(self.plane, self.metrics, max_message_bytes=self.max_message_bytes,
                                  max_json_depth=self.max_json_depth, max_header_count=self.max_header_count,
-                                 max_header_bytes=self.max_header_bytes)
-            self.ports.http = await self._serve_http(app, bind_socket(http, reuse_port=self.reuse_port), self.tls)
+                                 max_header_bytes=self.max_header_bytes, limits=self.limits)
+            self.ports.http = await self._serve_http(app, bind_socket(http, reuse_port=self.reuse_port), self.tls,
+                                                     self.limits)
         if grpc is not None:
             self._grpc = aio.server(options=server_options(self.max_message_bytes, reuse_port=self.reuse_port,
-                                                           max_metadata_bytes=self.max_header_bytes))
-            self._grpc.add_generic_rpc_handlers((build_grpc_handler(self.plane, self.metrics),))
+                                                           max_metadata_bytes=self.max_header_bytes,
+                                                           limits=self.limits))
+            self._grpc.add_generic_rpc_handlers((build_grpc_handler(self.plane, self.metrics, self.limits),))
             target = f"[{grpc.host}]:{grpc.port}" if ":" in grpc.host else f"{grpc.host}:{grpc.port}"
             if self.tls is None:
                 port = self._grpc.add_insecure_port(target)
@@ -249,7 +261,7 @@ class Gateway:
         self._trimmer: asyncio.Task[None] | None = None
         self.listeners = Listeners(self.proxy, config.max_message_bytes, self.metrics, reuse_port=reuse_port,
                                    max_json_depth=config.max_json_depth, max_header_count=config.max_header_count,
-                                   max_header_bytes=config.max_header_bytes,
+                                   max_header_bytes=config.max_header_bytes, limits=config.limits,
                                    tls=config.listen.tls)
         self._reloading = asyncio.Lock()
         # SHA-256 of the config file content last loaded or refused (set by the caller
@@ -340,7 +352,8 @@ class Gateway:
 
     async def _apply(self, config: GatewayConfig) -> None:
         old = self.proxy.routing
-        fixed = ("listen", "workers", "max_message_bytes", "max_json_depth", "max_header_count", "max_header_bytes")
+        fixed = ("listen", "workers", "max_message_bytes", "max_json_depth", "max_header_count", "max_header_bytes",
+                 "limits")
         if any(getattr(config, k) != getattr(old.config, k) for k in fixed):
             log.warning("reload: %s take effect at the next restart", ", ".join(fixed))
         pools: dict[str, Pool[Any]] = {}

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import ipaddress
-import os
 import pathlib
 import re
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from typing import Any, TypeVar
 import yaml
 
 from ..errors import ConfigError
+from .parsing import Problems, mapping, number, secret
 from .schema import (
     BALANCES,
     Backend,
@@ -34,6 +34,7 @@ from .schema import (
     Side,
     Tls,
 )
+from .security import parse_auth, parse_limits, parse_rate
 
 __all__ = ["load_config", "parse_config", "read_config"]
 
@@ -41,7 +42,7 @@ T = TypeVar("T")
 
 _TOP_KEYS = {"listen", "backends", "routes", "health", "max_message_bytes", "workers", "access_log", "drain_s",
              "max_inflight_bytes", "forward_headers", "dns", "server", "max_json_depth",
-             "max_header_count", "max_header_bytes"}
+             "max_header_count", "max_header_bytes", "auth", "limits"}
 _DNS_KEYS = {"nameservers", "refresh_s", "timeout_s"}
 _OUTLIER_KEYS = {"consecutive_failures", "base_ejection_s", "max_ejection_s", "max_ejection_percent"}
 _LISTEN_KEYS = {"http", "grpc", "metrics"}
@@ -51,53 +52,18 @@ _BACKEND_KEYS = {"protocol", "endpoints", "timeout_s", "connect_timeout_s", "max
                  "max_connections", "balance", "tls", "retries", "retry_budget_percent", "outlier", "repository_index",
                  "check_headers", "non_utf8_bytes", "queue_metrics"}
 _BACKEND_TLS_KEYS = {"ca", "cert", "key", "server_name"}
-_ROUTE_KEYS = {"model", "version", "backend", "split", "headers", "mirror"}
+_ROUTE_KEYS = {"model", "version", "backend", "split", "headers", "mirror", "auth", "rate"}
 _SIDE_KEYS = {"backend", "weight"}
 _MIRROR_KEYS = {"backend", "percent", "max_inflight"}
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")
 
 
-class _Problems:
-    def __init__(self) -> None:
-        self.items: list[str] = []
-
-    def add(self, key: str, message: str) -> None:
-        self.items.append(f"{key}: {message}")
-
-    def check_keys(self, key: str, data: dict[str, Any], allowed: set[str]) -> None:
-        for unknown in sorted(set(data) - allowed):
-            self.add(f"{key}.{unknown}" if key else unknown, f"unknown key (allowed: {', '.join(sorted(allowed))})")
-
-    def build(self, key: str, fn: Callable[[], T]) -> T | None:
-        try:
-            return fn()
-        except (ValueError, TypeError) as exc:
-            self.add(key, str(exc))
-            return None
-
-
-def _mapping(p: _Problems, key: str, value: Any) -> dict[str, Any] | None:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        p.add(key, f"expected a mapping, got {type(value).__name__}")
-        return None
-    return value
-
-
-def _number(p: _Problems, key: str, value: Any, kind: type = float) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-        p.add(key, f"expected {'an integer' if kind is int else 'a number'}, got {value!r}")
-        return None
-    return value
-
-
-def _hostport(p: _Problems, key: str, value: Any) -> HostPort | None:
+def _hostport(p: Problems, key: str, value: Any) -> HostPort | None:
     return p.build(key, lambda: HostPort.parse(value))
 
 
-def _listen(p: _Problems, raw: Any) -> Listen | None:
-    data = _mapping(p, "listen", raw)
+def _listen(p: Problems, raw: Any) -> Listen | None:
+    data = mapping(p, "listen", raw)
     if data is None:
         return None
     p.check_keys("listen", data, _LISTEN_KEYS | {"tls"})
@@ -118,8 +84,8 @@ def _listen(p: _Problems, raw: Any) -> Listen | None:
     return p.build("listen", lambda: Listen(**kwargs))
 
 
-def _tls(p: _Problems, raw: Any) -> Tls | None:
-    data = _mapping(p, "listen.tls", raw)
+def _tls(p: Problems, raw: Any) -> Tls | None:
+    data = mapping(p, "listen.tls", raw)
     if data is None:
         return None
     p.check_keys("listen.tls", data, _TLS_KEYS)
@@ -133,13 +99,13 @@ def _tls(p: _Problems, raw: Any) -> Tls | None:
     return p.build("listen.tls", lambda: Tls(cert=data["cert"], key=data["key"], client_ca=data.get("client_ca")))
 
 
-def _health(p: _Problems, raw: Any) -> Health | None:
+def _health(p: Problems, raw: Any) -> Health | None:
     return _section(p, "health", raw, _HEALTH_KEYS, Health)
 
 
-def _backend(p: _Problems, name: str, raw: Any) -> Backend | None:
+def _backend(p: Problems, name: str, raw: Any) -> Backend | None:
     key = f"backends.{name}"
-    data = _mapping(p, key, raw)
+    data = mapping(p, key, raw)
     if data is None:
         return None
     p.check_keys(key, data, _BACKEND_KEYS)
@@ -173,7 +139,7 @@ def _backend(p: _Problems, name: str, raw: Any) -> Backend | None:
                 if hp is not None:
                     endpoints.append(hp)
                 if "metrics_port" in ep:
-                    port = _number(p, f"{where}.metrics_port", ep["metrics_port"], int)
+                    port = number(p, f"{where}.metrics_port", ep["metrics_port"], int)
                     if port is not None and hp is not None:
                         metrics_ports.append((hp, port))
             elif isinstance(ep, dict):
@@ -191,7 +157,7 @@ def _backend(p: _Problems, name: str, raw: Any) -> Backend | None:
     for k in ("timeout_s", "connect_timeout_s", "max_message_bytes", "max_connections", "retries",
               "retry_budget_percent"):
         if k in data:
-            kwargs[k] = _number(p, f"{key}.{k}", data[k], int if k.startswith("max_") or k == "retries" else float)
+            kwargs[k] = number(p, f"{key}.{k}", data[k], int if k.startswith("max_") or k == "retries" else float)
             ok = ok and kwargs[k] is not None
     for k in ("binary_extension", "repository_index"):
         if k in data:
@@ -246,48 +212,21 @@ def _backend(p: _Problems, name: str, raw: Any) -> Backend | None:
                                         dns=tuple(dns), **kwargs))
 
 
-def _section(p: _Problems, key: str, raw: Any, keys: set[str], cls: Callable[..., T],
+def _section(p: Problems, key: str, raw: Any, keys: set[str], cls: Callable[..., T],
              ints: tuple[str, ...] = ()) -> T | None:
     """A mapping of numbers onto a frozen dataclass (health, outlier, dns timings)."""
-    data = _mapping(p, key, raw)
+    data = mapping(p, key, raw)
     if data is None:
         return None
     p.check_keys(key, data, keys)
-    kwargs = {k: _number(p, f"{key}.{k}", v, int if k in ints else float) for k, v in data.items() if k in keys}
+    kwargs = {k: number(p, f"{key}.{k}", v, int if k in ints else float) for k, v in data.items() if k in keys}
     if any(v is None for v in kwargs.values()):
         return None
     return p.build(key, lambda: cls(**kwargs))
 
 
-def _secret(p: _Problems, key: str, raw: Any) -> str | None:
-    """A value given as ``{env: NAME}`` or ``{file: PATH}`` (a mounted Kubernetes Secret);
-    read now, at load. Never logged: problems name the variable or file, not the value."""
-    if not isinstance(raw, dict) or len(raw) != 1 or not set(raw) <= {"env", "file"}:
-        p.add(key, "expected {env: VARIABLE} or {file: PATH}")
-        return None
-    (kind, where), = raw.items()
-    if not isinstance(where, str) or not where:
-        p.add(f"{key}.{kind}", "expected a non-empty string")
-        return None
-    if kind == "env":
-        value = os.environ.get(where)
-        if value is None:
-            p.add(f"{key}.env", f"environment variable {where} is not set")
-            return None
-    else:
-        try:
-            value = pathlib.Path(where).read_text().strip()
-        except OSError as exc:
-            p.add(f"{key}.file", f"cannot read {where}: {exc.strerror}")
-            return None
-    if not value or any(c in value for c in "\r\n\0"):
-        p.add(key, "the value is empty or holds a line break")
-        return None
-    return value
-
-
-def _check_headers(p: _Problems, key: str, raw: Any) -> tuple[tuple[str, str], ...] | None:
-    data = _mapping(p, key, raw)
+def _check_headers(p: Problems, key: str, raw: Any) -> tuple[tuple[str, str], ...] | None:
+    data = mapping(p, key, raw)
     if data is None:
         return None
     out = []
@@ -296,7 +235,7 @@ def _check_headers(p: _Problems, key: str, raw: Any) -> tuple[tuple[str, str], .
                 c.isalnum() or c in "-_." for c in name):
             p.add(f"{key}.{name}", "expected a lower-case header name")
             continue
-        value = _secret(p, f"{key}.{name}", spec)
+        value = secret(p, f"{key}.{name}", spec)
         if value is not None:
             out.append((name, value))
     return tuple(out) if len(out) == len(data) else None
@@ -314,8 +253,8 @@ def _nameserver(text: Any) -> HostPort:
     return hp
 
 
-def _dns(p: _Problems, raw: Any) -> Dns | None:
-    data = _mapping(p, "dns", raw)
+def _dns(p: Problems, raw: Any) -> Dns | None:
+    data = mapping(p, "dns", raw)
     if data is None:
         return None
     p.check_keys("dns", data, _DNS_KEYS)
@@ -324,15 +263,15 @@ def _dns(p: _Problems, raw: Any) -> Dns | None:
         p.add("dns.nameservers", f"expected a list of ip:port, got {names!r}")
         return None
     servers = [p.build(f"dns.nameservers[{i}]", functools.partial(_nameserver, ns)) for i, ns in enumerate(names)]
-    kwargs = {k: _number(p, f"dns.{k}", v) for k, v in data.items() if k in ("refresh_s", "timeout_s")}
+    kwargs = {k: number(p, f"dns.{k}", v) for k, v in data.items() if k in ("refresh_s", "timeout_s")}
     if None in servers or None in kwargs.values():
         return None
     return p.build("dns", lambda: Dns(nameservers=tuple(servers), **kwargs))  # type: ignore[arg-type]
 
 
-def _route(p: _Problems, i: int, raw: Any) -> Route | None:
+def _route(p: Problems, i: int, raw: Any) -> Route | None:
     key = f"routes[{i}]"
-    data = _mapping(p, key, raw)
+    data = mapping(p, key, raw)
     if data is None:
         return None
     p.check_keys(key, data, _ROUTE_KEYS)
@@ -355,12 +294,12 @@ def _route(p: _Problems, i: int, raw: Any) -> Route | None:
         else:
             for j, side in enumerate(sides):
                 where = f"{key}.split[{j}]"
-                body = _mapping(p, where, side)
+                body = mapping(p, where, side)
                 if body is None:
                     ok = False
                     continue
                 p.check_keys(where, body, _SIDE_KEYS)
-                weight = _number(p, f"{where}.weight", body.get("weight"), float) if "weight" in body else None
+                weight = number(p, f"{where}.weight", body.get("weight"), float) if "weight" in body else None
                 if "weight" not in body:
                     p.add(f"{where}.weight", "required: a positive number")
                 if not isinstance(body.get("backend"), str) or not body.get("backend"):
@@ -391,7 +330,7 @@ def _route(p: _Problems, i: int, raw: Any) -> Route | None:
                     headers.append((lname, value))
     mirror = None
     if data.get("mirror") is not None:
-        mraw = _mapping(p, f"{key}.mirror", data["mirror"])
+        mraw = mapping(p, f"{key}.mirror", data["mirror"])
         if mraw is None:
             ok = False
         else:
@@ -399,12 +338,21 @@ def _route(p: _Problems, i: int, raw: Any) -> Route | None:
             if not isinstance(mraw.get("backend"), str) or not mraw.get("backend"):
                 p.add(f"{key}.mirror.backend", "required: a non-empty string")
                 ok = False
-            pct = _number(p, f"{key}.mirror.percent", mraw.get("percent"), float)
-            mi = _number(p, f"{key}.mirror.max_inflight", mraw["max_inflight"], int) if "max_inflight" in mraw \
+            pct = number(p, f"{key}.mirror.percent", mraw.get("percent"), float)
+            mi = number(p, f"{key}.mirror.max_inflight", mraw["max_inflight"], int) if "max_inflight" in mraw \
                 else 64
             if isinstance(mraw.get("backend"), str) and pct is not None and mi is not None:
                 mirror = p.build(f"{key}.mirror", functools.partial(Mirror, mraw["backend"], pct, mi))
             ok = ok and mirror is not None
+    auth = None
+    if "auth" in data:
+        if not isinstance(data["auth"], bool):
+            p.add(f"{key}.auth", f"expected true or false, got {data['auth']!r}")
+            ok = False
+        else:
+            auth = data["auth"]
+    rate = parse_rate(p, f"{key}.rate", data["rate"]) if data.get("rate") is not None else None
+    ok = ok and (rate is not None or data.get("rate") is None)
     raw_version = data.get("version")
     version: str | None = None
     if raw_version is not None:
@@ -417,12 +365,13 @@ def _route(p: _Problems, i: int, raw: Any) -> Route | None:
         return None
     backend = data["backend"] if "backend" in data else split[0].backend
     return p.build(key, lambda: Route(model=data["model"], backend=backend, version=version, split=tuple(split),
-                                      headers=tuple(headers), mirror=mirror))
+                                      headers=tuple(headers), mirror=mirror, auth=auth,
+                                      rate=rate))
 
 
 def parse_config(raw: Any) -> GatewayConfig:
     """Validate an already-parsed YAML document. Raises ConfigError listing every problem."""
-    p = _Problems()
+    p = Problems()
     if not isinstance(raw, dict):
         raise ConfigError(["(top level): expected a mapping with listen, backends and routes"])
     p.check_keys("", raw, _TOP_KEYS)
@@ -432,7 +381,7 @@ def parse_config(raw: Any) -> GatewayConfig:
     dns = _dns(p, raw.get("dns")) if "dns" in raw else Dns()
 
     backends: dict[str, Backend] = {}
-    braw = _mapping(p, "backends", raw.get("backends"))
+    braw = mapping(p, "backends", raw.get("backends"))
     if not braw:
         p.add("backends", "required: at least one named backend pool")
     else:
@@ -460,11 +409,11 @@ def parse_config(raw: Any) -> GatewayConfig:
 
     extra: dict[str, Any] = {}
     if "max_message_bytes" in raw:
-        extra["max_message_bytes"] = _number(p, "max_message_bytes", raw["max_message_bytes"], int)
+        extra["max_message_bytes"] = number(p, "max_message_bytes", raw["max_message_bytes"], int)
     if "workers" in raw:
-        extra["workers"] = _number(p, "workers", raw["workers"], int)
+        extra["workers"] = number(p, "workers", raw["workers"], int)
     if "drain_s" in raw:
-        extra["drain_s"] = _number(p, "drain_s", raw["drain_s"])
+        extra["drain_s"] = number(p, "drain_s", raw["drain_s"])
     if "forward_headers" in raw:
         names = raw["forward_headers"]
         if isinstance(names, list) and all(isinstance(n, str) for n in names):
@@ -472,7 +421,7 @@ def parse_config(raw: Any) -> GatewayConfig:
         else:
             p.add("forward_headers", f"expected a list of header names, got {names!r}")
     if "server" in raw:
-        server = _mapping(p, "server", raw["server"])
+        server = mapping(p, "server", raw["server"])
         if server is not None:
             p.check_keys("server", server, {"name", "version"})
             for key in ("name", "version"):
@@ -483,16 +432,20 @@ def parse_config(raw: Any) -> GatewayConfig:
                         p.add(f"server.{key}", f"expected a non-empty string, got {server[key]!r}")
     for k in ("max_json_depth", "max_header_count", "max_header_bytes"):
         if k in raw:
-            extra[k] = _number(p, k, raw[k], int)
+            extra[k] = number(p, k, raw[k], int)
+    if raw.get("auth") is not None:
+        extra["auth"] = parse_auth(p, raw["auth"])
+    if raw.get("limits") is not None:
+        extra["limits"] = parse_limits(p, raw["limits"])
     if "max_inflight_bytes" in raw:
-        extra["max_inflight_bytes"] = _number(p, "max_inflight_bytes", raw["max_inflight_bytes"], int)
+        extra["max_inflight_bytes"] = number(p, "max_inflight_bytes", raw["max_inflight_bytes"], int)
     if "access_log" in raw:
         value = raw["access_log"]
         if isinstance(value, bool):
             extra["access_log"] = value
         elif isinstance(value, dict):
             p.check_keys("access_log", value, {"sample"})
-            sample = _number(p, "access_log.sample", value.get("sample", 1.0))
+            sample = number(p, "access_log.sample", value.get("sample", 1.0))
             if sample is not None:
                 extra["access_log"] = True
                 extra["access_log_sample"] = float(sample)
@@ -525,6 +478,10 @@ def read_config(path: str | pathlib.Path, unless: bytes | None = None) -> tuple[
         raw = yaml.safe_load(data)
     except yaml.YAMLError as exc:
         raise ConfigError([f"{path}: not valid YAML: {exc}"], digest) from exc
+    except (ValueError, RecursionError) as exc:
+        # PyYAML's constructors raise a bare ValueError for a scalar they resolved but cannot
+        # build (`2024-13-01`, `!!float x`), and its composer recurses once per nesting level.
+        raise ConfigError([f"{path}: not valid YAML: {exc or type(exc).__name__}"], digest) from exc
     try:
         return parse_config(raw), digest
     except ConfigError as exc:

@@ -11,6 +11,8 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .security import Auth, Limits, Rate
+
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "Backend",
@@ -298,6 +300,10 @@ class Route:
     split: tuple[Side, ...] = ()
     headers: tuple[tuple[str, str], ...] = ()
     mirror: Mirror | None = None
+    # None: a credential is needed when the config has an ``auth`` section; False: open.
+    auth: bool | None = None
+    # A token bucket per model of this route, every caller together.
+    rate: Rate | None = None
 
     @property
     def is_glob(self) -> bool:
@@ -347,6 +353,8 @@ class GatewayConfig:
     # the gRPC listener's metadata size): past either, 431 before anything else is read.
     max_header_count: int = 100
     max_header_bytes: int = 32768
+    auth: Auth | None = None
+    limits: Limits = field(default_factory=Limits)
     max_inflight_bytes: int | None = None  # None: from the memory limit (gateway/memlimit.py), else off
     # Client headers (HTTP) / metadata (gRPC) passed on to backends on every path, besides
     # the trace context (traceparent, tracestate, x-request-id) that always is. Lower case.

@@ -17,18 +17,22 @@ import grpc
 from grpc import aio
 
 from .._pb import grpc_predict_v2_pb2 as pb
+from ..codec.limits import check_names, check_pb
 from ..codec.repository import encode_index_pb, index_request_ready
 from ..codec.wire import scan_infer_routing, scan_name_version, settings_change
+from ..config.security import Limits
 from ..dataplane import DataPlane
 from ..errors import SHARED_MEMORY_REFUSAL, GatewayError, InvalidRequest, Unsupported, UpstreamError
 from ..observability.access import AccessRecord
 from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
+from .kinds import GRPC_KINDS
 
 __all__ = ["SERVICE", "build_grpc_handler", "server_options"]
 
 log = logging.getLogger("oip_gateway.grpc")
 
 SERVICE = "inference.GRPCInferenceService"
+DEFAULT_LIMITS = Limits()
 
 # Triton's shared-memory RPCs (grpc_service.proto): refused with UNIMPLEMENTED and the reason.
 _SHARED_MEMORY_RPCS = tuple(f"{kind}SharedMemory{op}" for kind in ("System", "Cuda")
@@ -36,8 +40,13 @@ _SHARED_MEMORY_RPCS = tuple(f"{kind}SharedMemory{op}" for kind in ("System", "Cu
 
 
 def server_options(max_message_bytes: int, *, reuse_port: bool = False,
-                   max_metadata_bytes: int = 32768) -> list[tuple[str, int | str]]:
+                   max_metadata_bytes: int = 32768, limits: Limits = DEFAULT_LIMITS) -> list[tuple[str, int | str]]:
     return [
+        # Hard limits (config ``limits``): concurrent calls on one connection (HTTP/2's
+        # SETTINGS_MAX_CONCURRENT_STREAMS, RFC 9113 section 6.5.2), and a connection with no
+        # call for idle_timeout_s is closed (GOAWAY), as the HTTP listener's keep-alive is.
+        ("grpc.max_concurrent_streams", limits.max_grpc_streams),
+        ("grpc.max_connection_idle_ms", int(limits.idle_timeout_s * 1000)),
         ("grpc.max_metadata_size", max_metadata_bytes),
         ("grpc.optimization_target", "throughput"),
         ("grpc.max_send_message_length", max_message_bytes),
@@ -88,7 +97,8 @@ class _Seen:
         self.label, self.model, self.version = label, model, version
 
 
-def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.GenericRpcHandler:
+def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
+                       limits: Limits = DEFAULT_LIMITS) -> grpc.GenericRpcHandler:
     route_label: Callable[[str, str], RouteLabel] = getattr(plane, "route_label", lambda m, v: UNROUTED)
 
     access = metrics.access if metrics is not None else None
@@ -98,6 +108,24 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
             return None
         rid = next((v for k, v in context.invocation_metadata() or () if k == "x-request-id"), None)
         return access.begin(rid if isinstance(rid, str) else None, len(request) if isinstance(request, bytes) else 0)
+
+    def admit(ctx: aio.ServicerContext, rpc: str, model: str = "", version: str = "") -> None:
+        """The name limits, then the guard's check (security/guard.py) for a call that
+        names ``model``: raises LimitExceeded, Unauthenticated, PermissionDenied or
+        RateLimited."""
+        check_names(model, version, limits)
+        guard = getattr(plane, "guard", None)
+        if guard is None:
+            return
+        md = ctx.invocation_metadata() or ()
+        auth = next((v for k, v in md if k == "authorization" and isinstance(v, str)), None)
+        headers = {k: v for k, v in md if isinstance(v, str)} if model else None
+        try:
+            guard.admit(GRPC_KINDS[rpc], model, version, auth, headers)
+        except GatewayError as err:
+            if metrics is not None:
+                metrics.refused("grpc", err)
+            raise
 
     def wrap(api: str, fn: Callable[[Any, aio.ServicerContext, _Seen], Awaitable[Any]]):
         async def run(request: Any, context: aio.ServicerContext) -> Any:
@@ -139,18 +167,21 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
         return pb.ServerReadyResponse(ready=plane.server_ready())
 
     async def server_metadata(req: pb.ServerMetadataRequest, ctx: aio.ServicerContext, seen: _Seen):
+        admit(ctx, "ServerMetadata")
         return pb.ServerMetadataResponse(**plane.server_metadata())
 
     async def model_ready(req: pb.ModelReadyRequest, ctx: aio.ServicerContext, seen: _Seen):
         if not req.name:
             raise InvalidRequest("ModelReadyRequest.name is required")
         seen.note(route_label(req.name, req.version), req.name, req.version)
+        admit(ctx, "ModelReady", req.name, req.version)
         return pb.ModelReadyResponse(ready=await plane.model_ready(req.name, req.version))
 
     async def model_metadata(req: pb.ModelMetadataRequest, ctx: aio.ServicerContext, seen: _Seen):
         if not req.name:
             raise InvalidRequest("ModelMetadataRequest.name is required")
         seen.note(route_label(req.name, req.version), req.name, req.version)
+        admit(ctx, "ModelMetadata", req.name, req.version)
         return _metadata_message(await plane.model_metadata(req.name, req.version))
 
     async def model_infer(message: bytes, ctx: aio.ServicerContext, seen: _Seen):
@@ -160,6 +191,8 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
         if metrics is not None:
             metrics.request_bytes.labels("grpc").observe(len(message))
         seen.note(route_label(model, version), model, version)
+        admit(ctx, "ModelInfer", model, version)
+        check_pb(message, limits)
         return await plane.infer_grpc(message, model, version, ctx.time_remaining(), sequence,
                                       tuple(ctx.invocation_metadata() or ()))
 
@@ -180,10 +213,32 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
             if not model:
                 raise InvalidRequest("ModelInferRequest.model_name is required")
             label = route_label(model, version)
+            admit(ctx, "ModelStreamInfer", model, version)
+            check_pb(first, limits)
             metadata = tuple(ctx.invocation_metadata() or ())
-            async for answer in plane.infer_stream(first, requests, model, version, ctx.time_remaining(), sequence,
-                                                   metadata):
+            refused: list[GatewayError] = []
+
+            async def checked(rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+                # Every request of the stream is an inference: each one passes the limits and
+                # the guard (its own model, the rate limits). A refusal ends the requests; the
+                # stream then ends with the refusal's status.
+                async for message in rest:
+                    try:
+                        m, v, _ = scan_infer_routing(message)
+                        admit(ctx, "ModelStreamInfer", m, v)
+                        check_pb(message, limits)
+                    except GatewayError as err:
+                        refused.append(err)
+                        return
+                    yield message
+
+            async for answer in plane.infer_stream(first, checked(requests), model, version, ctx.time_remaining(),
+                                                   sequence, metadata):
+                if refused:
+                    break
                 yield answer
+            if refused:
+                raise refused[0]
         except GatewayError as err:
             code = err.grpc_code
             if record is not None and not isinstance(err, UpstreamError):
@@ -211,6 +266,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
                 raise InvalidRequest(f"{rpc}Request.name is required: the gateway routes by model")
             if model:
                 seen.note(route_label(model, version), model, version)
+            admit(ctx, rpc, model, version)
             return await plane.model_extension_grpc(rpc, message, model, version, ctx.time_remaining())
 
         return handler
@@ -219,6 +275,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
         index = getattr(plane, "repository_index", None)
         if index is None:
             raise Unsupported("this server has no repository index")
+        admit(ctx, "RepositoryIndex")
         return encode_index_pb(await index(index_request_ready(message)))
 
     def model_control(rpc: str):
@@ -230,6 +287,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
             if not model:
                 raise InvalidRequest(f"{rpc}Request.model_name is required: the gateway routes by model")
             seen.note(route_label(model, ""), model, "")
+            admit(ctx, rpc, model)
             return await control(rpc, model, message, ctx.time_remaining(), tuple(ctx.invocation_metadata() or ()))
 
         return handler
@@ -243,6 +301,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None) -> grpc.Generi
             model = scan_name_version(message)[1] if kind == "trace" else ""
             if model:
                 seen.note(route_label(model, ""), model, "")
+            admit(ctx, "TraceSetting" if kind == "trace" else "LogSettings", model)
             return await change(kind, model, ("pb", message), settings_change(message))
 
         return handler

@@ -25,6 +25,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..budget import ByteBudget
 from ..codec.content import decode_content
 from ..codec.jsondepth import DepthScanner, InflatingDepthScanner, too_deep
+from ..codec.limits import check_json, check_names
+from ..config.security import Limits
 from ..dataplane import ClientDisconnected, DataPlane, StreamedBody
 from ..errors import (
     SHARED_MEMORY_REFUSAL,
@@ -37,12 +39,14 @@ from ..errors import (
 )
 from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
 from .generate import build_generate, generate_target
+from .kinds import http_kind
 
 __all__ = ["build_http_app", "error_response"]
 
 log = logging.getLogger("oip_gateway.http")
 
 JSON = "application/json"
+DEFAULT_LIMITS = Limits()
 
 
 def error_parts(err: GatewayError) -> tuple[int, bytes, str]:
@@ -52,10 +56,31 @@ def error_parts(err: GatewayError) -> tuple[int, bytes, str]:
     return err.http_status, orjson.dumps({"error": err.message}), JSON
 
 
+def error_headers(err: GatewayError) -> dict[str, str]:
+    """Headers an error answer carries: Retry-After for load and rate refusals (RFC 9110
+    section 10.2.3), WWW-Authenticate on 401 (RFC 6750 section 3)."""
+    extra = {}
+    if err.retry_after is not None:
+        extra["retry-after"] = str(err.retry_after)
+    if err.http_status == 401:
+        extra["www-authenticate"] = 'Bearer realm="oip-gateway"'
+    return extra
+
+
 def error_response(err: GatewayError) -> Response:
     status, body, ctype = error_parts(err)
-    extra = {"retry-after": str(err.retry_after)} if err.retry_after is not None else None
-    return Response(body, status, media_type=ctype, headers=extra)
+    return Response(body, status, media_type=ctype, headers=error_headers(err) or None)
+
+
+async def send_error(send: Send, err: GatewayError, close: bool = False) -> None:
+    """An error answer sent straight on the ASGI channel (before any app code ran)."""
+    status, body, ctype = error_parts(err)
+    headers = [(b"content-type", ctype.encode("latin-1")), (b"content-length", str(len(body)).encode())]
+    headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in error_headers(err).items()]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 _INTERNAL = (500, orjson.dumps({"error": "internal gateway error"}), JSON)
@@ -255,7 +280,7 @@ async def _refuse_head(scope: Scope, receive: Receive, send: Send, count: int, s
 
 def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_bytes: int,
                    max_json_depth: int = 64, max_header_count: int = 100,
-                   max_header_bytes: int = 32768) -> ASGIApp:
+                   max_header_bytes: int = 32768, limits: Limits = DEFAULT_LIMITS) -> ASGIApp:
     """The V2 HTTP app. Inference (the hot path) is served by a plain ASGI handler
     — no Request/Response objects, no middleware stack, one string split to find
     the model — and everything else by a Starlette app; measured, Starlette's
@@ -267,6 +292,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
     budget = ByteBudget(_PREALLOC_BUDGET_MESSAGES * max_message_bytes)
 
     access = metrics.access if metrics is not None else None
+    long_path = limits.max_name_length + 16
 
     def endpoint(api: str, handler: Callable[[Request, str, str], Awaitable[Response]]):
         async def run(request: Request) -> Response:
@@ -347,8 +373,10 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                 # A compressed body is checked inflated (what the backend will parse).
                 plain = decode_content(body, encoding, max_message_bytes) if compressed else body
                 _header_length(ihcl, len(plain))
-                check_depth(json_part(plain, ihcl), max_json_depth)
-                del plain
+                head = json_part(plain, ihcl)
+                check_depth(head, max_json_depth)
+                check_json(head, limits)  # hard limits: tensors, dims, elements, names, ids
+                del plain, head
             if metrics is not None:
                 metrics.request_bytes.labels("http").observe(size)
             if record is not None:
@@ -373,8 +401,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             status, content, ctype = error_parts(err)
             parts = [content]
             out_headers = [(b"content-type", ctype.encode("latin-1"))]
-            if err.retry_after is not None:
-                out_headers.append((b"retry-after", str(err.retry_after).encode("latin-1")))
+            out_headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in error_headers(err).items()]
             if record is not None and not isinstance(err, UpstreamError):
                 record.reason = err.message
         except Exception:
@@ -511,10 +538,32 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             headers = scope["headers"]
-            if len(headers) > max_header_count or sum(len(k) + len(v) for k, v in headers) > max_header_bytes:
+            if len(headers) > max_header_count or sum(len(k) + len(v) for k, v in headers) + len(
+                    scope.get("raw_path", b"")) + len(scope.get("query_string", b"")) > max_header_bytes:
                 # Limits of the request's head (hard limits): refused before anything reads it.
                 await _refuse_head(scope, receive, send, max_header_count, max_header_bytes)
                 return
+            if len(scope["path"]) > long_path:
+                # A path long enough to hold a name over limits.max_name_length.
+                try:
+                    _, name, version = http_kind(scope["method"], scope["path"])
+                    check_names(name, version, limits)
+                except GatewayError as err:
+                    await send_error(send, err)
+                    return
+            guard = getattr(plane, "guard", None)
+            if guard is not None:
+                # Who may call what (security/guard.py), before a byte of the body is read.
+                kind, model, version = http_kind(scope["method"], scope["path"])
+                try:
+                    auth = next((v.decode("latin-1") for k, v in headers if k == b"authorization"), None)
+                    lower = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers} if model else None
+                    guard.admit(kind, model, version, auth, lower)
+                except GatewayError as err:
+                    if metrics is not None:
+                        metrics.refused("http", err)
+                    await send_error(send, err)
+                    return
         if scope["type"] == "http" and scope["method"] == "POST":
             target = _infer_target(scope["path"])
             if target is not None:

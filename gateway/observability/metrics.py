@@ -21,6 +21,10 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 _SIZE_BUCKETS = tuple(float(4**i) for i in range(4, 15))  # 256 B .. 256 MiB
 
 
+_REFUSAL_REASONS = {"Unauthenticated": "unauthenticated", "PermissionDenied": "permission_denied",
+                    "RateLimited": "rate_limited"}
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None, *, access_log: bool = False,
                  access_sample: float = 1.0) -> None:
@@ -92,6 +96,10 @@ class Metrics:
             "oip_gateway_queue_scrape_seconds", "least_queue: CPU time spent parsing the pending counts out of "
             "scraped metrics pages (the parsing only, not the HTTP exchange).", ["backend"], registry=r,
         )
+        self.refusals = Counter(
+            "oip_gateway_refusals",
+            "Requests refused before routing: credentials, permissions, rate limits, connection limits.",
+            ["protocol", "reason"], registry=r)
         self.config_reloads = Counter(
             "oip_gateway_config_reloads", "Config reloads (SIGHUP or a watched file change), by result.",
             ["result"], registry=r,
@@ -109,6 +117,15 @@ class Metrics:
             "oip_gateway_ready", "1 when every exact-name route has a ready endpoint.",
             registry=r, multiprocess_mode="max",
         )
+
+    def refused(self, protocol: str, err: Exception) -> None:
+        """A refusal by the guard, counted by its kind (a bounded label: the error's class)."""
+        self.refusals.labels(protocol, _REFUSAL_REASONS.get(type(err).__name__, "other")).inc()
+
+    def connection_refused(self, reason: str) -> None:
+        """An HTTP connection refused or closed by a hard limit (max_connections,
+        header_timeout, body_timeout)."""
+        self.refusals.labels("http", reason).inc()
 
     def config_reloaded(self, ok: bool) -> None:
         self.config_reloads.labels("success" if ok else "failure").inc()

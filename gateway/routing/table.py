@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..config.schema import Mirror, Route
+from ..config.security import Rate
 from ..errors import ModelNotFound
 from .split import WeightedSplit
 
@@ -29,6 +30,8 @@ class Match:
     split: WeightedSplit | None = None
     headers: tuple[tuple[str, str], ...] = ()
     mirror: Mirror | None = None
+    auth: bool | None = None  # the route's ``auth`` (security/guard.py)
+    rate: Rate | None = None  # the route's per-model rate limit
 
     def takes(self, headers: Mapping[str, str] | None) -> bool:
         """The request carries every header this route asks for."""
@@ -47,7 +50,8 @@ class RouteTable:
         self._globs: list[tuple[re.Pattern[str], str | None, Match]] = []
         for r in routes:
             split = WeightedSplit([s.backend for s in r.split], [s.weight for s in r.split]) if r.split else None
-            m = Match(backend=r.backend, label=r.model, split=split, headers=r.headers, mirror=r.mirror)
+            m = Match(backend=r.backend, label=r.model, split=split, headers=r.headers, mirror=r.mirror,
+                      auth=r.auth, rate=r.rate)
             if r.is_glob:
                 self._globs.append((re.compile(fnmatch.translate(r.model)), r.version, m))
             else:

@@ -1,0 +1,163 @@
+"""Hard limits on what one inference request may hold (config ``limits``), checked on the
+request as it arrives — the JSON part of an HTTP body, or the wire form of a gRPC
+ModelInferRequest — before it is routed, pass-through included. No I/O.
+
+Each refusal is a LimitExceeded (400 / INVALID_ARGUMENT) naming the limit's key. The
+shape product is computed with an early stop, so a shape whose product overflows 64
+bits is refused as "too many elements", never wrapped around.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from ..config.security import Limits
+from ..errors import InvalidRequest, LimitExceeded
+from .wire import iter_fields, read_varint
+
+__all__ = ["JSON_CHECK_MAX", "check_json", "check_names", "check_pb"]
+
+# JSON parts up to this size are parsed for the check (a few microseconds for a typical
+# request, and every binary-extension header). Larger ones are tensor data in JSON: their
+# element counts are bounded by their bytes, and the backend checks shapes against data.
+JSON_CHECK_MAX = 64 * 1024
+
+_VARINT, _LEN = 0, 2
+
+
+def _shown(name: object) -> str:
+    text = str(name)
+    return repr(text if len(text) <= 64 else text[:64] + "…")
+
+
+def check_names(model: str, version: str, limits: Limits) -> None:
+    if len(model) > limits.max_name_length:
+        raise LimitExceeded(f"model name of {len(model)} characters is over limits.max_name_length "
+                            f"({limits.max_name_length})")
+    if len(version) > limits.max_name_length:
+        raise LimitExceeded(f"model version of {len(version)} characters is over limits.max_name_length "
+                            f"({limits.max_name_length})")
+
+
+def _shape(name: object, dims: list[int], limits: Limits) -> None:
+    if len(dims) > limits.max_dims:
+        raise LimitExceeded(f"tensor {_shown(name)} has {len(dims)} dimensions, over limits.max_dims "
+                            f"({limits.max_dims})")
+    elements = 1
+    for d in dims:
+        if d <= 0:
+            return  # 0 elements, or a negative dimension the codec / backend refuses on its own
+        elements *= d
+        if elements > limits.max_elements:
+            raise LimitExceeded(f"tensor {_shown(name)} has a shape of more than {limits.max_elements} elements "
+                                f"(limits.max_elements): {dims[:8]}{'…' if len(dims) > 8 else ''}")
+
+
+def _count(what: str, n: int, limits: Limits) -> None:
+    if n > limits.max_tensors:
+        raise LimitExceeded(f"request has {n} {what} tensors, over limits.max_tensors ({limits.max_tensors})")
+
+
+def _name(name: object, limits: Limits) -> None:
+    if isinstance(name, (str, bytes, memoryview)) and len(name) > limits.max_name_length:
+        raise LimitExceeded(f"tensor name of {len(name)} characters is over limits.max_name_length "
+                            f"({limits.max_name_length})")
+
+
+def _id(what: str, value: object, limits: Limits) -> None:
+    if isinstance(value, (str, bytes, memoryview)) and len(value) > limits.max_id_length:
+        raise LimitExceeded(f"{what} of {len(value)} characters is over limits.max_id_length "
+                            f"({limits.max_id_length})")
+
+
+def check_json(part: bytes | bytearray | memoryview, limits: Limits) -> None:
+    """The limits on the JSON part of an HTTP inference request (spec "Inference Request
+    JSON Object"), when it is at most JSON_CHECK_MAX bytes. Malformed JSON is left to the
+    path that reads it (it has its own error)."""
+    if len(part) > JSON_CHECK_MAX:
+        return
+    try:
+        doc: Any = orjson.loads(part)
+    except orjson.JSONDecodeError:
+        return
+    if not isinstance(doc, dict):
+        return
+    _id("request id", doc.get("id"), limits)
+    params = doc.get("parameters")
+    if isinstance(params, dict):
+        _id("sequence_id", params.get("sequence_id"), limits)
+    inputs = doc.get("inputs")
+    if isinstance(inputs, list):
+        _count("input", len(inputs), limits)
+        for t in inputs:
+            if isinstance(t, dict):
+                _name(t.get("name"), limits)
+                shape = t.get("shape")
+                if isinstance(shape, list) and all(type(d) is int for d in shape):
+                    _shape(t.get("name"), shape, limits)
+                elif isinstance(shape, list) and len(shape) > limits.max_dims:
+                    _shape(t.get("name"), [0] * len(shape), limits)
+    outputs = doc.get("outputs")
+    if isinstance(outputs, list):
+        _count("output", len(outputs), limits)
+        for t in outputs:
+            if isinstance(t, dict):
+                _name(t.get("name"), limits)
+
+
+def _packed_dims(value: memoryview, limits: Limits) -> list[int]:
+    dims: list[int] = []
+    pos, end = 0, len(value)
+    while pos < end:
+        d, pos = read_varint(value, pos)
+        dims.append(d - (1 << 64) if d >= 1 << 63 else d)  # int64, two's complement on the wire
+        if len(dims) > limits.max_dims:
+            break
+    return dims
+
+
+def _input_pb(view: memoryview, limits: Limits) -> None:
+    """ModelInferRequest.InferInputTensor: name (1), shape (3, packed or not)."""
+    name: memoryview | str = ""
+    dims: list[int] = []
+    for fnum, wtype, value in iter_fields(view):
+        if fnum == 1 and wtype == _LEN:
+            name = value  # type: ignore[assignment]
+        elif fnum == 3 and wtype == _LEN:
+            dims += _packed_dims(value, limits)  # type: ignore[arg-type]
+        elif fnum == 3 and wtype == _VARINT:
+            d = int(value)
+            dims.append(d - (1 << 64) if d >= 1 << 63 else d)
+        if len(dims) > limits.max_dims:
+            break
+    _name(name, limits)
+    shown = bytes(name).decode("utf-8", "replace") if isinstance(name, memoryview) else name
+    _shape(shown, dims, limits)
+
+
+def check_pb(message: bytes | memoryview, limits: Limits) -> None:
+    """The limits on a serialized ModelInferRequest (grpc_predict_v2.proto): id (3),
+    inputs (5), outputs (6), without parsing the tensors' contents."""
+    view = message if isinstance(message, memoryview) else memoryview(message)
+    inputs = outputs = 0
+    try:
+        for fnum, wtype, value in iter_fields(view):
+            if wtype != _LEN:
+                continue
+            if fnum == 5:
+                inputs += 1
+                _count("input", inputs, limits)
+                _input_pb(value, limits)  # type: ignore[arg-type]
+            elif fnum == 6:
+                outputs += 1
+                _count("output", outputs, limits)
+                for f, w, v in iter_fields(value):  # type: ignore[arg-type]
+                    if f == 1 and w == _LEN:
+                        _name(v, limits)
+            elif fnum == 3:
+                _id("request id", value, limits)
+    except LimitExceeded:
+        raise
+    except InvalidRequest:
+        return  # malformed: the path that parses it says so in its own words

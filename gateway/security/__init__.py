@@ -1,0 +1,1 @@
+"""Authentication, authorization and rate limits (docs/security.md)."""
