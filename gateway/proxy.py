@@ -211,6 +211,10 @@ class Proxy:
         return {"name": config.server_name or "oip-gateway", "version": config.server_version or __version__,
                 "extensions": list(EXTENSIONS)}
 
+    def v1_settings(self) -> Any:
+        """The config's ``v1`` section (first-generation API bridge), as of now: reloads apply."""
+        return self.routing.config.v1
+
     def route_label(self, model: str, version: str) -> RouteLabel:
         """(route pattern, pool) for the metrics: bounded by the config, never a client's
         string. The pool this request went to when it was routed (a split's side, a header

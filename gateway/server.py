@@ -31,6 +31,7 @@ from .errors import ConfigError, ListenError
 from .frontend.grpc import build_grpc_handler, server_options
 from .frontend.h1listen import limited_protocol
 from .frontend.http import build_http_app
+from .frontend.v1_grpc import build_v1_grpc_handler
 from .malloc import IdleTrimmer
 from .memlimit import auto_inflight_limit
 from .observability.metrics import Metrics
@@ -185,7 +186,8 @@ class Listeners:
             self._grpc = aio.server(options=server_options(self.max_message_bytes, reuse_port=self.reuse_port,
                                                            max_metadata_bytes=self.max_header_bytes,
                                                            limits=self.limits))
-            self._grpc.add_generic_rpc_handlers((build_grpc_handler(self.plane, self.metrics, self.limits),))
+            self._grpc.add_generic_rpc_handlers((build_grpc_handler(self.plane, self.metrics, self.limits),
+                                                 build_v1_grpc_handler(self.plane, self.metrics, limits=self.limits)))
             target = f"[{grpc.host}]:{grpc.port}" if ":" in grpc.host else f"{grpc.host}:{grpc.port}"
             if self.tls is None:
                 port = self._grpc.add_insecure_port(target)

@@ -8,6 +8,8 @@ script (grpcio-tools, pinned in the ``dev`` extra) reproduces them exactly.
 - model_config.proto, triton_extensions.proto: Triton's own messages the gateway
   converts between HTTP JSON and gRPC (model configuration, statistics, model
   control parameters, trace and log settings).
+- legacy_v1.proto: the first-generation API's messages and its GRPCService, which the
+  gateway answers by translating to V2 (gateway/codec/v1.py, docs/v1-bridge.md).
 """
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ from grpc_tools import protoc
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "gateway" / "_pb"
-FILES = ("grpc_predict_v2", "model_config", "triton_extensions")
+FILES = ("grpc_predict_v2", "model_config", "triton_extensions", "legacy_v1")
+# Files that declare a service: their _pb2_grpc modules are kept.
+SERVICES = ("grpc_predict_v2", "legacy_v1")
 
 
 def main() -> int:
@@ -54,8 +58,8 @@ def main() -> int:
             new = "from .grpc_predict_v2_pb2 import POOL\nDESCRIPTOR = POOL.AddSerializedFile("
         text = text.replace("DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(", new)
         pb_mod.write_text(text)
-    # Only the V2 service has RPCs; the other files' (empty) grpc modules are not kept.
-    for name in FILES[1:]:
+    # The other files' (empty) grpc modules are not kept.
+    for name in (n for n in FILES if n not in SERVICES):
         (OUT / f"{name}_pb2_grpc.py").unlink(missing_ok=True)
     return 0
 

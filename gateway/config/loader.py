@@ -35,6 +35,7 @@ from .schema import (
     Tls,
 )
 from .security import parse_auth, parse_limits, parse_rate
+from .v1 import parse_v1
 
 __all__ = ["load_config", "parse_config", "read_config"]
 
@@ -42,7 +43,7 @@ T = TypeVar("T")
 
 _TOP_KEYS = {"listen", "backends", "routes", "health", "max_message_bytes", "workers", "access_log", "drain_s",
              "max_inflight_bytes", "forward_headers", "dns", "server", "max_json_depth",
-             "max_header_count", "max_header_bytes", "auth", "limits"}
+             "max_header_count", "max_header_bytes", "auth", "limits", "v1"}
 _DNS_KEYS = {"nameservers", "refresh_s", "timeout_s"}
 _OUTLIER_KEYS = {"consecutive_failures", "base_ejection_s", "max_ejection_s", "max_ejection_percent"}
 _LISTEN_KEYS = {"http", "grpc", "metrics"}
@@ -437,6 +438,8 @@ def parse_config(raw: Any) -> GatewayConfig:
         extra["auth"] = parse_auth(p, raw["auth"])
     if raw.get("limits") is not None:
         extra["limits"] = parse_limits(p, raw["limits"])
+    if raw.get("v1") is not None:
+        extra["v1"] = parse_v1(p, raw["v1"])
     if "max_inflight_bytes" in raw:
         extra["max_inflight_bytes"] = number(p, "max_inflight_bytes", raw["max_inflight_bytes"], int)
     if "access_log" in raw:

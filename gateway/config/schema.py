@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .security import Auth, Limits, Rate
+from .v1 import V1Api
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
@@ -364,6 +365,8 @@ class GatewayConfig:
     # version unless set — e.g. "triton" for scripts that check it. Extensions stay true.
     server_name: str | None = None
     server_version: str | None = None
+    # The first-generation API bridge (config/v1.py, docs/v1-bridge.md).
+    v1: V1Api = field(default_factory=V1Api)
 
     def __post_init__(self) -> None:
         for name in self.forward_headers:

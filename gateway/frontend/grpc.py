@@ -27,7 +27,7 @@ from ..observability.access import AccessRecord
 from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
 from .kinds import GRPC_KINDS
 
-__all__ = ["SERVICE", "build_grpc_handler", "server_options"]
+__all__ = ["SERVICE", "build_grpc_handler", "grpc_trailers", "server_options"]
 
 log = logging.getLogger("oip_gateway.grpc")
 
@@ -75,7 +75,7 @@ def _metadata_message(d: dict[str, Any]) -> pb.ModelMetadataResponse:
     )
 
 
-def _trailers(err: GatewayError) -> tuple[tuple[str, str], ...]:
+def grpc_trailers(err: GatewayError) -> tuple[tuple[str, str], ...]:
     """A load refusal's retry hint: Retry-After's gRPC spellings (grpc-retry-pushback-ms is
     what gRPC's own retry policy reads)."""
     if err.retry_after is None:
@@ -144,7 +144,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
                 code = err.grpc_code
                 if record is not None and not isinstance(err, UpstreamError):
                     record.reason = err.message
-                await context.abort(grpc.StatusCode[err.grpc_code], err.message, _trailers(err))
+                await context.abort(grpc.StatusCode[err.grpc_code], err.message, grpc_trailers(err))
             except aio.AbortError:
                 raise
             except Exception:
@@ -243,7 +243,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
             code = err.grpc_code
             if record is not None and not isinstance(err, UpstreamError):
                 record.reason = err.message
-            await ctx.abort(grpc.StatusCode[err.grpc_code], err.message, _trailers(err))
+            await ctx.abort(grpc.StatusCode[err.grpc_code], err.message, grpc_trailers(err))
         except aio.AbortError:
             raise
         except Exception:

@@ -40,6 +40,7 @@ from ..errors import (
 from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
 from .generate import build_generate, generate_target
 from .kinds import http_kind
+from .v1_http import build_v1_http_app
 
 __all__ = ["build_http_app", "error_response"]
 
@@ -535,6 +536,9 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
     generate = build_generate(plane, metrics, max_message_bytes=max_message_bytes, route_label=route_label,
                               check=lambda body: check_depth(body, max_json_depth))
 
+    # The first-generation API (/api/...), translated to V2: frontend/v1_http.py.
+    v1 = build_v1_http_app(plane, metrics, max_message_bytes=max_message_bytes)
+
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             headers = scope["headers"]
@@ -569,6 +573,9 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             if target is not None:
                 await infer(scope, receive, send, *target)
                 return
+        if scope["type"] == "http" and scope["path"].startswith("/api/"):
+            await v1(scope, receive, send)
+            return
         if scope["type"] == "http" and (gen := generate_target(scope["path"])) is not None:
             await generate(scope, receive, send, *gen)
             return

@@ -326,3 +326,34 @@ def test_keys_never_logged_refusals_counted(setup, triton):
     assert KEY_OPS not in text
     with httpclient.InferenceServerClient(triton.http_url) as c:
         assert c.is_server_live()
+
+
+def test_first_generation_api_is_guarded_too(setup):
+    """/api/... (HTTP) and nvidia.inferenceserver.GRPCService pass the same guard."""
+    from gateway._pb import legacy_v1_pb2 as v1
+
+    gw = setup["gw"]
+    only_add_sub = make_token(setup["private"], {"models": ["add_sub"]})
+    assert raw(gw.http_url, "GET", "/api/health/live")[0] == 200  # health stays open
+    status, headers, _ = raw(gw.http_url, "POST", "/api/infer/add_sub", {"NV-InferRequest": "batch_size: 1"}, b"")
+    assert status == 401 and headers.get("www-authenticate", "").startswith("Bearer")
+    status, _, _ = raw(gw.http_url, "POST", "/api/infer/string_reverse",
+                       {"NV-InferRequest": "batch_size: 1", **bearer(only_add_sub)}, b"")
+    assert status == 403
+    channel = grpc.insecure_channel(gw.grpc_url)
+    try:
+        infer = channel.unary_unary("/nvidia.inferenceserver.GRPCService/Infer",
+                                    request_serializer=v1.InferRequest.SerializeToString,
+                                    response_deserializer=v1.InferResponse.FromString)
+        with pytest.raises(grpc.RpcError) as err:
+            infer(v1.InferRequest(model_name="add_sub"))
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as err:
+            infer(v1.InferRequest(model_name="string_reverse"), metadata=(("authorization", f"Bearer {only_add_sub}"),))
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        health = channel.unary_unary("/nvidia.inferenceserver.GRPCService/Health",
+                                     request_serializer=v1.HealthRequest.SerializeToString,
+                                     response_deserializer=v1.HealthResponse.FromString)
+        assert health(v1.HealthRequest(mode="live")).health
+    finally:
+        channel.close()
