@@ -18,11 +18,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
 import uvicorn
 from grpc import aio
 from prometheus_client import CollectorRegistry, make_asgi_app
 
+from .certs import CertFiles
 from .config.loader import read_config
 from .config.schema import Backend, GatewayConfig, HostPort, Tls
 from .config.security import Limits
@@ -124,16 +124,6 @@ class Ports:
         return {"http": self.http, "grpc": self.grpc, "metrics": self.metrics}
 
 
-def _grpc_credentials(tls: Tls) -> grpc.ServerCredentials:
-    def read(path: str) -> bytes:
-        with open(path, "rb") as fh:
-            return fh.read()
-
-    ca = read(tls.client_ca) if tls.client_ca is not None else None
-    return grpc.ssl_server_credentials([(read(tls.key), read(tls.cert))], root_certificates=ca,
-                                       require_client_auth=ca is not None)
-
-
 @dataclass
 class Listeners:
     """HTTP + gRPC (+ metrics) front ends over one DataPlane, in the running loop."""
@@ -150,6 +140,19 @@ class Listeners:
     ports: Ports = field(default_factory=Ports)
     _servers: list[tuple[_Uvicorn, asyncio.Task[None]]] = field(default_factory=list)
     _grpc: aio.Server | None = None
+    _certs: CertFiles | None = None
+    _cert_watch: asyncio.Task[None] | None = None
+
+    async def _watch_certs(self, context: ssl.SSLContext) -> None:
+        """Poll the TLS files once a second; a change goes into the HTTP listener's context
+        (gRPC asks CertFiles itself at each handshake)."""
+        assert self._certs is not None
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                self._certs.reload_http(context)
+            except Exception:  # a bad rotation must not end the watch
+                log.exception("reloading the TLS certificate failed")
 
     async def _serve_http(self, app, sock: socket.socket, tls: Tls | None = None,
                           limits: Limits | None = None) -> int:
@@ -182,6 +185,10 @@ class Listeners:
                                  max_header_bytes=self.max_header_bytes, limits=self.limits)
             self.ports.http = await self._serve_http(app, bind_socket(http, reuse_port=self.reuse_port), self.tls,
                                                      self.limits)
+            context = self._servers[-1][0].config.ssl
+            if self.tls is not None and context is not None:
+                self._certs = self._certs or CertFiles(self.tls)
+                self._cert_watch = asyncio.get_running_loop().create_task(self._watch_certs(context))
         if grpc is not None:
             self._grpc = aio.server(options=server_options(self.max_message_bytes, reuse_port=self.reuse_port,
                                                            max_metadata_bytes=self.max_header_bytes,
@@ -192,7 +199,8 @@ class Listeners:
             if self.tls is None:
                 port = self._grpc.add_insecure_port(target)
             else:
-                port = self._grpc.add_secure_port(target, _grpc_credentials(self.tls))
+                self._certs = self._certs or CertFiles(self.tls)
+                port = self._grpc.add_secure_port(target, self._certs.grpc_credentials())
             if port == 0:
                 raise ListenError(f"cannot listen on {target} (gRPC)")
             await self._grpc.start()
@@ -202,6 +210,9 @@ class Listeners:
         return self.ports
 
     async def stop(self, grace: float = 5.0) -> None:
+        if self._cert_watch is not None:
+            self._cert_watch.cancel()
+            self._cert_watch = None
         if self._grpc is not None:
             await self._grpc.stop(grace)
             self._grpc = None

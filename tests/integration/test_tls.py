@@ -23,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 from gateway.config import parse_config
 from gateway.errors import ConfigError
 from tests.support.gateway import GatewayProcess, gateway_config
+from tests.support.procs import wait_for
 
 ADD_SUB = json.dumps({"inputs": [{"name": "INPUT0", "shape": [2], "datatype": "FP32", "data": [1, 2]},
                                  {"name": "INPUT1", "shape": [2], "datatype": "FP32", "data": [3, 4]}]}).encode()
@@ -56,7 +57,9 @@ def pki(tmp_path_factory) -> dict[str, Path]:
     for name, server in (("server", True), ("client", False)):
         keys[name] = ec.generate_private_key(ec.SECP256R1())
         files[name] = _cert(name, ca_key, ca.subject, keys[name], server=server)
-    out: dict[str, Path] = {}
+    out: dict[str, Path] = {"ca_key": d / "ca.key"}
+    out["ca_key"].write_bytes(ca_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                   serialization.NoEncryption()))
     for name, cert in files.items():
         out[name] = d / f"{name}.crt"
         out[name].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
@@ -204,3 +207,78 @@ def test_tls_config_errors(pki, tmp_path):
     assert any(p.startswith("backends.t.tls") for p in backend_problems("yes"))
     raw = dict(base, backends={"t": {"protocol": "grpc", "endpoints": ["h:1"], "tls": True}})
     assert parse_config(raw).backends["t"].tls is not None
+
+
+def _peer_serial(url: str, pki, alpn: list[str] | None = None) -> int:
+    """The serial number of the certificate a new TLS connection to ``url`` is shown."""
+    host, port = url.rsplit(":", 1)
+    ctx = ssl.create_default_context(cafile=str(pki["ca"]))
+    if alpn:
+        ctx.set_alpn_protocols(alpn)
+    import socket
+
+    with socket.create_connection((host, int(port)), timeout=10) as raw_sock, \
+            ctx.wrap_socket(raw_sock, server_hostname="127.0.0.1") as tls_sock:
+        der = tls_sock.getpeercert(binary_form=True)
+    return x509.load_der_x509_certificate(der).serial_number
+
+
+def test_certificate_reloaded_without_dropping_connections(reference, pki, tmp_path):
+    """A rotated certificate (a Secret's atomic swap, then a half-written one) is taken by new
+    handshakes on both listeners; connections already open keep working."""
+    from cryptography.hazmat.primitives.asymmetric import ec as _ec
+
+    live = tmp_path / "live"
+    live.mkdir()
+    (live / "tls.crt").write_bytes(pki["server"].read_bytes())
+    (live / "tls.key").write_bytes(pki["server_key"].read_bytes())
+    cfg = gateway_config({"ref": {"protocol": "http", "endpoints": [reference.http_url]}},
+                         [{"model": "*", "backend": "ref"}])
+    cfg["listen"]["tls"] = {"cert": str(live / "tls.crt"), "key": str(live / "tls.key")}
+    gw = GatewayProcess(cfg, tmp_path, "gw-rotate").start()
+    try:
+        old_serial = x509.load_pem_x509_certificate(pki["server"].read_bytes()).serial_number
+        assert _peer_serial(gw.http_url, pki) == old_serial
+        assert _peer_serial(gw.grpc_url, pki, ["h2"]) == old_serial
+        # Connections opened before the rotation.
+        ctx = ssl.create_default_context(cafile=str(pki["ca"]))
+        host, port = gw.http_url.rsplit(":", 1)
+        kept = http.client.HTTPSConnection(host, int(port), context=ctx, timeout=10)
+        kept.request("POST", "/v2/models/add_sub/infer", body=ADD_SUB)
+        first = kept.getresponse()
+        assert first.status == 200 and first.read()
+        channel = _grpc_client(gw.grpc_url, pki)
+        np.testing.assert_array_equal(_grpc_add_sub(channel), [4, 6])
+
+        # The new certificate, from the same CA (what cert-manager does), swapped in atomically.
+        new_key = _ec.generate_private_key(_ec.SECP256R1())
+        ca_cert = x509.load_pem_x509_certificate(pki["ca"].read_bytes())
+        ca_priv = serialization.load_pem_private_key(pki["ca_key"].read_bytes(), None)
+        new_cert = _cert("server-rotated", ca_priv, ca_cert.subject, new_key, server=True)
+        staging = tmp_path / "staging"
+        staging.mkdir()
+        (staging / "tls.crt").write_bytes(new_cert.public_bytes(serialization.Encoding.PEM))
+        (staging / "tls.key").write_bytes(new_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        # A half-written rotation first (new cert, old key): refused, the old one stays.
+        (live / "tls.crt").write_bytes((staging / "tls.crt").read_bytes())
+        wait_for(lambda: "cannot be used" in gw.log_tail(200), timeout=10, what="the refusal logged")
+        assert _peer_serial(gw.http_url, pki) == old_serial
+        assert _peer_serial(gw.grpc_url, pki, ["h2"]) == old_serial
+        (staging / "tls.key").replace(live / "tls.key")
+        wait_for(lambda: _peer_serial(gw.http_url, pki) == new_cert.serial_number, timeout=10,
+                 what="HTTP listener shows the new certificate")
+        wait_for(lambda: _peer_serial(gw.grpc_url, pki, ["h2"]) == new_cert.serial_number, timeout=10,
+                 what="gRPC listener shows the new certificate")
+        # The connections from before still work.
+        kept.request("POST", "/v2/models/add_sub/infer", body=ADD_SUB)
+        r = kept.getresponse()
+        assert r.status == 200 and json.loads(r.read())["outputs"][0]["data"] == [4, 6]
+        np.testing.assert_array_equal(_grpc_add_sub(channel), [4, 6])
+        # And new clients too.
+        assert _https(gw.http_url, "/v2/health/ready", pki)[0] == 200
+        np.testing.assert_array_equal(_grpc_add_sub(_grpc_client(gw.grpc_url, pki)), [4, 6])
+        kept.close()
+        channel.close()
+    finally:
+        gw.stop()

@@ -1,0 +1,129 @@
+"""The listeners' certificate files, taken up again when they change (Kubernetes rotates a
+mounted TLS Secret by swapping the ``..data`` symlink: cert and key change together).
+
+A change is seen through ``os.stat`` of the cert, key and client CA files (following
+symlinks). New files are checked first by loading them into a scratch SSLContext: a
+certificate that does not match its key (a half-written rotation) is not taken — the
+listeners keep the certificate they have, and the next change is tried again. Open
+connections keep the certificate they were made with; only new handshakes see the new
+one, so nothing is dropped.
+
+- HTTP (uvicorn): the live ``ssl.SSLContext`` loads the new chain; OpenSSL copies a
+  context's certificate into each connection when it is made, so connections already
+  open are untouched.
+- gRPC: ``grpc.dynamic_ssl_server_credentials`` asks :meth:`CertFiles.grpc_fetch` at each
+  new handshake; it answers the new configuration once, after a change.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import ssl
+import threading
+
+import grpc
+
+from .config.schema import Tls
+
+__all__ = ["CertFiles"]
+
+log = logging.getLogger("oip_gateway.tls")
+
+Signature = tuple[tuple[int, int, int, int] | None, ...]
+
+
+def _stat(path: str | None) -> tuple[int, int, int, int] | None:
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
+
+
+class CertFiles:
+    def __init__(self, tls: Tls) -> None:
+        self.tls = tls
+        self._lock = threading.Lock()  # grpc_fetch runs on gRPC's threads
+        self._loaded = self._signature()
+        self._grpc_seen = self._loaded
+        self._refused: Signature | None = None
+        self.reloads = 0
+
+    def _signature(self) -> Signature:
+        return (_stat(self.tls.cert), _stat(self.tls.key), _stat(self.tls.client_ca))
+
+    def _read(self) -> tuple[bytes, bytes, bytes | None] | None:
+        """The files' bytes, when they form a usable certificate chain + key (and CA)."""
+        t = self.tls
+        try:
+            scratch = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            scratch.load_cert_chain(t.cert, t.key)
+            if t.client_ca is not None:
+                scratch.load_verify_locations(t.client_ca)
+            with open(t.cert, "rb") as c, open(t.key, "rb") as k:
+                cert, key = c.read(), k.read()
+            ca = None
+            if t.client_ca is not None:
+                with open(t.client_ca, "rb") as fh:
+                    ca = fh.read()
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            sig = self._signature()
+            if sig != self._refused:  # once per version of the files, not once a second
+                self._refused = sig
+                log.error("TLS files changed but cannot be used (%s); keeping the current certificate", exc)
+            return None
+        return cert, key, ca
+
+    def changed(self) -> bool:
+        sig = self._signature()
+        return sig != self._loaded and None not in sig[:2]
+
+    def reload_http(self, context: ssl.SSLContext) -> bool:
+        """Load changed files into the HTTP listener's live context; True when it did."""
+        with self._lock:
+            if not self.changed():
+                return False
+            sig = self._signature()
+            if self._read() is None:
+                return False
+            context.load_cert_chain(self.tls.cert, self.tls.key)
+            if self.tls.client_ca is not None:
+                # Adds the new CA's certificates (OpenSSL cannot remove trusted ones from a
+                # live context): a replaced client CA is dropped at the next restart.
+                context.load_verify_locations(self.tls.client_ca)
+            self._loaded = sig
+            self.reloads += 1
+            log.info("TLS certificate reloaded from %s", self.tls.cert)
+            return True
+
+    def grpc_credentials(self) -> grpc.ServerCredentials:
+        files = self._read()
+        if files is None:
+            raise ValueError(f"cannot use the TLS files {self.tls.cert}, {self.tls.key}")
+        return grpc.dynamic_ssl_server_credentials(
+            self._grpc_config(files), self.grpc_fetch,
+            require_client_authentication=self.tls.client_ca is not None)
+
+    @staticmethod
+    def _grpc_config(files: tuple[bytes, bytes, bytes | None]) -> grpc.ServerCertificateConfiguration:
+        cert, key, ca = files
+        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+    def grpc_fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        """Called by gRPC before each new handshake: a new configuration after a change, else None."""
+        try:
+            with self._lock:
+                sig = self._signature()
+                if sig == self._grpc_seen or None in sig[:2]:
+                    return None
+                files = self._read()
+                if files is None:
+                    return None
+                self._grpc_seen = sig
+                log.info("TLS certificate for gRPC reloaded from %s", self.tls.cert)
+                return self._grpc_config(files)
+        except Exception:  # never let an exception cross into gRPC's handshake
+            log.exception("checking the TLS files for gRPC failed")
+            return None
