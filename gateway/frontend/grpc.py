@@ -17,7 +17,7 @@ import grpc
 from grpc import aio
 
 from .._pb import grpc_predict_v2_pb2 as pb
-from ..codec.limits import check_names, check_pb
+from ..codec.limits import check_names, scan_checked
 from ..codec.repository import encode_index_pb, index_request_ready
 from ..codec.wire import scan_infer_routing, scan_name_version, settings_change
 from ..config.security import Limits
@@ -185,14 +185,13 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
         return _metadata_message(await plane.model_metadata(req.name, req.version))
 
     async def model_infer(message: bytes, ctx: aio.ServicerContext, seen: _Seen):
-        model, version, sequence = scan_infer_routing(message)
+        model, version, sequence = scan_checked(message, limits)  # routing fields + hard limits
         if not model:
             raise InvalidRequest("ModelInferRequest.model_name is required")
         if metrics is not None:
             metrics.request_bytes.labels("grpc").observe(len(message))
         seen.note(route_label(model, version), model, version)
         admit(ctx, "ModelInfer", model, version)
-        check_pb(message, limits)
         return await plane.infer_grpc(message, model, version, ctx.time_remaining(), sequence,
                                       tuple(ctx.invocation_metadata() or ()))
 
@@ -209,12 +208,11 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
             first = await anext(aiter(requests), None)
             if first is None:
                 return  # the client closed the stream without a request
-            model, version, sequence = scan_infer_routing(first)
+            model, version, sequence = scan_checked(first, limits)
             if not model:
                 raise InvalidRequest("ModelInferRequest.model_name is required")
             label = route_label(model, version)
             admit(ctx, "ModelStreamInfer", model, version)
-            check_pb(first, limits)
             metadata = tuple(ctx.invocation_metadata() or ())
             refused: list[GatewayError] = []
 
@@ -224,9 +222,8 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
                 # stream then ends with the refusal's status.
                 async for message in rest:
                     try:
-                        m, v, _ = scan_infer_routing(message)
+                        m, v, _ = scan_checked(message, limits)
                         admit(ctx, "ModelStreamInfer", m, v)
-                        check_pb(message, limits)
                     except GatewayError as err:
                         refused.append(err)
                         return

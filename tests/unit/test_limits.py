@@ -1,0 +1,127 @@
+"""Hard limits below the network: the JSON check, the wire walk and the parsed fast path agree."""
+from __future__ import annotations
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway._pb import grpc_predict_v2_pb2 as pb
+from gateway.codec.limits import check_json, check_names, check_pb, scan_checked
+from gateway.codec.wire import scan_infer_routing
+from gateway.config.security import Limits
+from gateway.errors import InvalidRequest, LimitExceeded
+
+SMALL = Limits(max_tensors=3, max_dims=4, max_elements=1000, max_name_length=8, max_id_length=10)
+
+
+def message(n_in=1, shape=(2,), name="IN", rid="", n_out=0, seq=None) -> pb.ModelInferRequest:
+    req = pb.ModelInferRequest(model_name="m", model_version="1", id=rid)
+    for k in range(n_in):
+        t = req.inputs.add(name=f"{name}{k}" if name else "", datatype="FP32")
+        t.shape.extend(shape)
+    for k in range(n_out):
+        req.outputs.add(name=f"O{k}")
+    if seq is not None:
+        if isinstance(seq, str):
+            req.parameters["sequence_id"].string_param = seq
+        else:
+            req.parameters["sequence_id"].int64_param = seq
+    return req
+
+
+@pytest.mark.parametrize("req, limit", [
+    (message(n_in=4), "max_tensors"),
+    (message(n_out=4), "max_tensors"),
+    (message(shape=(1,) * 5), "max_dims"),
+    (message(shape=(1 << 40, 1 << 40)), "max_elements"),
+    (message(shape=(1001,)), "max_elements"),
+    (message(name="TOOLONGNAME"), "max_name_length"),
+    (message(rid="r" * 11), "max_id_length"),
+    (message(seq="s" * 11), "max_id_length"),
+])
+def test_each_limit_both_paths(req, limit):
+    data = req.SerializeToString()
+    with pytest.raises(LimitExceeded, match=f"limits.{limit}"):
+        scan_checked(data, SMALL)
+    if limit != "max_id_length" or req.id:  # check_pb does not read string sequence ids
+        with pytest.raises(LimitExceeded, match=f"limits.{limit}"):
+            check_pb(data, SMALL)
+
+
+def test_within_limits_and_routing_fields():
+    req = message(n_in=3, shape=(10, 10, 10), n_out=3, rid="r" * 10, seq=-5)
+    data = req.SerializeToString()
+    assert scan_checked(data, SMALL) == scan_infer_routing(data) == ("m", "1", "-5")
+    check_pb(data, SMALL)
+    assert scan_checked(message(seq=0).SerializeToString(), SMALL)[2] is None
+    assert scan_checked(message(seq="abc").SerializeToString(), SMALL)[2] == "abc"
+
+
+def test_large_messages_are_walked():
+    req = message(n_in=1, shape=(1 << 40, 1 << 40))
+    req.raw_input_contents.append(b"\0" * (128 * 1024))
+    with pytest.raises(LimitExceeded, match="max_elements"):
+        scan_checked(req.SerializeToString(), SMALL)
+
+
+def test_malformed_falls_back_to_the_walk():
+    with pytest.raises(InvalidRequest):
+        scan_checked(b"\x0a\xff", SMALL)  # a length past the end: the walk's own error
+    # Invalid UTF-8 in a tensor name: protobuf refuses it, the walk passes it on (the backend's to judge).
+    bad = b"\x0a\x01m" + b"\x2a\x04\x0a\x02\xff\xfe"
+    assert scan_checked(bad, SMALL)[0] == "m"
+
+
+fields = st.fixed_dictionaries({
+    "n_in": st.integers(0, 5), "shape": st.lists(st.integers(-3, 1 << 33), max_size=6).map(tuple),
+    "name": st.text("AB", max_size=12), "rid": st.text("x", max_size=14), "n_out": st.integers(0, 5),
+    "seq": st.none() | st.integers(-(1 << 63), (1 << 63) - 1),
+})
+
+
+@settings(max_examples=300, deadline=None)
+@given(fields)
+def test_parsed_path_agrees_with_the_walk(kw):
+    data = message(**kw).SerializeToString()
+
+    def outcome(fn):
+        try:
+            return "ok", fn()
+        except LimitExceeded:
+            return "limit", None  # which one may differ: the walk checks as it goes
+
+    def walk():
+        routing = scan_infer_routing(data)
+        check_pb(data, SMALL)
+        return routing
+
+    assert outcome(lambda: scan_checked(data, SMALL)) == outcome(walk)
+
+
+def test_check_json():
+    ok = {"id": "r", "inputs": [{"name": "IN", "shape": [2, 3], "datatype": "FP32", "data": [1] * 6}]}
+    check_json(orjson.dumps(ok), SMALL)
+    for doc, limit in [
+        ({"inputs": [{"name": "I", "shape": [1]}] * 4}, "max_tensors"),
+        ({"outputs": [{"name": "O"}] * 4}, "max_tensors"),
+        ({"inputs": [{"name": "I", "shape": [1] * 5}]}, "max_dims"),
+        ({"inputs": [{"name": "I", "shape": ["a"] * 5}]}, "max_dims"),
+        ({"inputs": [{"name": "I", "shape": [1 << 62, 1 << 62]}]}, "max_elements"),
+        ({"inputs": [{"name": "I" * 9, "shape": [1]}]}, "max_name_length"),
+        ({"id": "i" * 11}, "max_id_length"),
+        ({"parameters": {"sequence_id": "s" * 11}}, "max_id_length"),
+    ]:
+        with pytest.raises(LimitExceeded, match=f"limits.{limit}"):
+            check_json(orjson.dumps(doc), SMALL)
+    check_json(b"not json", SMALL)  # left to the path that reads it
+    check_json(b"[1, 2]", SMALL)
+    check_json(orjson.dumps({"inputs": [{"name": "I", "shape": [1] * 5}], "pad": "x" * 70000}), SMALL)  # > 64 KiB
+
+
+def test_names():
+    check_names("m" * 8, "1", SMALL)
+    with pytest.raises(LimitExceeded, match="model name"):
+        check_names("m" * 9, "", SMALL)
+    with pytest.raises(LimitExceeded, match="model version"):
+        check_names("m", "9" * 9, SMALL)
