@@ -83,8 +83,12 @@ def check_json(part: bytes | bytearray | memoryview, limits: Limits) -> None:
         return
     try:
         doc: Any = orjson.loads(part)
-    except orjson.JSONDecodeError:
-        return
+    except orjson.JSONDecodeError as exc:
+        if "UTF-8" in str(exc):
+            # A name, id or string with bytes that are not UTF-8 (JSON text is UTF-8, RFC 8259
+            # section 8.1): refused here rather than relayed to a parser that may take it.
+            raise InvalidRequest("request JSON is not valid UTF-8") from None
+        return  # other malformed JSON: the path that reads it says so in its own words
     if not isinstance(doc, dict):
         return
     _id("request id", doc.get("id"), limits)
@@ -191,7 +195,13 @@ def scan_checked(message: bytes, limits: Limits) -> tuple[str, str, str | None]:
         try:
             req = _REQUEST.FromString(message)
         except _DecodeError:
-            pass  # malformed somewhere: the walk says where it matters, or the backend does
+            # Not a ModelInferRequest protobuf can read — a string field that is not UTF-8 (an
+            # id, a tensor name), a truncated field: refused here, clearly, instead of being
+            # handed to a backend whose parser fails it with INTERNAL. The walk names the
+            # routing fields' own faults first.
+            scan_infer_routing(message)
+            raise InvalidRequest("malformed ModelInferRequest: protobuf cannot parse it (a string field that "
+                                 "is not valid UTF-8, or a field cut short)") from None
         else:
             inputs = req.inputs
             _count("input", len(inputs), limits)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import urllib.parse
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -256,6 +257,14 @@ def _infer_target(path: str) -> tuple[str, str] | None:
     if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
         return parts[0], parts[2]
     return None
+
+
+def _utf8_path(raw_path: bytes) -> bool:
+    try:
+        urllib.parse.unquote_to_bytes(raw_path).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _json(obj: Any) -> Response:
@@ -546,6 +555,12 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                     scope.get("raw_path", b"")) + len(scope.get("query_string", b"")) > max_header_bytes:
                 # Limits of the request's head (hard limits): refused before anything reads it.
                 await _refuse_head(scope, receive, send, max_header_count, max_header_bytes)
+                return
+            raw_path = scope.get("raw_path") or b""
+            if b"%" in raw_path and not _utf8_path(raw_path):
+                # uvicorn decodes %-escapes with replacement characters: a model name would
+                # reach a backend changed. Refused instead (a name is UTF-8 text).
+                await send_error(send, InvalidRequest("the request path is not valid UTF-8 once %-decoded"))
                 return
             if len(scope["path"]) > long_path:
                 # A path long enough to hold a name over limits.max_name_length.

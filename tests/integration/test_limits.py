@@ -352,3 +352,31 @@ def test_memory_bounded_after_hostile_bursts(gw):
                 call(big)
     still_serving(gw)
     assert rss(pid) - before < 50 << 20, (before, rss(pid))
+
+
+@pytest.mark.parametrize("pool", ["http", "grpc"], ids=["pass-through", "converting"])
+def test_invalid_utf8_names_and_ids(gw, pool):
+    """Bytes that are not UTF-8 in a model name (URL), an id or a tensor name: 400 /
+    INVALID_ARGUMENT, never a name or id changed on its way to Triton."""
+    host, port = gw.http_url.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request("POST", "/v2/models/add%FFsub/infer", body=b"{}", headers={"x-pool": pool})
+        r = conn.getresponse()
+        assert r.status == 400 and b"not valid UTF-8" in r.read()
+    finally:
+        conn.close()
+    for body in (b'{"id": "\xff", "inputs": []}',
+                 b'{"inputs": [{"name": "IN\xc3\x28", "datatype": "FP32", "shape": [1], "data": [1]}]}'):
+        status, answer = post(gw.http_url, "/v2/models/add_sub/infer", body, {"x-pool": pool})
+        assert status == 400 and "UTF-8" in answer["error"], answer
+    grpc_pool = "grpc" if pool == "http" else "http"  # a gRPC client: pass-through on the gRPC pool
+    good = _grpc_request().SerializeToString()
+    with grpc.insecure_channel(gw.grpc_url) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        for bad in (b"\x1a\x02\xff\xfe" + good, good + b"\x1a\x02\xff\xfe", b"\x0a\x02\xff\xfe"):
+            with pytest.raises(grpc.RpcError) as err:
+                call(bad, metadata=(("x-pool", grpc_pool),))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "UTF-8" in err.value.details()
+    still_serving(gw)

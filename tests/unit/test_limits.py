@@ -68,9 +68,12 @@ def test_large_messages_are_walked():
 def test_malformed_falls_back_to_the_walk():
     with pytest.raises(InvalidRequest):
         scan_checked(b"\x0a\xff", SMALL)  # a length past the end: the walk's own error
-    # Invalid UTF-8 in a tensor name: protobuf refuses it, the walk passes it on (the backend's to judge).
-    bad = b"\x0a\x01m" + b"\x2a\x04\x0a\x02\xff\xfe"
-    assert scan_checked(bad, SMALL)[0] == "m"
+    # Invalid UTF-8 in a tensor name or an id: refused, naming the cause.
+    for bad in (b"\x0a\x01m" + b"\x2a\x04\x0a\x02\xff\xfe", b"\x0a\x01m" + b"\x1a\x02\xff\xfe"):
+        with pytest.raises(InvalidRequest, match="not valid UTF-8"):
+            scan_checked(bad, SMALL)
+    with pytest.raises(InvalidRequest, match="model name or version is not valid UTF-8"):
+        scan_checked(b"\x0a\x02\xff\xfe", SMALL)
 
 
 fields = st.fixed_dictionaries({
@@ -115,6 +118,8 @@ def test_check_json():
         with pytest.raises(LimitExceeded, match=f"limits.{limit}"):
             check_json(orjson.dumps(doc), SMALL)
     check_json(b"not json", SMALL)  # left to the path that reads it
+    with pytest.raises(InvalidRequest, match="not valid UTF-8"):
+        check_json(b'{"id": "\xff"}', SMALL)
     check_json(b"[1, 2]", SMALL)
     check_json(orjson.dumps({"inputs": [{"name": "I", "shape": [1] * 5}], "pad": "x" * 70000}), SMALL)  # > 64 KiB
 
