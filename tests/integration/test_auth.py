@@ -357,3 +357,29 @@ def test_first_generation_api_is_guarded_too(setup):
         assert health(v1.HealthRequest(mode="live")).health
     finally:
         channel.close()
+
+
+def test_auth_follows_a_reload(setup):
+    """A key added to the config and a route made public take effect at SIGHUP; the gateway
+    keeps serving through it."""
+    import signal
+
+    import yaml
+
+    gw = setup["protected"]
+    cfg = yaml.safe_load(gw.config_path.read_text())
+    added = "added-0123456789abcdef-added"
+    cfg["auth"]["keys"].append({"name": "added", "key": {"file": str(setup["root"] / "added.key")},
+                                "models": ["add_sub"]})
+    (setup["root"] / "added.key").write_text(added)
+    cfg["routes"][4]["auth"] = False  # string_reverse becomes public
+    assert raw(gw.http_url, "POST", "/v2/models/add_sub/infer", bearer(added), b"{}")[0] == 401
+    gw.config_path.write_text(yaml.safe_dump(cfg))
+    gw.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: raw(gw.http_url, "GET", "/v2/models/add_sub", bearer(added))[0] == 200, timeout=15,
+             what="the added key accepted")
+    np.testing.assert_array_equal(http_add_sub(gw.http_url, bearer(added)), 2 * np.arange(4))
+    s = httpclient.InferInput("INPUT0", [1], "BYTES")
+    s.set_data_from_numpy(np.array([b"abc"], dtype=object))
+    with httpclient.InferenceServerClient(gw.http_url) as c:
+        assert c.infer("string_reverse", [s]).as_numpy("OUTPUT0")[0] == b"cba"
