@@ -28,7 +28,7 @@ def memory_limit(environ: Mapping[str, str] | None = None, proc: Path = Path("/p
     environ = os.environ if environ is None else environ
     given = environ.get("OIP_GATEWAY_MEMORY_LIMIT", "").strip()
     if given:
-        return int(given) if given.isdigit() and int(given) > 0 else None
+        return int(given) if given.isascii() and given.isdigit() and int(given) > 0 else None
     try:
         lines = proc.read_text().splitlines()
     except OSError:
@@ -43,7 +43,7 @@ def memory_limit(environ: Mapping[str, str] | None = None, proc: Path = Path("/p
             text = (where / "memory.max").read_text().strip()
         except OSError:
             text = ""
-        if text.isdigit():
+        if text.isascii() and text.isdigit():
             limits.append(int(text))
         if where == root.resolve() or where.parent == where:
             break

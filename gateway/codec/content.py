@@ -84,7 +84,7 @@ def sequence_of_compressed(raw: bytes | bytearray, header_length_value: str | No
     Inference-Header-Content-Length (which counts the *uncompressed* JSON) only that
     much is inflated, so ``raw`` may be a prefix; an all-JSON body must be whole."""
     text = (header_length_value or "").strip()
-    n = int(text) if text.isdigit() else limit
+    n = int(text) if text.isascii() and text.isdigit() else limit  # '²'.isdigit(), but int('²') raises
     out = inflate_prefix(raw, n)
     return sequence_of_json(out, header_length_value) if out else None
 
@@ -156,7 +156,7 @@ def sequence_of_json(body: bytes | bytearray, header_length_value: str | None) -
     end = len(body)
     if header_length_value is not None:
         text = header_length_value.strip()
-        if text.isdigit():
+        if text.isascii() and text.isdigit():
             end = min(int(text), end)
     if body.find(_SEQUENCE, 0, end) < 0:
         return None

@@ -221,9 +221,11 @@ def tensor_view(array: np.ndarray) -> memoryview:
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 
 
-def to_numpy(tensor: Tensor) -> np.ndarray:
+def to_numpy(tensor: Tensor, *, flat: bool = False) -> np.ndarray:
     """The tensor as an ndarray of its shape: zero-copy frombuffer for fixed types
-    (read-only when the buffer is), an object array of ``bytes`` for BYTES."""
+    (read-only when the buffer is), an object array of ``bytes`` for BYTES. ``flat``: one
+    dimension, its element count checked against the shape — for encoders, and for an empty
+    tensor whose other dimensions multiply past what numpy can shape ([2**62, 4, 0])."""
     info = datatype_info(tensor.datatype, tensor.name)
     shape = tensor.shape
     if info.itemsize is None:
@@ -234,6 +236,8 @@ def to_numpy(tensor: Tensor) -> np.ndarray:
         if tensor.data.nbytes % info.itemsize:
             raise InvalidRequest(f"tensor '{tensor.name}': data is not a whole number of {tensor.datatype}")
         arr = np.frombuffer(tensor.data, dtype=info.dtype)
+    if flat and arr.size == element_count(shape, tensor.name):
+        return arr
     try:
         return arr.reshape(shape)
     except ValueError as exc:

@@ -309,7 +309,7 @@ def _output_value(t: Tensor) -> Any:
             raise Unsupported(f"output '{t.name}' holds bytes that are not UTF-8: a JSON string cannot carry them "
                               "unchanged (use the infer endpoint with binary outputs)") from exc
         return values[0] if count == 1 else values
-    arr = to_numpy(t).reshape(-1)
+    arr = to_numpy(t, flat=True)
     if info.name == "BOOL":
         arr = arr.view(np.uint8) != 0  # any non-zero byte is true (Triton: bool_base[e] != 0)
     elif info.dtype.kind == "f":

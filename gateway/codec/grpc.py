@@ -261,6 +261,13 @@ def decode_request(message: bytes | memoryview) -> InferRequest:
     """Decode a serialized ModelInferRequest; input data are slices of ``message``."""
     msg, raws = _split(message, _REQUEST_RAW, pb.ModelInferRequest)
     inputs = _tensors(msg.inputs, raws, "ModelInferRequest", msg.model_name)
+    # Triton refuses a repeated input over gRPC and HTTP alike (InferenceRequest::AddOriginalInput),
+    # and so does http.decode_request: one sent on to an HTTP pool would come back a 400 there.
+    names: set[str] = set()
+    for t in inputs:
+        if t.name in names:
+            raise InvalidRequest(f"input '{t.name}' already exists in request")
+        names.add(t.name)
     outputs = tuple(
         RequestedOutput(o.name, _params_from_pb(o.parameters, f"output '{o.name}'")) for o in msg.outputs
     )
@@ -322,10 +329,11 @@ def uses_typed_contents(message: bytes | memoryview) -> bool:
     tritonclient sends raw and reads raw). One walk over the top-level fields."""
     view = message if isinstance(message, memoryview) else memoryview(message)
     has_inputs = False
-    for fnum, _, _ in iter_fields(view):
+    for fnum, wtype, _ in iter_fields(view):
         if fnum == _REQUEST_RAW:
             return False
-        has_inputs = has_inputs or fnum == 5  # ModelInferRequest.inputs
+        # ModelInferRequest.inputs; with another wire type it is an unknown field to protobuf.
+        has_inputs = has_inputs or (fnum == 5 and wtype == _LEN)
     return has_inputs
 
 
@@ -344,7 +352,7 @@ def encode_response(resp: InferResponse, *, typed: bool = False) -> bytes:
             if t.datatype == "BYTES":
                 values: list[Any] = bytes_values(t.data, t.name)
             else:
-                values = to_numpy(t).reshape(-1).astype(wire_dtype).tolist()
+                values = to_numpy(t, flat=True).astype(wire_dtype).tolist()
             getattr(target.contents, field).extend(values)
     if typed:
         return msg.SerializeToString()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,6 +54,7 @@ from .jsonnum import bf16_to_float64, float64_to_bf16, float64_to_fp16, float_js
 __all__ = ["binary_policy", "decode_request", "decode_response", "encode_request", "encode_response"]
 
 _OPT = orjson.OPT_SERIALIZE_NUMPY
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # \uD800-\uDFFF, cheap to rule out
 _NO_OVERRIDES: Mapping[str, bool] = {}
 
 
@@ -87,7 +89,12 @@ def _with_nonfinite(text: memoryview) -> Any:
     if b"NaN" not in raw and b"Infinity" not in raw:
         return None
     try:
-        return json.loads(raw)
+        doc = json.loads(raw)
+        if _SURROGATE_ESCAPE.search(raw):
+            # The standard library takes a lone surrogate escape ("\ud800"), which is no
+            # character: orjson refuses it, and so must this (UnicodeEncodeError is a ValueError).
+            json.dumps(doc, ensure_ascii=False).encode("utf-8")
+        return doc
     except (ValueError, RecursionError):
         return None
 
@@ -231,7 +238,7 @@ def _json_data(t: Tensor, base64_bytes: bool = False) -> Any:
                 f"tensor '{t.name}': BYTES data is not valid UTF-8 and cannot be sent as JSON; request it binary"
                 " (or, to an MLServer pool, set the backend's non_utf8_bytes: base64)"
             ) from exc
-    arr = to_numpy(t).reshape(-1)
+    arr = to_numpy(t, flat=True)
     if info.name == "BOOL":
         return arr.view(np.uint8) != 0  # any non-zero byte is true (Triton: bool_base[e] != 0)
     if info.name in ("FP16", "FP32", "FP64"):
@@ -409,10 +416,16 @@ def encode_request(req: InferRequest, *, binary: bool = True,
     chunks: list[bytes | memoryview] = [b""]
     doc["inputs"] = _encode_tensors(req.inputs, lambda _name: binary, chunks, base64_bytes)
     params = dict(req.parameters)
+    # From a gRPC client these HTTP-only parameters mean nothing, and may be of any type;
+    # the binary-data extension takes booleans only (Triton and decode_request refuse others).
+    if not isinstance(params.get("binary_data_output", False), bool):
+        del params["binary_data_output"]
     if req.outputs:
         outs = []
         for o in req.outputs:
             oparams = dict(o.parameters)
+            if not isinstance(oparams.get("binary_data", False), bool):
+                del oparams["binary_data"]
             if binary:
                 oparams.setdefault("binary_data", True)
             outs.append({"name": o.name, "parameters": oparams} if oparams else {"name": o.name})

@@ -80,6 +80,11 @@ class ModelInfo:
     from_config: bool = True
 
 
+def _count_text(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also takes '²', which int() refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def model_info(config: bytes | None, metadata: Mapping[str, Any] | None, model: str) -> ModelInfo:
     """From a serialized Triton ModelConfigResponse when there is one, else from V2 metadata."""
     if config is not None:
@@ -321,7 +326,7 @@ def finish(answer: bytes, plan: Plan, info: ModelInfo, labels: Mapping[str, Sequ
     response = decode_response(answer)
     version = plan.version
     if response.model_version:
-        if not response.model_version.lstrip("-").isdigit():
+        if not _count_text(response.model_version.lstrip("-")):
             raise BadUpstreamResponse(f"model version '{response.model_version}' is not a number: the first-"
                                       "generation API carries versions as int64")
         version = int(response.model_version)
@@ -405,7 +410,7 @@ def server_status(server_id: str, version: str, uptime_ns: int, ready: bool,
         config, note = _model_config(info)
         entry.config.CopyFrom(config)
         for ver, state, reason in versions:
-            if not ver.isdigit():
+            if not _count_text(ver):
                 continue  # a version the first-generation API cannot number is not listed
             vs = entry.version_status[int(ver)]
             vs.ready_state = _STATES.get(state, v1.MODEL_UNKNOWN)

@@ -100,28 +100,34 @@ def scan_name_version(buf: bytes | memoryview) -> tuple[str, str]:
         raise InvalidRequest("model name or version is not valid UTF-8") from exc
 
 
-def _sequence_of_entry(entry: memoryview) -> str | None:
-    """The value of a ``parameters`` map entry (key 1, InferParameter 2) when its key is
-    ``sequence_id``: int64 (2), string (3) or uint64 (5) as Triton's sequence batcher takes it."""
+def _sequence_of_entry(entry: memoryview) -> tuple[bool, str | None]:
+    """(whether its key is ``sequence_id``, the value) of a ``parameters`` map entry (key 1,
+    InferParameter 2): int64 (2), string (3) or uint64 (5) as Triton's sequence batcher takes
+    it; None for 0, "" or another kind. Protobuf's rules: a value given twice in an entry is
+    merged, and of InferParameter's oneof the last field set wins."""
     key = b""
-    param: memoryview | None = None
+    params: list[memoryview] = []
     for fnum, wtype, value in iter_fields(entry):
         if wtype == _LEN and fnum == 1:
             key = bytes(value)
         elif wtype == _LEN and fnum == 2:
-            param = value  # type: ignore[assignment]
-    if key != b"sequence_id" or param is None:
-        return None
+            params.append(value)  # type: ignore[arg-type]
+    if key != b"sequence_id":
+        return False, None
     found: str | None = None
-    for fnum, wtype, value in iter_fields(param):
-        if wtype == _VARINT and fnum in (2, 5):
-            number = int(value)
-            if fnum == 2 and number >= 1 << 63:  # int64 is two's complement on the wire
-                number -= 1 << 64
-            found = str(number) if number else None
-        elif wtype == _LEN and fnum == 3:
-            found = bytes(value).decode("utf-8", "replace") or None
-    return found
+    for param in params:
+        for fnum, wtype, value in iter_fields(param):
+            if wtype == _VARINT and fnum in (2, 5):
+                # A varint is read as 64 bits: protobuf drops what a 10th byte carries past bit 63.
+                number = int(value) & 0xFFFF_FFFF_FFFF_FFFF
+                if fnum == 2 and number >= 1 << 63:  # int64 is two's complement on the wire
+                    number -= 1 << 64
+                found = str(number) if number else None
+            elif wtype == _LEN and fnum == 3:
+                found = bytes(value).decode("utf-8", "replace") or None
+            elif (fnum, wtype) in ((1, _VARINT), (4, _I64)):  # bool_param, double_param
+                found = None
+    return True, found
 
 
 def scan_infer_routing(buf: bytes | memoryview) -> tuple[str, str, str | None]:
@@ -141,8 +147,8 @@ def scan_infer_routing(buf: bytes | memoryview) -> tuple[str, str, str | None]:
         elif fnum == 2:
             version = bytes(value)
         elif fnum == 4:
-            found = _sequence_of_entry(value)  # type: ignore[arg-type]
-            if found is not None:
+            is_sequence, found = _sequence_of_entry(value)  # type: ignore[arg-type]
+            if is_sequence:  # a map's last entry for a key wins
                 sequence = found
     try:
         return name.decode("utf-8"), version.decode("utf-8"), sequence

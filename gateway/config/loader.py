@@ -481,10 +481,12 @@ def read_config(path: str | pathlib.Path, unless: bytes | None = None) -> tuple[
         raw = yaml.safe_load(data)
     except yaml.YAMLError as exc:
         raise ConfigError([f"{path}: not valid YAML: {exc}"], digest) from exc
-    except (ValueError, RecursionError) as exc:
-        # PyYAML's constructors raise a bare ValueError for a scalar they resolved but cannot
-        # build (`2024-13-01`, `!!float x`), and its composer recurses once per nesting level.
-        raise ConfigError([f"{path}: not valid YAML: {exc or type(exc).__name__}"], digest) from exc
+    except Exception as exc:
+        # PyYAML's constructors fail on a scalar they resolved or were told to build with
+        # whatever their code raises (`2024-13-01`: ValueError, `!!float ''`: IndexError,
+        # `!!bool x`: KeyError, `!!timestamp x`: AttributeError), and its composer recurses
+        # once per nesting level (RecursionError). Parsing does nothing else: all mean bad YAML.
+        raise ConfigError([f"{path}: not valid YAML: {type(exc).__name__}: {exc}"], digest) from exc
     try:
         return parse_config(raw), digest
     except ConfigError as exc:

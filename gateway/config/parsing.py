@@ -23,8 +23,10 @@ class Problems:
         self.items.append(f"{key}: {message}")
 
     def check_keys(self, key: str, data: dict[str, Any], allowed: set[str]) -> None:
-        for unknown in sorted(set(data) - allowed):
-            self.add(f"{key}.{unknown}" if key else unknown, f"unknown key (allowed: {', '.join(sorted(allowed))})")
+        # YAML keys need not be strings (`~: 1`, `3: x`): sorted as text, named as text.
+        for unknown in sorted(set(data) - allowed, key=str):
+            self.add(f"{key}.{unknown}" if key else str(unknown),
+                     f"unknown key (allowed: {', '.join(sorted(allowed))})")
 
     def build(self, key: str, fn: Callable[[], T]) -> T | None:
         try:

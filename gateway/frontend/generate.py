@@ -69,7 +69,7 @@ class _Outcome:
 
 
 async def _read_body(receive: Receive, declared: str | None, limit: int) -> bytes:
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
     chunks: list[bytes] = []
     size = 0

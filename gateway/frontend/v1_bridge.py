@@ -43,7 +43,7 @@ CACHE_S = 5.0
 
 def path_version(text: str) -> str:
     """The V2 version of ``/api/infer/<model>/<version>``'s version (a number, API text "Inference")."""
-    if not text.lstrip("-").isdigit():
+    if not (text.lstrip("-").isascii() and text.lstrip("-").isdigit()):
         raise InvalidRequest(f"model version '{text}' is not a number")
     return v1_version(int(text))
 

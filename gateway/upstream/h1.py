@@ -263,7 +263,7 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         length = self._headers.get("content-length", "")
-        sized = length.isdigit()
+        sized = length.isascii() and length.isdigit()
         if (self._stream_min is not None and sized and int(length) >= self._stream_min) or \
                 (self._stream_unsized and not sized):
             self._stream = BodyStream(self, int(length) if sized else None)
@@ -271,7 +271,7 @@ class _Connection(asyncio.Protocol):
             if fut is not None and not fut.done():
                 fut.set_result(H1Response(self._parser.get_status_code(), self._headers, self._stream))
             return
-        if length.isdigit() and int(length) > 1 << 20:
+        if length.isascii() and length.isdigit() and int(length) > 1 << 20:
             # One buffer of the announced size, filled as chunks arrive: no chunk list
             # beside a joined copy (2x the answer), no second set of fresh pages.
             self._buf = memoryview(bytearray(int(length)))

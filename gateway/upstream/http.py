@@ -86,6 +86,11 @@ class UpstreamReply:
     headers: Mapping[str, str]
 
 
+def _digits(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also takes '²', which int() refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def ssl_context(tls: BackendTls | None) -> ssl.SSLContext | None:
     """The client TLS context of a backend (None: plain text)."""
     if tls is None:
@@ -406,12 +411,12 @@ async def http_affinity(body: bytes | bytearray | IncomingBody, headers: Mapping
     if compressed and not several:
         return body, None  # one endpoint: nothing to choose, nothing to inflate
     if compressed:
-        if not isinstance(body, (bytes, bytearray)) and not (json_length or "").strip().isdigit():
+        if not isinstance(body, (bytes, bytearray)) and not _digits((json_length or "").strip()):
             body = await body.read()  # all JSON: a sequence_id could be anywhere in it
         return body, await _compressed_sequence(body, json_length, limit)
     if isinstance(body, (bytes, bytearray)):
         return body, sequence_of_json(body, json_length)
-    if json_length is not None and json_length.strip().isdigit():
+    if json_length is not None and _digits(json_length.strip()):
         # Binary extension: the JSON part comes first and holds any sequence_id;
         # the tensor bytes behind it stream to the backend as they arrive.
         return body, sequence_of_json(await body.prefix(int(json_length)), json_length)

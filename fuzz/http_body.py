@@ -1,0 +1,175 @@
+"""Fuzz target: HTTP inference bodies on the converting path, and the JSON depth check.
+
+Input layout (so one byte string covers every body shape the front end accepts):
+
+- byte 0, flags: bits 0-1 the body's shape — 0 all JSON (no Inference-Header-Content-Length);
+  1 JSON header, a NUL, the binary section (the header length is the header's, the NUL
+  dropped); 2 the header length read from bytes 2-3 (any value, in range or not);
+  3 the Inference-Header-Content-Length *text* before the first NUL, the body after it.
+  Bit 2: a backend's answer (HTTP → gRPC response) instead of a client's request.
+  Bits 3-4: Content-Encoding — 1 gzip (compressed here), 2 deflate (compressed here),
+  3 "deflate" over the uncompressed bytes (a body that does not inflate).
+- byte 1: the depth limit (low 4 bits + 1) and the chunk size of the streamed depth scan.
+- the rest: the body.
+
+Checks (any other exception, or a FuzzBug, is a bug):
+- only GatewayError escapes http_request_to_grpc / http_answer_to_grpc (codec/convert.py);
+- what they produce parses with protobuf, decodes with the gRPC codec to the same tensors,
+  and routes (codec/wire.py) to the same model, version and sequence as the HTTP body;
+- the request re-encoded as HTTP (binary and JSON) decodes to the same tensors;
+- too_deep (codec/jsondepth.py) agrees with the depth of what Python's json module parses,
+  and with DepthScanner fed in chunks and InflatingDepthScanner fed the compressed body;
+- sequence_of_json (pass-through affinity) never raises, and agrees with the decoded request.
+"""
+from __future__ import annotations
+
+import json
+import zlib
+from typing import Any
+
+from fuzz._support import FuzzBug, check, instrumented, run
+
+# jsondepth compares numpy arrays with scalars (see _support.instrumented); vectorised, it has
+# few branches to guide the fuzzer anyway, and the differential checks below still run on it.
+with instrumented(__name__ == "__main__", ("gateway",), exclude=("gateway.codec.jsondepth",)):
+    from fuzz._compare import same_outputs, same_params, same_tensors
+    from gateway._pb import grpc_predict_v2_pb2 as pb
+    from gateway.codec import content, convert
+    from gateway.codec import grpc as grpc_codec
+    from gateway.codec import http as http_codec
+    from gateway.codec.jsondepth import DepthScanner, InflatingDepthScanner, too_deep
+    from gateway.codec.wire import scan_infer_routing
+    from gateway.errors import GatewayError, InvalidRequest
+
+__all__ = ["json_depth", "one_input"]
+
+LIMIT = 1 << 20  # max_message_bytes for decompression
+_MAX_FEEDS = 64
+
+
+def json_depth(doc: Any) -> int:
+    """Nesting depth of a parsed JSON value (arrays and objects), without recursion."""
+    best = 0
+    stack = [(doc, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (list, dict)):
+            depth += 1
+            best = max(best, depth)
+            stack.extend((v, depth) for v in (value.values() if isinstance(value, dict) else value))
+    return best
+
+
+def _shape(data: bytes) -> tuple[int, int, bytes, str | None]:
+    """(flags, extra, body, Inference-Header-Content-Length text) of a fuzz input."""
+    flags, extra = data[0], data[1]
+    mode = flags & 3
+    rest = data[2:]
+    if mode == 0:
+        return flags, extra, rest, None
+    if mode == 1:
+        head, sep, tail = rest.partition(b"\0")
+        return flags, extra, head + tail, str(len(head)) if sep else None
+    if mode == 2:
+        length = int.from_bytes(rest[:2], "big") % (len(rest) + 2)  # may point past the end
+        return flags, extra, rest[2:], str(length)
+    text, sep, body = rest.partition(b"\0")
+    return flags, extra, body, text.decode("latin-1") if sep else None
+
+
+def _check_depth(jpart: bytes, limit: int, chunk: int) -> bool:
+    whole = too_deep(jpart, limit)
+    chunk = max(chunk, len(jpart) // _MAX_FEEDS + 1)
+    scanner = DepthScanner(limit)
+    for i in range(0, len(jpart), chunk):
+        scanner.feed(jpart[i : i + chunk])
+    check(scanner.exceeded == whole, f"DepthScanner in chunks of {chunk} says {scanner.exceeded}, too_deep {whole}")
+    try:
+        doc = json.loads(jpart.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return whole  # not JSON: no reference answer (the backend refuses it)
+    depth = json_depth(doc)
+    check(whole == (depth > limit), f"too_deep says {whole} for depth {depth}, limit {limit}")
+    return whole
+
+
+def _check_request(body: bytes, headers: dict[str, str], plain: bytes, ihcl: str | None) -> None:
+    try:
+        message, sequence, _form = convert.http_request_to_grpc(body, headers, "m", "1", LIMIT)
+    except GatewayError:
+        return
+    req = http_codec.decode_request(plain, content.header_length(ihcl, len(plain)), "m", "1")
+    try:
+        pb.ModelInferRequest.FromString(message)
+    except Exception as exc:
+        raise FuzzBug(f"the gateway wrote a ModelInferRequest protobuf cannot parse: {exc!r}") from exc
+    back = grpc_codec.decode_request(message)
+    same_tensors(req.inputs, back.inputs, "HTTP -> gRPC request")
+    same_outputs(req.outputs, back.outputs, "HTTP -> gRPC request")
+    same_params(dict(req.parameters), dict(back.parameters), "HTTP -> gRPC request")
+    check(back.id == req.id, "HTTP -> gRPC request: id differs")
+    routing = scan_infer_routing(message)
+    check(routing == ("m", "1", sequence), f"gRPC routing {routing} != ('m', '1', {sequence!r})")
+    passthrough = content.sequence_of_json(plain, ihcl)
+    check(passthrough is None or passthrough == sequence,
+          f"pass-through affinity {passthrough!r} != converted {sequence!r}")
+    for binary in (True, False):
+        try:
+            chunks, hl = http_codec.encode_request(req, binary=binary)
+        except InvalidRequest:
+            check(not binary, "encode_request(binary=True) refused a decoded request")
+            continue
+        again = http_codec.decode_request(b"".join(chunks), hl, "m", "1")
+        same_tensors(req.inputs, again.inputs, f"HTTP re-encoded (binary={binary})", exact=binary)
+        check(again.id == req.id, "HTTP re-encoded: id differs")
+
+
+def _check_response(body: bytes, headers: dict[str, str], plain: bytes, ihcl: str | None) -> None:
+    try:
+        message = convert.http_answer_to_grpc(body, headers, LIMIT, "b")
+    except GatewayError:
+        return
+    resp = http_codec.decode_response(plain, content.header_length(ihcl, len(plain)))
+    try:
+        pb.ModelInferResponse.FromString(message)
+    except Exception as exc:
+        raise FuzzBug(f"the gateway wrote a ModelInferResponse protobuf cannot parse: {exc!r}") from exc
+    back = grpc_codec.decode_response(message)
+    same_tensors(resp.outputs, back.outputs, "HTTP -> gRPC response")
+    check((back.model_name, back.model_version, back.id) == (resp.model_name, resp.model_version, resp.id),
+          "HTTP -> gRPC response: model, version or id differs")
+
+
+def one_input(data: bytes) -> None:
+    if len(data) < 2:
+        return
+    flags, extra, plain, ihcl = _shape(data)
+    headers = {} if ihcl is None else {"inference-header-content-length": ihcl}
+    coding = (flags >> 3) & 3
+    body = plain
+    if coding == 1:
+        body, headers["content-encoding"] = zlib.compress(plain, 1, wbits=31), "gzip"
+    elif coding in (2, 3):
+        body, headers["content-encoding"] = (zlib.compress(plain, 1) if coding == 2 else plain), "deflate"
+
+    # The depth check, on the JSON part as the front end takes it (frontend/http.py json_part).
+    hl = int(ihcl) if ihcl is not None and ihcl.isascii() and ihcl.isdigit() and int(ihcl) <= len(plain) else None
+    jpart = plain[:hl] if hl is not None else plain
+    limit, chunk = (extra & 15) + 1, (extra >> 4) + 1
+    deep = _check_depth(jpart, limit, chunk)
+    if coding in (1, 2):
+        inflating = InflatingDepthScanner(limit, headers["content-encoding"], hl)
+        step = max(chunk, len(body) // _MAX_FEEDS + 1)
+        for i in range(0, len(body), step):
+            inflating.feed(body[i : i + step])
+        check(inflating.exceeded == deep, f"InflatingDepthScanner says {inflating.exceeded}, too_deep {deep}")
+
+    content.sequence_of_json(plain, ihcl)  # pass-through affinity: returns, never raises
+    if flags & 4:
+        _check_response(body, headers, plain, ihcl)
+    else:
+        _check_request(body, headers, plain, ihcl)
+
+
+if __name__ == "__main__":
+    run(one_input)

@@ -1,0 +1,177 @@
+"""Bounded runs of the coverage-guided fuzz harnesses (fuzz/, docs/fuzzing.md).
+
+- every file of fuzz/corpus/<target>/ (seeds, and the inputs of bugs found: crash-*) replays
+  through the harness, which checks the contract and its differential checks;
+- atheris (libFuzzer) runs each harness for a fixed number of inputs from a fixed seed, in a
+  subprocess (new inputs go to a temporary directory, never into the seed corpus);
+- hypothesis builds structured inputs mutation seldom reaches — V2 JSON whose data matches
+  its shape, ModelInferRequests, configs — and feeds them to the same harnesses.
+
+The long run is in docs/fuzzing.md.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fuzz import TARGETS, config, grpc_wire, http_body
+from gateway._pb import grpc_predict_v2_pb2 as pb
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+# Inputs per target beyond the seeds: ~5-8 s each here (instrumented, 2 cores shared).
+RUNS = {"http_body": 6000, "grpc_wire": 15000, "config": 4000}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_corpus_replays(target: str) -> None:
+    harness = importlib.import_module(f"fuzz.{target}")
+    files = sorted((ROOT / "fuzz" / "corpus" / target).iterdir())
+    assert any(f.name.startswith("seed-") for f in files)
+    for f in files:
+        harness.one_input(f.read_bytes())
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_bounded_atheris_run(target: str, tmp_path: pathlib.Path) -> None:
+    pytest.importorskip("atheris")
+    runs = RUNS[target]
+    found = tmp_path / "corpus"
+    found.mkdir()
+    cmd = [sys.executable, "-m", f"fuzz.{target}", f"-runs={runs}", "-seed=1", "-rss_limit_mb=1536",
+           f"-dict={ROOT / 'fuzz' / 'dicts' / f'{target}.dict'}", f"-artifact_prefix={tmp_path}/",
+           str(found), str(ROOT / "fuzz" / "corpus" / target)]
+    # TMPDIR: the config harness's scratch file (libFuzzer exits from C, past Python's atexit).
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})
+    crashes = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("crash-", "oom-", "timeout-", "leak-")))
+    assert proc.returncode == 0 and not crashes, f"{crashes}\n{proc.stderr[-6000:]}"
+    assert f"Done {runs} runs" in proc.stderr, proc.stderr[-2000:]
+
+
+# ------------------------------------------------------------------ structured inputs
+_DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+              "FP16", "BF16", "FP32", "FP64", "BYTES"]
+_NUMBERS = st.one_of(st.integers(-(2**64), 2**64), st.floats(allow_nan=False, width=64), st.booleans(), st.none())
+_PARAM = st.one_of(st.text(max_size=8), st.integers(-(2**64), 2**64), st.floats(allow_nan=False), st.booleans())
+_NAMES = st.sampled_from(["INPUT0", "INPUT1", "OUTPUT0", "x", "sequence_id", "\u00e9", ""])
+
+
+def _value(datatype: str) -> st.SearchStrategy[Any]:
+    if datatype == "BYTES":
+        return st.text(max_size=6)
+    if datatype == "BOOL":
+        return st.booleans()
+    if datatype.startswith(("FP", "BF")):
+        return st.floats(allow_nan=False, width=32)
+    return st.integers(-300, 70000)
+
+
+@st.composite
+def _tensor(draw: st.DrawFn, binary: bool) -> tuple[dict[str, Any], bytes]:
+    datatype = draw(st.sampled_from(_DATATYPES))
+    shape = draw(st.lists(st.integers(0, 3), max_size=3))
+    count = 1
+    for d in shape:
+        count *= d
+    obj: dict[str, Any] = {"name": draw(_NAMES), "datatype": datatype, "shape": shape}
+    if draw(st.booleans()):
+        obj["parameters"] = draw(st.dictionaries(st.sampled_from(["sequence_id", "binary_data", "p"]), _PARAM,
+                                                 max_size=2))
+    if binary and draw(st.booleans()):
+        raw = draw(st.binary(max_size=4 * count + 4))
+        obj.setdefault("parameters", {})["binary_data_size"] = len(raw)
+        return obj, raw
+    n = count if draw(st.integers(0, 9)) else draw(st.integers(0, 5))  # mostly the right count
+    obj["data"] = draw(st.lists(_value(datatype) if draw(st.integers(0, 9)) else _NUMBERS, min_size=n, max_size=n))
+    return obj, b""
+
+
+@st.composite
+def _http_input(draw: st.DrawFn) -> bytes:
+    binary = draw(st.booleans())
+    tensors = draw(st.lists(_tensor(binary), max_size=3))
+    doc: dict[str, Any] = {"inputs": [t for t, _ in tensors]}
+    if draw(st.booleans()):
+        doc["outputs"] = [{"name": draw(_NAMES), "parameters": {"binary_data": draw(st.booleans())}}]
+    if draw(st.booleans()):
+        doc["parameters"] = draw(st.dictionaries(st.sampled_from(["sequence_id", "binary_data_output", "q"]),
+                                                 _PARAM, max_size=2))
+    if draw(st.booleans()):
+        doc["id"] = draw(st.text(max_size=4))
+    header = json.dumps(doc).encode()  # the stdlib writes integers past 64 bits too
+    tail = b"".join(raw for _, raw in tensors)
+    flags = (1 if binary else 0) | draw(st.sampled_from([0, 8, 16]))  # shape; none, gzip or deflate
+    return bytes([flags, draw(st.integers(0, 255))]) + header + (b"\0" + tail if binary else b"")
+
+
+@given(_http_input())
+@settings(max_examples=150)
+def test_http_body_structured(data: bytes) -> None:
+    http_body.one_input(data)
+    http_body.one_input(bytes([data[0] | 4]) + data[1:])  # the same body as a backend's answer
+
+
+@st.composite
+def _grpc_input(draw: st.DrawFn) -> bytes:
+    msg = pb.ModelInferRequest(model_name=draw(st.text(max_size=5)), model_version=draw(st.text(max_size=2)))
+    raw = draw(st.booleans())
+    for _ in range(draw(st.integers(0, 3))):
+        t = msg.inputs.add(name=draw(_NAMES), datatype=draw(st.sampled_from(_DATATYPES)),
+                           shape=draw(st.lists(st.integers(0, 3), max_size=3)))
+        if raw:
+            msg.raw_input_contents.append(draw(st.binary(max_size=24)))
+        elif t.datatype == "BYTES":
+            t.contents.bytes_contents.extend(draw(st.lists(st.binary(max_size=4), max_size=4)))
+        else:
+            t.contents.int_contents.extend(draw(st.lists(st.integers(-(2**31), 2**31 - 1), max_size=4)))
+    sequence = draw(st.sampled_from(["int64_param", "uint64_param", "string_param", "bool_param", None]))
+    if sequence is not None:
+        value = {"int64_param": st.integers(-(2**63), 2**63 - 1), "uint64_param": st.integers(0, 2**64 - 1),
+                 "string_param": st.text(max_size=4), "bool_param": st.booleans()}[sequence]
+        setattr(msg.parameters["sequence_id"], sequence, draw(value))
+    data = msg.SerializeToString()
+    if draw(st.booleans()):  # protobuf's field order is free: shuffle by appending a repeat
+        data += draw(st.binary(max_size=12))
+    return data
+
+
+@given(_grpc_input())
+@settings(max_examples=150)
+def test_grpc_wire_structured(data: bytes) -> None:
+    grpc_wire.one_input(data)
+
+
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-5, 70000), st.floats(allow_nan=True),
+                     st.sampled_from(["127.0.0.1:8000", "[::1]:0", "grpc", "http", "least_queue", "", "a:b:c"]))
+
+
+@st.composite
+def _config_input(draw: st.DrawFn) -> bytes:
+    backend = {k: draw(_SCALARS) for k in draw(st.sets(st.sampled_from(
+        ["timeout_s", "balance", "retries", "max_connections", "binary_extension", "tls", "non_utf8_bytes"])))}
+    backend["protocol"] = draw(st.sampled_from(["http", "grpc", "tcp"]))
+    backend["endpoints"] = draw(st.lists(st.one_of(_SCALARS, st.fixed_dictionaries({"dns": _SCALARS})),
+                                         min_size=0, max_size=2))
+    route: dict[str, Any] = {"model": draw(st.sampled_from(["m", "m-*", "", 3])), "backend": "b"}
+    if draw(st.booleans()):
+        route["version"] = draw(_SCALARS)
+    doc: dict[str, Any] = {"backends": {"b": backend}, "routes": [route]}
+    for key in draw(st.sets(st.sampled_from(["workers", "drain_s", "max_json_depth", "access_log", "listen"]))):
+        doc[key] = draw(_SCALARS)
+    return yaml.safe_dump(doc).encode()
+
+
+@given(_config_input())
+@settings(max_examples=100)
+def test_config_structured(data: bytes) -> None:
+    config.one_input(data)
