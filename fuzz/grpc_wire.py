@@ -32,8 +32,10 @@ with instrumented(__name__ == "__main__", ("gateway",)):
     from gateway.codec import convert
     from gateway.codec import grpc as grpc_codec
     from gateway.codec import http as http_codec
+    from gateway.codec.limits import PARSE_MAX, scan_checked
     from gateway.codec.wire import scan_infer_routing, scan_name_version, settings_change
-    from gateway.errors import GatewayError, InvalidRequest
+    from gateway.config.security import Limits
+    from gateway.errors import GatewayError, InvalidRequest, LimitExceeded
 
 __all__ = ["one_input", "protobuf_sequence"]
 
@@ -92,6 +94,27 @@ def _check_routing(data: bytes, msg: Any) -> None:
     check(name_version == expected[:2], f"scan_name_version {name_version} != protobuf {expected[:2]}")
 
 
+_LIMITS = Limits(max_tensors=4, max_dims=6, max_elements=1000, max_name_length=16, max_id_length=16)
+
+
+def _check_limits(data: bytes, msg: Any) -> None:
+    """scan_checked (the gRPC front end's routing + hard limits): a message protobuf parses
+    is refused only by a limit, and otherwise routed as protobuf reads it; one it cannot
+    parse (up to PARSE_MAX bytes) is refused."""
+    try:
+        routing = scan_checked(data, _LIMITS)
+    except LimitExceeded:
+        return
+    except InvalidRequest as exc:
+        check(msg is None or _group_refusal(exc) or _overlong_varint(data),
+              f"scan_checked refused a ModelInferRequest protobuf parses: {exc.message}")
+        return
+    check(msg is not None or len(data) > PARSE_MAX, "scan_checked took bytes protobuf cannot parse")
+    if msg is not None and len(data) <= PARSE_MAX:
+        expected = (msg.model_name, msg.model_version, protobuf_sequence(msg))
+        check(routing == expected, f"scan_checked {routing} != protobuf {expected}")
+
+
 def _check_request(data: bytes, msg: Any) -> None:
     try:
         req = grpc_codec.decode_request(data)
@@ -145,6 +168,7 @@ def _check_response(data: bytes) -> None:
 def one_input(data: bytes) -> None:
     msg = _parse(pb.ModelInferRequest, data)
     _check_routing(data, msg)
+    _check_limits(data, msg)
     _check_request(data, msg)
     _check_response(data)
     trace = _parse(tx.TraceSettingRequest, data)
