@@ -192,15 +192,17 @@ def _goals(summary: list[dict], meta: dict) -> list[dict]:
             goals.append({"goal": label, "measured": ", ".join(f"c{c}: {v:.2f}×" for c, v in vals),
                           "met": all(v <= limit for _, v in vals)})
 
-    # The proxy-relative goals, against nginx and — same thresholds — against Envoy.
-    for ref, name in (("nginx", "nginx"), ("envoy", "Envoy")):
-        for wl in ("http_json_small", "grpc_small"):
-            ratio_goal(f"CPU/request ≤ {SMALL_CPU_GOAL:g} × {name}, small ({wl}, 1 worker)", wl, f"cpu_vs_{ref}",
-                       SMALL_CPU_GOAL)
-        for wl in ("http_bin_16m", "grpc_16m"):
-            ratio_goal(f"CPU/request ≤ {BIG_CPU_GOAL:g} × {name}, 16 MB ({wl}, 1 worker)"
-                       + ("" if wl == "http_bin_16m" else " — extra, not in the issue"), wl, f"cpu_vs_{ref}",
-                       BIG_CPU_GOAL)
+    # The proxy-relative goals against nginx (the issue's targets) ...
+    for wl in ("http_json_small", "grpc_small"):
+        ratio_goal(f"CPU/request ≤ {SMALL_CPU_GOAL:g} × nginx, small ({wl}, 1 worker)", wl, "cpu_vs_nginx",
+                   SMALL_CPU_GOAL)
+    for wl in ("http_bin_16m", "grpc_16m"):
+        ratio_goal(f"CPU/request ≤ {BIG_CPU_GOAL:g} × nginx, 16 MB ({wl}, 1 worker)"
+                   + ("" if wl == "http_bin_16m" else " — extra, not in the issue"), wl, "cpu_vs_nginx",
+                   BIG_CPU_GOAL)
+    # ... and the issue's bar against Envoy: cheaper per request on every HTTP cell.
+    for wl in ("http_json_small", "http_bin_1m", "http_bin_16m"):
+        ratio_goal(f"CPU/request ≤ 1 × Envoy, every HTTP cell ({wl}, 1 worker)", wl, "cpu_vs_envoy", 1.0)
     # What the gateway's own code costs on top of grpcio: the bare grpc.aio pass-through.
     ratio_goal(f"CPU/request ≤ {FLOOR_CPU_GOAL:g} × grpcio floor, small (grpc_small, 1 worker)", "grpc_small",
                "cpu_vs_floor", FLOOR_CPU_GOAL)
