@@ -89,28 +89,42 @@ def check_json(part: bytes | bytearray | memoryview, limits: Limits) -> None:
             # section 8.1): refused here rather than relayed to a parser that may take it.
             raise InvalidRequest("request JSON is not valid UTF-8") from None
         return  # other malformed JSON: the path that reads it says so in its own words
-    if not isinstance(doc, dict):
+    if type(doc) is not dict:
         return
-    _id("request id", doc.get("id"), limits)
+    # Plain loops and type() checks: this runs on every small HTTP inference request.
+    rid = doc.get("id")
+    if rid is not None:
+        _id("request id", rid, limits)
     params = doc.get("parameters")
-    if isinstance(params, dict):
-        _id("sequence_id", params.get("sequence_id"), limits)
+    if type(params) is dict and "sequence_id" in params:
+        _id("sequence_id", params["sequence_id"], limits)
+    max_name = limits.max_name_length
     inputs = doc.get("inputs")
-    if isinstance(inputs, list):
+    if type(inputs) is list:
         _count("input", len(inputs), limits)
         for t in inputs:
-            if isinstance(t, dict):
-                _name(t.get("name"), limits)
-                shape = t.get("shape")
-                if isinstance(shape, list) and all(type(d) is int for d in shape):
-                    _shape(t.get("name"), shape, limits)
-                elif isinstance(shape, list) and len(shape) > limits.max_dims:
-                    _shape(t.get("name"), [0] * len(shape), limits)
+            if type(t) is not dict:
+                continue
+            name = t.get("name")
+            if type(name) is str and len(name) > max_name:
+                _name(name, limits)
+            shape = t.get("shape")
+            if type(shape) is not list:
+                continue
+            if len(shape) > limits.max_dims:
+                _shape(name, [0] * len(shape), limits)
+            elements = 1
+            for d in shape:
+                if type(d) is not int or d <= 0:
+                    break  # not a count (the codec / backend says so), or no elements
+                elements *= d
+                if elements > limits.max_elements:
+                    _shape(name, shape, limits)
     outputs = doc.get("outputs")
-    if isinstance(outputs, list):
+    if type(outputs) is list:
         _count("output", len(outputs), limits)
         for t in outputs:
-            if isinstance(t, dict):
+            if type(t) is dict:
                 _name(t.get("name"), limits)
 
 

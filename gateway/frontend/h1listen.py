@@ -11,7 +11,8 @@ limits a front door needs on its connections (config ``limits``).
   the request's handling (the app sees the client gone).
 
 uvicorn has none of these (its ``limit_concurrency`` counts tasks too, and answers in
-plain text). The subclass only adds timers around uvicorn's own parser callbacks.
+plain text). The subclass only notes times in uvicorn's own parser callbacks; one sweep per
+listener, twice a second, ends the connections past a deadline.
 """
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ..config.security import Limits
 
-__all__ = ["limited_protocol"]
+__all__ = ["SWEEP_S", "limited_protocol"]
+
+SWEEP_S = 0.5
 
 log = logging.getLogger("oip_gateway.http")
 
@@ -49,11 +52,28 @@ def limited_protocol(limits: Limits, on_refusal: Any = None) -> type[HttpToolsPr
         if on_refusal is not None:
             on_refusal(reason)
 
+    # One sweep per listener (its connections), twice a second, instead of a timer per request:
+    # arming and cancelling two libuv timers per request cost more than the rest of this
+    # module together. A deadline is thus met within half a second.
+    sweeping: dict[int, asyncio.TimerHandle] = {}
+
+    def sweep(connections: set[Any], loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        for conn in list(connections):
+            if isinstance(conn, LimitedProtocol):
+                conn.check(now)
+        if connections:
+            sweeping[id(connections)] = loop.call_later(SWEEP_S, sweep, connections, loop)
+        else:
+            sweeping.pop(id(connections), None)
+
     class LimitedProtocol(HttpToolsProtocol):
-        _head_timer: asyncio.TimerHandle | None = None
-        _body_timer: asyncio.TimerHandle | None = None
+        # loop.time() when the current request head began (or the connection opened with
+        # nothing yet); None once a head is complete. The time of the last body bytes while
+        # a body is arriving, else None.
+        _head_since: float | None = None
+        _body_at: float | None = None
         _in_head = False
-        _body_at = 0.0
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -62,84 +82,50 @@ def limited_protocol(limits: Limits, on_refusal: Any = None) -> type[HttpToolsPr
                 transport.close()
                 count("max_connections")
                 return
-            self._arm_head()
+            self._head_since = self.loop.time()
+            key = id(self.connections)
+            if key not in sweeping:
+                sweeping[key] = self.loop.call_later(SWEEP_S, sweep, self.connections, self.loop)
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._cancel()
-            super().connection_lost(exc)
-
-        def _cancel(self) -> None:
-            for timer in (self._head_timer, self._body_timer):
-                if timer is not None:
-                    timer.cancel()
-            self._head_timer = self._body_timer = None
-
-        def _arm_head(self) -> None:
-            if self._head_timer is None:
-                self._head_timer = self.loop.call_later(limits.header_timeout_s, self._head_expired)
-
-        def _head_expired(self) -> None:
-            self._head_timer = None
+        def check(self, now: float) -> None:
+            """The sweep's look at this connection: a head or a body past its time ends it."""
             if self.transport.is_closing():
                 return
-            if self._in_head:  # a request began and its head is still incomplete: 408
-                self.transport.write(slow_head)
-            self.transport.close()  # else a connection that never sent a request
-            count("header_timeout")
+            if self._head_since is not None and now - self._head_since > limits.header_timeout_s:
+                if self._in_head:  # a request began and its head is still incomplete: 408
+                    self.transport.write(slow_head)
+                self.transport.close()  # else a connection that never sent a request
+                count("header_timeout")
+            elif self._body_at is not None and now - self._body_at > limits.body_timeout_s:
+                if self.flow.read_paused:
+                    # Reading is paused because the gateway has not taken what came (its
+                    # backend is slow): the pause is ours, not the client's.
+                    self._body_at = now
+                    return
+                cycle = self.cycle
+                if cycle is not None and not cycle.response_started:
+                    self.transport.write(slow_body)
+                self.transport.close()
+                count("body_timeout")
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._in_head = True
-            self._arm_head()
+            self._head_since = self.loop.time()
 
         def on_headers_complete(self) -> None:
             self._in_head = False
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
+            self._head_since = None
             super().on_headers_complete()
-            if not self.transport.is_closing() and self.cycle is not None and self.cycle.more_body:
-                self._arm_body()
-
-        def _arm_body(self, after: float = limits.body_timeout_s) -> None:
-            self._body_at = self.loop.time()
-            self._body_timer = self.loop.call_later(after, self._body_expired)
-
-        def _body_expired(self) -> None:
-            self._body_timer = None
-            if self.transport.is_closing():
-                return
-            if self.flow.read_paused:
-                # Reading is paused because the gateway has not taken what came (its
-                # backend is slow): the pause is ours, not the client's.
-                self._arm_body()
-                return
-            quiet = self.loop.time() - self._body_at
-            if quiet < limits.body_timeout_s:  # bytes came since: wait out the rest
-                self._body_timer = self.loop.call_later(limits.body_timeout_s - quiet, self._body_expired)
-                return
-            cycle = self.cycle
-            if cycle is not None and not cycle.response_started:
-                self.transport.write(slow_body)
-            self.transport.close()
-            count("body_timeout")
+            if self.cycle is not None and self.cycle.more_body:
+                self._body_at = self.loop.time()
 
         def on_body(self, body: bytes) -> None:
             super().on_body(body)
-            self._body_at = self.loop.time()  # one clock read per chunk; the timer checks it
+            self._body_at = self.loop.time()
 
         def on_message_complete(self) -> None:
-            if self._body_timer is not None:
-                self._body_timer.cancel()
-                self._body_timer = None
+            self._body_at = None
             super().on_message_complete()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            # Between requests only the keep-alive timeout (limits.idle_timeout_s) applies;
-            # the next request's head is timed from its first byte (on_message_begin).
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
 
     return LimitedProtocol
