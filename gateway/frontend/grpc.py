@@ -46,6 +46,8 @@ def server_options(max_message_bytes: int, *, reuse_port: bool = False,
         # SETTINGS_MAX_CONCURRENT_STREAMS, RFC 9113 section 6.5.2), and a connection with no
         # call for idle_timeout_s is closed (GOAWAY), as the HTTP listener's keep-alive is.
         ("grpc.max_concurrent_streams", limits.max_grpc_streams),
+        # Connections open at once on the listener; past it gRPC closes a new one at once.
+        ("grpc.max_allowed_incoming_connections", limits.max_connections),
         ("grpc.max_connection_idle_ms", int(limits.idle_timeout_s * 1000)),
         ("grpc.max_metadata_size", max_metadata_bytes),
         ("grpc.optimization_target", "throughput"),

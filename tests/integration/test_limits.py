@@ -241,6 +241,22 @@ def test_max_connections(triton, tmp_path):
             s.close()
         wait_for(lambda: httpclient.InferenceServerClient(g.http_url).is_server_live(), timeout=10,
                  what="connections accepted again")
+        # gRPC: four HTTP/2 connections get the server's SETTINGS; the fifth is closed at once.
+        def h2_open() -> tuple[socket.socket, bool]:
+            sock = _connect(g.grpc_url)
+            conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+            conn.initiate_connection()
+            sock.sendall(conn.data_to_send())
+            return sock, bool(sock.recv(65536))
+        grpc_held = [h2_open() for _ in range(4)]
+        assert all(answered for _, answered in grpc_held)
+        extra, answered = h2_open()
+        extra.close()
+        assert not answered
+        for s, _ in grpc_held:
+            s.close()
+        with grpcclient.InferenceServerClient(g.grpc_url) as c:
+            wait_for(c.is_server_live, timeout=10, what="gRPC connections accepted again")
     finally:
         g.stop()
 
