@@ -15,6 +15,7 @@ helm missing (no npm or registry) is a skip on a developer machine and a failure
 from __future__ import annotations
 
 import copy
+import json
 import math
 import os
 import posixpath
@@ -281,7 +282,8 @@ def secret_file(path: str, objs: list[dict[str, Any]]) -> str:
         volume = volumes[mount["name"]]
         sources = volume["projected"]["sources"] if "projected" in volume else [volume]
         for src in sources:
-            secret = src.get("secret")
+            # A Secret, or a ConfigMap for public material (a JWKS file of public keys).
+            secret = src.get("secret") or src.get("configMap")
             if secret is None:
                 continue
             name = secret.get("secretName") or secret.get("name")
@@ -307,6 +309,12 @@ def config_file_refs(config: dict[str, Any]) -> Iterator[tuple[list[Any], str, s
         for header, spec in (backend.get("check_headers") or {}).items():
             if "file" in spec:
                 yield ["backends", name, "check_headers", header, "file"], "secret", spec["file"]
+    auth = config.get("auth") or {}
+    for i, key in enumerate(auth.get("keys") or ()):
+        if "file" in key["key"]:
+            yield ["auth", "keys", i, "key", "file"], "apikey", key["key"]["file"]
+    if auth.get("jwt"):
+        yield ["auth", "jwt", "jwks_file"], "jwks", auth["jwt"]["jwks_file"]
 
 
 def test_gateway_accepts_config(case: tuple[str, list[Path]], tmp_path: Path,
@@ -324,6 +332,16 @@ def test_gateway_accepts_config(case: tuple[str, list[Path]], tmp_path: Path,
         if role == "secret":
             stand_in = tmp_path / "header-secret"
             stand_in.write_text("s3cret\n")
+        elif role == "apikey":
+            stand_in = tmp_path / "api-key"
+            stand_in.write_text("k3y-0123456789abcdef\n")
+        elif role == "jwks":
+            from cryptography.hazmat.primitives.asymmetric import ec
+            from jwt.algorithms import ECAlgorithm
+
+            stand_in = tmp_path / "jwks.json"
+            jwk = ECAlgorithm.to_jwk(ec.generate_private_key(ec.SECP256R1()).public_key(), as_dict=True)
+            stand_in.write_text(json.dumps({"keys": [jwk]}))
         else:
             stand_in = pem_files["key" if role == "key" else "cert"]
         node[where[-1]] = str(stand_in)
@@ -337,6 +355,12 @@ def test_gateway_accepts_config(case: tuple[str, list[Path]], tmp_path: Path,
                 assert var in env, f"backends.{name}.check_headers.{header}: {var} is not in the container's env"
                 assert "secretKeyRef" in env[var].get("valueFrom", {}), f"{var} should come from a Secret"
                 check_env[var] = "s3cret"
+    for i, key in enumerate((config.get("auth") or {}).get("keys") or ()):
+        if "env" in key["key"]:
+            var = key["key"]["env"]
+            assert var in env, f"auth.keys[{i}].key: {var} is not in the container's env"
+            assert "secretKeyRef" in env[var].get("valueFrom", {}), f"{var} should come from a Secret"
+            check_env[var] = "k3y-0123456789abcdef"
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     proc = subprocess.run([sys.executable, "-m", "gateway", "check", str(path)], capture_output=True, text=True,
@@ -600,6 +624,10 @@ BAD_VALUES = {
                                                         "check_headers": {"admin-key": {"env": "KEY"}}}},
                                      "routes": [{"model": "m", "backend": "t"}]}},
                          ["config.backends.t.check_headers.admin-key: environment variable KEY is not set"]),
+    "auth-env-not-provided": ({"config": {"backends": {"t": {"protocol": "grpc", "endpoints": ["t:1"]}},
+                                          "routes": [{"model": "m", "backend": "t"}],
+                                          "auth": {"keys": [{"name": "a", "key": {"env": "TEAM_KEY"}}]}}},
+                              ["config.auth.keys[0].key: environment variable TEAM_KEY is not set"]),
     "routes-without-backends": ({"config": {"routes": [{"model": "m", "backend": "t"}]}},
                                 ["/config/backends", "minProperties"]),
     "backends-without-routes": ({"config": {"backends": {"t": {"protocol": "grpc", "endpoints": ["t:1"]}}}},
@@ -612,7 +640,7 @@ BAD_VALUES = {
 # renders in "lint mode", where a template's `fail` is only logged (helm/helm#8973, #11957):
 # those are proven with `helm template` (what install and upgrade run) alone.
 TEMPLATE_CHECKS = {"route-to-nowhere", "split-to-nowhere", "mirror-to-nowhere", "drain-shorter-than-probe",
-                   "env-not-provided"}
+                   "env-not-provided", "auth-env-not-provided"}
 
 
 @pytest.mark.parametrize("name", sorted(BAD_VALUES))

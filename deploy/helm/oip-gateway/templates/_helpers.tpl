@@ -107,6 +107,12 @@ express fail here, each naming the value (`helm lint` only logs a template's fai
 {{- end }}
 {{- end }}
 {{- end }}
+{{- /* auth.keys[].key {env: VAR}: the same (an API key from a Secret through extraEnv) */}}
+{{- range $i, $k := (($cfg.auth | default dict).keys | default list) }}
+{{- if and (kindIs "map" $k.key) (hasKey $k.key "env") (not (has $k.key.env $envNames)) (not $.Values.extraEnvFrom) }}
+{{- fail (printf "config.auth.keys[%d].key: environment variable %s is not set by extraEnv (add it, e.g. from a Secret with valueFrom.secretKeyRef)" $i $k.key.env) }}
+{{- end }}
+{{- end }}
 {{- if and (gt (float64 .Values.drainSeconds) 0.0) (lt (float64 .Values.drainSeconds) (float64 .Values.readinessProbe.periodSeconds)) }}
 {{- fail (printf "drainSeconds: %v is shorter than readinessProbe.periodSeconds (%v); the pod would stop before a probe saw it draining" .Values.drainSeconds .Values.readinessProbe.periodSeconds) }}
 {{- end }}
