@@ -23,6 +23,7 @@ __all__ = [
     "decode_content",
     "encode_content",
     "header_length",
+    "is_count",
     "reply_headers",
     "sequence_key",
     "sequence_of_json",
@@ -33,12 +34,18 @@ JSON = "application/json"
 OCTET_STREAM = "application/octet-stream"
 
 
+def is_count(text: str) -> bool:
+    """ASCII digits only: a byte count, a version, a length read from the network.
+    ``str.isdigit()`` also takes '²', which ``int()`` then refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def header_length(value: str | None, body_length: int) -> int | None:
     """Parse Inference-Header-Content-Length; None when absent (the body is all JSON)."""
     if value is None:
         return None
     text = value.strip()
-    if not (text.isascii() and text.isdigit()):
+    if not is_count(text):
         raise InvalidRequest(f"Unable to parse Inference-Header-Content-Length, got: {value}")
     n = int(text)
     if n > body_length:
@@ -84,7 +91,7 @@ def sequence_of_compressed(raw: bytes | bytearray, header_length_value: str | No
     Inference-Header-Content-Length (which counts the *uncompressed* JSON) only that
     much is inflated, so ``raw`` may be a prefix; an all-JSON body must be whole."""
     text = (header_length_value or "").strip()
-    n = int(text) if text.isascii() and text.isdigit() else limit  # '²'.isdigit(), but int('²') raises
+    n = int(text) if is_count(text) else limit
     out = inflate_prefix(raw, n)
     return sequence_of_json(out, header_length_value) if out else None
 
@@ -156,7 +163,7 @@ def sequence_of_json(body: bytes | bytearray, header_length_value: str | None) -
     end = len(body)
     if header_length_value is not None:
         text = header_length_value.strip()
-        if text.isascii() and text.isdigit():
+        if is_count(text):
             end = min(int(text), end)
     if body.find(_SEQUENCE, 0, end) < 0:
         return None

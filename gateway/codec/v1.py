@@ -43,6 +43,7 @@ from ..errors import (
     UpstreamTimeout,
 )
 from ..model import InferRequest, Params, RequestedOutput, Tensor
+from .content import is_count
 from .datatypes import DATATYPES, INT64_MAX, byte_view, element_count, expected_nbytes
 from .grpc import decode_response, encode_request
 
@@ -78,11 +79,6 @@ class ModelInfo:
     inputs: Mapping[str, TensorInfo]
     outputs: Mapping[str, TensorInfo]
     from_config: bool = True
-
-
-def _count_text(text: str) -> bool:
-    """ASCII digits only: str.isdigit() also takes '²', which int() refuses."""
-    return text.isascii() and text.isdigit()
 
 
 def model_info(config: bytes | None, metadata: Mapping[str, Any] | None, model: str) -> ModelInfo:
@@ -326,7 +322,7 @@ def finish(answer: bytes, plan: Plan, info: ModelInfo, labels: Mapping[str, Sequ
     response = decode_response(answer)
     version = plan.version
     if response.model_version:
-        if not _count_text(response.model_version.lstrip("-")):
+        if not is_count(response.model_version.lstrip("-")):
             raise BadUpstreamResponse(f"model version '{response.model_version}' is not a number: the first-"
                                       "generation API carries versions as int64")
         version = int(response.model_version)
@@ -410,7 +406,7 @@ def server_status(server_id: str, version: str, uptime_ns: int, ready: bool,
         config, note = _model_config(info)
         entry.config.CopyFrom(config)
         for ver, state, reason in versions:
-            if not _count_text(ver):
+            if not is_count(ver):
                 continue  # a version the first-generation API cannot number is not listed
             vs = entry.version_status[int(ver)]
             vs.ready_state = _STATES.get(state, v1.MODEL_UNKNOWN)

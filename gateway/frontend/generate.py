@@ -24,6 +24,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
+from ..codec.content import is_count
 from ..codec.generate import error_json, sse_event
 from ..dataplane import ClientDisconnected, DataPlane, StreamedBody
 from ..errors import GatewayError, PayloadTooLarge, Unsupported, UpstreamError
@@ -69,7 +70,7 @@ class _Outcome:
 
 
 async def _read_body(receive: Receive, declared: str | None, limit: int) -> bytes:
-    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
+    if declared is not None and is_count(declared) and int(declared) > limit:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
     chunks: list[bytes] = []
     size = 0

@@ -25,7 +25,7 @@ from ..dataplane import DataPlane
 from ..errors import SHARED_MEMORY_REFUSAL, GatewayError, InvalidRequest, Unsupported, UpstreamError
 from ..observability.access import AccessRecord
 from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
-from .kinds import GRPC_KINDS
+from .kinds import GRPC_KINDS, admit_grpc
 
 __all__ = ["SERVICE", "build_grpc_handler", "grpc_trailers", "server_options"]
 
@@ -119,11 +119,8 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
         guard = getattr(plane, "guard", None)
         if guard is None:
             return
-        md = ctx.invocation_metadata() or ()
-        auth = next((v for k, v in md if k == "authorization" and isinstance(v, str)), None)
-        headers = {k: v for k, v in md if isinstance(v, str)} if model else None
         try:
-            guard.admit(GRPC_KINDS[rpc], model, version, auth, headers)
+            admit_grpc(guard, GRPC_KINDS[rpc], model, version, ctx.invocation_metadata() or ())
         except GatewayError as err:
             if metrics is not None:
                 metrics.refused("grpc", err)

@@ -17,7 +17,6 @@ listener, twice a second, ends the connections past a deadline.
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 import orjson
@@ -28,8 +27,6 @@ from ..config.security import Limits
 __all__ = ["SWEEP_S", "limited_protocol"]
 
 SWEEP_S = 0.5
-
-log = logging.getLogger("oip_gateway.http")
 
 
 def _answer(status: int, reason: bytes, message: str) -> bytes:

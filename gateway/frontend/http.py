@@ -24,7 +24,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..budget import ByteBudget
-from ..codec.content import decode_content
+from ..codec.content import decode_content, is_count
 from ..codec.jsondepth import DepthScanner, InflatingDepthScanner, too_deep
 from ..codec.limits import check_json, check_names
 from ..config.security import Limits
@@ -196,7 +196,7 @@ def _too_deep_message(limit: int) -> str:
 
 def json_part(body: bytes | bytearray, json_length: str | None) -> bytes | bytearray | memoryview:
     """The JSON of an inference body: all of it, or its first Inference-Header-Content-Length bytes."""
-    if json_length is not None and json_length.isascii() and json_length.isdigit() and int(json_length) <= len(body):
+    if json_length is not None and is_count(json_length) and int(json_length) <= len(body):
         return memoryview(body)[: int(json_length)]
     return body
 
@@ -212,7 +212,7 @@ def _header_length(value: str | None, body_length: int) -> int | None:
     if value is None:
         return None
     text = value.strip()
-    if not (text.isascii() and text.isdigit()) or int(text) > body_length:  # '²'.isdigit(), int('²') raises
+    if not is_count(text) or int(text) > body_length:
         raise InvalidRequest(f"Inference-Header-Content-Length {value!r} is not a byte count within the "
                              f"{body_length}-byte body")
     return int(text)
@@ -361,13 +361,13 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                 # reads gzip and deflate only, on every path.
                 raise UnsupportedEncoding(f"Unsupported compression type '{encoding}'; use gzip or deflate")
             declared = headers.get("content-length")
-            if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > max_message_bytes:
+            if declared is not None and is_count(declared) and int(declared) > max_message_bytes:
                 raise PayloadTooLarge(
                     f"request body of {declared} bytes exceeds the limit of {max_message_bytes} bytes")
             coding = (encoding or "").strip().lower()
             compressed = coding in ("gzip", "deflate")
             ihcl = headers.get("inference-header-content-length")
-            if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > _LARGE:
+            if declared is not None and is_count(declared) and int(declared) > _LARGE:
                 # Inference-Header-Content-Length counts inflated bytes of a compressed body.
                 json_length = _header_length(ihcl, max_message_bytes if compressed else int(declared))
                 depth: DepthScanner | InflatingDepthScanner | None = None

@@ -3,9 +3,20 @@ infer or control — and which model it names. One table per transport, so both
 front ends protect the same things the same way."""
 from __future__ import annotations
 
-from ..security.guard import CONTROL, INFER, METADATA, OPEN
+from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["GRPC_KINDS", "http_kind"]
+from ..security.guard import CONTROL, INFER, METADATA, OPEN, Guard
+
+__all__ = ["GRPC_KINDS", "admit_grpc", "http_kind"]
+
+
+def admit_grpc(guard: Guard, kind: str, model: str, version: str, metadata: Sequence[tuple[str, Any]]) -> None:
+    """The guard's check for a gRPC call: the credential from the ``authorization`` metadata,
+    the metadata as headers (for header routes) when the call names a model."""
+    auth = next((v for k, v in metadata if k == "authorization" and isinstance(v, str)), None)
+    headers = {k: v for k, v in metadata if isinstance(v, str)} if model else None
+    guard.admit(kind, model, version, auth, headers)
 
 
 def _model_path(rest: str) -> tuple[str, str, str]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from .._pb import legacy_v1_pb2 as v1
 from .._pb import triton_extensions_pb2 as tx
+from ..codec.content import is_count
 from ..codec.v1 import (
     ModelInfo,
     build_request,
@@ -43,7 +44,7 @@ CACHE_S = 5.0
 
 def path_version(text: str) -> str:
     """The V2 version of ``/api/infer/<model>/<version>``'s version (a number, API text "Inference")."""
-    if not (text.lstrip("-").isascii() and text.lstrip("-").isdigit()):
+    if not is_count(text.lstrip("-")):
         raise InvalidRequest(f"model version '{text}' is not a number")
     return v1_version(int(text))
 

@@ -33,6 +33,7 @@ from ..errors import GatewayError, InvalidRequest, UpstreamError
 from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
 from ..security.guard import INFER, METADATA
 from .grpc import grpc_trailers
+from .kinds import admit_grpc
 from .v1_bridge import V1Bridge
 
 __all__ = ["V1_SERVICE", "build_v1_grpc_handler"]
@@ -55,9 +56,7 @@ def build_v1_grpc_handler(plane: DataPlane, metrics: Metrics | None, bridge: V1B
         try:
             check_names(model, version, limits)
             if guard is not None:
-                md = ctx.invocation_metadata() or ()
-                auth = next((v for k, v in md if k == "authorization" and isinstance(v, str)), None)
-                guard.admit(kind, model, version, auth, {k: v for k, v in md if isinstance(v, str)})
+                admit_grpc(guard, kind, model, version, ctx.invocation_metadata() or ())
         except GatewayError as err:
             if metrics is not None and err.http_status in (401, 403, 429):
                 metrics.refused("grpc", err)

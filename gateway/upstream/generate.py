@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..codec import generate as gen
+from ..codec.content import is_count
 from ..dataplane import HttpReply
 from ..errors import GatewayError, InvalidRequest, Unsupported, UpstreamError
 
@@ -143,7 +144,7 @@ async def via_grpc(pool: GrpcPool, model: str, version: str, body: bytes, header
                    forwarded: Sequence[str], stream: bool) -> HttpReply:
     """Converted, in HandleGenerate's order: the model's metadata (unknown model: the
     backend's 404), the body's encoding, its JSON, its keys; then the call."""
-    if version and not (version.isascii() and version.isdigit()):
+    if version and not is_count(version):
         # Triton's HTTP routes take only digits for a version (http_server.cc's route regex).
         raise UpstreamError("Not Found", http_status=404, body=b'{"error":"Not Found"}', content_type="text/plain")
     meta = await _metadata(pool, model, version)

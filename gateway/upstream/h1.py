@@ -263,7 +263,7 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         length = self._headers.get("content-length", "")
-        sized = length.isascii() and length.isdigit()
+        sized = length.isascii() and length.isdigit()  # not str.isdigit() alone: it takes "²"
         if (self._stream_min is not None and sized and int(length) >= self._stream_min) or \
                 (self._stream_unsized and not sized):
             self._stream = BodyStream(self, int(length) if sized else None)

@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 import orjson
 
-from ..codec.content import HEADER_LENGTH, inflate_prefix, sequence_of_compressed, sequence_of_json
+from ..codec.content import HEADER_LENGTH, inflate_prefix, is_count, sequence_of_compressed, sequence_of_json
 from ..codec.convert import grpc_request_to_http, http_answer_to_grpc
 from ..codec.grpc import encode_stream_response
 from ..codec.repository import INDEX_REQUEST_JSON, IndexEntry, parse_index_json
@@ -84,11 +84,6 @@ class UpstreamReply:
     status: int
     body: bytes | bytearray | BodyStream  # a BodyStream only when the caller passed ``stream_min``
     headers: Mapping[str, str]
-
-
-def _digits(text: str) -> bool:
-    """ASCII digits only: str.isdigit() also takes '²', which int() refuses."""
-    return text.isascii() and text.isdigit()
 
 
 def ssl_context(tls: BackendTls | None) -> ssl.SSLContext | None:
@@ -411,12 +406,12 @@ async def http_affinity(body: bytes | bytearray | IncomingBody, headers: Mapping
     if compressed and not several:
         return body, None  # one endpoint: nothing to choose, nothing to inflate
     if compressed:
-        if not isinstance(body, (bytes, bytearray)) and not _digits((json_length or "").strip()):
+        if not isinstance(body, (bytes, bytearray)) and not is_count((json_length or "").strip()):
             body = await body.read()  # all JSON: a sequence_id could be anywhere in it
         return body, await _compressed_sequence(body, json_length, limit)
     if isinstance(body, (bytes, bytearray)):
         return body, sequence_of_json(body, json_length)
-    if json_length is not None and _digits(json_length.strip()):
+    if json_length is not None and is_count(json_length.strip()):
         # Binary extension: the JSON part comes first and holds any sequence_id;
         # the tensor bytes behind it stream to the backend as they arrive.
         return body, sequence_of_json(await body.prefix(int(json_length)), json_length)
