@@ -135,8 +135,10 @@ def _check_request(data: bytes, msg: Any) -> None:
     for binary in (True, False):
         try:
             chunks, headers, _typed = convert.grpc_request_to_http(data, binary=binary)
-        except InvalidRequest:
-            check(not binary, "grpc_request_to_http(binary=True) refused a decoded request")
+        except InvalidRequest as exc:
+            # Refused by name: a binary-data extension parameter that is not a boolean.
+            check(not binary or "must be a boolean" in exc.message,
+                  f"grpc_request_to_http(binary=True) refused a decoded request: {exc.message}")
             continue
         hl = headers.get("inference-header-content-length")
         again = http_codec.decode_request(b"".join(chunks), None if hl is None else int(hl), "", "")

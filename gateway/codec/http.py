@@ -401,6 +401,12 @@ def decode_request(
     )
 
 
+def _boolean_parameter(params: Mapping[str, Any], name: str, where: str) -> None:
+    if name in params and not isinstance(params[name], bool):
+        raise InvalidRequest(f"{where} parameter '{name}' must be a boolean (the HTTP binary-data extension), "
+                             f"got {type(params[name]).__name__}")
+
+
 def encode_request(req: InferRequest, *, binary: bool = True,
                    base64_bytes: bool = False) -> tuple[list[bytes | memoryview], int | None]:
     """Body chunks and Inference-Header-Content-Length of a request to a backend.
@@ -416,16 +422,14 @@ def encode_request(req: InferRequest, *, binary: bool = True,
     chunks: list[bytes | memoryview] = [b""]
     doc["inputs"] = _encode_tensors(req.inputs, lambda _name: binary, chunks, base64_bytes)
     params = dict(req.parameters)
-    # From a gRPC client these HTTP-only parameters mean nothing, and may be of any type;
-    # the binary-data extension takes booleans only (Triton and decode_request refuse others).
-    if not isinstance(params.get("binary_data_output", False), bool):
-        del params["binary_data_output"]
+    # The binary-data extension's parameters take booleans only (Triton and decode_request
+    # refuse others): one of another type from a gRPC client is refused by name, never dropped.
+    _boolean_parameter(params, "binary_data_output", "request")
     if req.outputs:
         outs = []
         for o in req.outputs:
             oparams = dict(o.parameters)
-            if not isinstance(oparams.get("binary_data", False), bool):
-                del oparams["binary_data"]
+            _boolean_parameter(oparams, "binary_data", f"output '{o.name}'")
             if binary:
                 oparams.setdefault("binary_data", True)
             outs.append({"name": o.name, "parameters": oparams} if oparams else {"name": o.name})

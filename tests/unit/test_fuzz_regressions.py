@@ -135,20 +135,29 @@ def test_empty_tensor_whose_other_dims_overflow_numpy_encodes():
     assert orjson.loads(b"".join(chunks))["outputs"][0]["data"] == []
 
 
-def test_grpc_to_http_drops_non_boolean_binary_data_parameters():
-    """A gRPC client's binary_data / binary_data_output of another type than bool (meaningless
-    over gRPC) went into the HTTP body, which Triton and decode_request refuse."""
-    msg = _request()
-    msg.inputs.add(name="INPUT0", datatype="FP32", shape=[1])
-    msg.raw_input_contents.append(struct.pack("<f", 1.0))
-    msg.outputs.add(name="OUTPUT0").parameters["binary_data"].uint64_param = 1
-    msg.parameters["binary_data_output"].string_param = "yes"
+def test_grpc_to_http_refuses_non_boolean_binary_data_parameters():
+    """A gRPC client's binary_data / binary_data_output of another type than bool went into the
+    HTTP body, which Triton refuses: refused by name at the gateway (never dropped or changed)."""
+    def request(output_param: bool, request_param: bool) -> bytes:
+        msg = _request()
+        msg.inputs.add(name="INPUT0", datatype="FP32", shape=[1])
+        msg.raw_input_contents.append(struct.pack("<f", 1.0))
+        out = msg.outputs.add(name="OUTPUT0")
+        if output_param:
+            out.parameters["binary_data"].uint64_param = 1
+        if request_param:
+            msg.parameters["binary_data_output"].string_param = "yes"
+        return msg.SerializeToString()
+
     for binary in (True, False):
-        chunks, headers, _ = convert.grpc_request_to_http(msg.SerializeToString(), binary=binary)
+        with pytest.raises(InvalidRequest, match="output 'OUTPUT0' parameter 'binary_data' must be a boolean"):
+            convert.grpc_request_to_http(request(True, False), binary=binary)
+        with pytest.raises(InvalidRequest, match="request parameter 'binary_data_output' must be a boolean"):
+            convert.grpc_request_to_http(request(False, True), binary=binary)
+        chunks, headers, _ = convert.grpc_request_to_http(request(False, False), binary=binary)
         hl = headers.get("inference-header-content-length")
         req = http_codec.decode_request(b"".join(chunks), None if hl is None else int(hl), "m")
         assert req.outputs[0].parameters == ({"binary_data": True} if binary else {})
-        assert "binary_data_output" not in req.parameters
 
 
 # ------------------------------------------------------------------ HTTP JSON
