@@ -31,6 +31,7 @@ __all__ = [
     "BadUpstreamResponse",
     "ConfigError",
     "GatewayError",
+    "HeadTooLarge",
     "InvalidRequest",
     "LimitExceeded",
     "ListenError",
@@ -107,6 +108,14 @@ class ModelNotFound(GatewayError):
 
 class PayloadTooLarge(GatewayError):
     http_status = 413
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+
+class HeadTooLarge(GatewayError):
+    """A request head past ``max_header_count`` / ``max_header_bytes`` (RFC 6585 section 5);
+    the connection is closed after the answer (its body is not read)."""
+
+    http_status = 431
     grpc_code = "RESOURCE_EXHAUSTED"
 
 

@@ -239,7 +239,7 @@ class Proxy:
             self.metrics.upstream_errors.labels(pool.name, type(exc).__name__).inc()
             raise
         finally:
-            self.metrics.upstream_seconds.labels(pool.name).observe(time.perf_counter() - start)
+            self.metrics.upstream_timer(pool.name).observe(time.perf_counter() - start)
 
     # -- model-level answers come from a backend of the routed pool -------------
     async def model_ready(self, model: str, version: str) -> bool:

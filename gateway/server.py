@@ -97,8 +97,9 @@ def _uvicorn(app, *, access_log: bool = False, tls: Tls | None = None, limits: L
     cfg = uvicorn.Config(
         app,
         loop="none",
-        # uvicorn's httptools protocol with connection limits and read timeouts (h1listen.py).
-        http=limited_protocol(limits, on_refusal),
+        # uvicorn's httptools protocol with connection limits and read timeouts, and the
+        # inference path served without ASGI (h1listen.py, h1direct.py).
+        http=limited_protocol(limits, on_refusal, getattr(app, "direct", None)),
         lifespan="off",
         access_log=access_log,
         log_level="warning",

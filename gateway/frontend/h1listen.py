@@ -13,16 +13,25 @@ limits a front door needs on its connections (config ``limits``).
 uvicorn has none of these (its ``limit_concurrency`` counts tasks too, and answers in
 plain text). The subclass only notes times in uvicorn's own parser callbacks; one sweep per
 listener, twice a second, ends the connections past a deadline.
+
+It also serves the requests a ``direct`` router claims (the inference path) without ASGI:
+``direct(method, path)`` returns a handler for a :class:`~.h1direct.DirectExchange`, which
+takes the place of uvicorn's request cycle (h1direct.py says why). Everything else is
+uvicorn's, unchanged.
 """
 from __future__ import annotations
 
 import asyncio
+import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
+import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ..config.security import Limits
+from .h1direct import DirectExchange, Handler
 
 __all__ = ["SWEEP_S", "limited_protocol"]
 
@@ -35,9 +44,13 @@ def _answer(status: int, reason: bytes, message: str) -> bytes:
             % (status, reason, len(body))) + body
 
 
-def limited_protocol(limits: Limits, on_refusal: Any = None) -> type[HttpToolsProtocol]:
+Router = Callable[[str, str], Handler | None]
+
+
+def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | None = None) -> type[HttpToolsProtocol]:
     """A protocol class for ``uvicorn.Config(http=...)`` enforcing ``limits``. ``on_refusal(reason)``
-    is called for each connection refused or closed by a limit (metrics)."""
+    is called for each connection refused or closed by a limit (metrics). ``direct(method, path)``
+    picks the requests served without ASGI (None: all go to the ASGI app)."""
     busy = _answer(503, b"Service Unavailable",
                    f"too many connections: limits.max_connections ({limits.max_connections}) reached; retry later")
     slow_head = _answer(408, b"Request Timeout",
@@ -106,23 +119,67 @@ def limited_protocol(limits: Limits, on_refusal: Any = None) -> type[HttpToolsPr
                 count("body_timeout")
 
         def on_message_begin(self) -> None:
-            super().on_message_begin()
+            # uvicorn builds the ASGI scope here; it is built only for requests that go to
+            # the ASGI app (on_headers_complete), not for those served directly.
+            self.url = b""
+            self.expect_100_continue = False
+            self.headers = []
             self._in_head = True
             self._head_since = self.loop.time()
 
         def on_headers_complete(self) -> None:
             self._in_head = False
             self._head_since = None
-            super().on_headers_complete()
+            if direct is None or not self._direct():
+                headers, url, expect = self.headers, self.url, self.expect_100_continue
+                super().on_message_begin()  # the scope, as uvicorn makes it
+                self.headers, self.url, self.expect_100_continue = headers, url, expect
+                self.scope["headers"] = headers
+                super().on_headers_complete()
             if self.cycle is not None and self.cycle.more_body:
                 self._body_at = self.loop.time()
 
+        def _direct(self) -> bool:
+            """Serve the request without ASGI if the router claims it (see h1direct.py)."""
+            assert direct is not None
+            parser = self.parser
+            if parser.should_upgrade():
+                return False
+            method = parser.get_method().decode("ascii")
+            parsed = httptools.parse_url(self.url)
+            raw_path = parsed.path
+            path = raw_path.decode("ascii")
+            if "%" in path:
+                path = urllib.parse.unquote(path)  # as uvicorn decodes it for ASGI
+            handler = direct(method, path)
+            if handler is None:
+                return False
+            previous = self.cycle
+            self.cycle = exchange = DirectExchange(  # type: ignore[assignment]
+                self, handler, method, path, raw_path, parsed.query or b"", self.headers,
+                parser.get_http_version() != "1.0" and parser.should_keep_alive(), self.expect_100_continue)
+            if previous is None or previous.response_complete:
+                self._start_asgi_task(exchange, self.app)  # type: ignore[arg-type]
+            else:
+                # Pipelined behind an answer still going out: queued, as uvicorn queues its own.
+                self.flow.pause_reading()
+                self.pipeline.appendleft((exchange, self.app))  # type: ignore[arg-type]
+            return True
+
         def on_body(self, body: bytes) -> None:
-            super().on_body(body)
+            cycle = self.cycle
+            if isinstance(cycle, DirectExchange):
+                cycle.feed(body)
+            else:
+                super().on_body(body)
             self._body_at = self.loop.time()
 
         def on_message_complete(self) -> None:
             self._body_at = None
-            super().on_message_complete()
+            cycle = self.cycle
+            if isinstance(cycle, DirectExchange):
+                cycle.finish()
+            else:
+                super().on_message_complete()
 
     return LimitedProtocol

@@ -31,7 +31,9 @@ from ..config.security import Limits
 from ..dataplane import ClientDisconnected, DataPlane, StreamedBody
 from ..errors import (
     SHARED_MEMORY_REFUSAL,
+    BadUpstreamResponse,
     GatewayError,
+    HeadTooLarge,
     InvalidRequest,
     PayloadTooLarge,
     Unsupported,
@@ -40,10 +42,11 @@ from ..errors import (
 )
 from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
 from .generate import build_generate, generate_target
+from .h1direct import DirectExchange, Handler
 from .kinds import http_kind
 from .v1_http import build_v1_http_app
 
-__all__ = ["build_http_app", "error_response"]
+__all__ = ["HttpApp", "build_http_app", "error_response"]
 
 log = logging.getLogger("oip_gateway.http")
 
@@ -94,29 +97,16 @@ _INTERNAL = (500, orjson.dumps({"error": "internal gateway error"}), JSON)
 _LARGE = 1 << 20
 
 
-async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
-    """The request body's chunks as the server hands them over (ASGI ``http.request``)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnected
-        chunk = message.get("body", b"")
-        if chunk:
-            yield chunk
-        if not message.get("more_body", False):
-            return
-
-
 class _IncomingBody:
-    """:class:`gateway.dataplane.IncomingBody` over the ASGI ``receive`` channel."""
+    """:class:`gateway.dataplane.IncomingBody` over the body's chunks as they arrive."""
 
     __slots__ = ("_budget", "_chunks", "_prefix", "_taken", "consumed", "length")
 
-    def __init__(self, receive: Receive, length: int, budget: ByteBudget,
+    def __init__(self, chunks: AsyncIterator[bytes], length: int, budget: ByteBudget,
                  depth: DepthScanner | InflatingDepthScanner | None = None, json_length: int | None = None) -> None:
         self.length = length
         self.consumed = False
-        self._chunks = _checked(receive, length, depth, json_length)
+        self._chunks = _checked(chunks, length, depth, json_length)
         self._prefix: list[bytes] = []  # chunks read by prefix(), replayed by every iteration
         self._budget = budget
         self._taken = 0
@@ -156,7 +146,7 @@ class _IncomingBody:
             yield chunk
 
 
-async def _checked(receive: Receive, size: int, depth: DepthScanner | InflatingDepthScanner | None = None,
+async def _checked(chunks: AsyncIterator[bytes], size: int, depth: DepthScanner | InflatingDepthScanner | None = None,
                    json_length: int | None = None) -> AsyncIterator[bytes]:
     """The body's chunks, checked against its declared size — and, with ``depth``, its JSON
     part (the first ``json_length`` bytes, or all; a compressed body's inflated) against
@@ -164,7 +154,7 @@ async def _checked(receive: Receive, size: int, depth: DepthScanner | InflatingD
     the limit allows."""
     pos = 0
     json_end = size if json_length is None else json_length
-    async for chunk in _chunks(receive):
+    async for chunk in chunks:
         if isinstance(depth, InflatingDepthScanner):
             try:
                 if depth.feed(chunk):
@@ -218,33 +208,39 @@ def _header_length(value: str | None, body_length: int) -> int | None:
     return int(text)
 
 
-async def _receive_body(receive: Receive, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in _chunks(receive):
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-async def _send_streamed(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: StreamedBody) -> None:
-    """Relay a body as it arrives. If it breaks off after the head went out there is
-    no way to send an error any more: the answer is left incomplete, uvicorn closes
-    the connection, and the client sees a truncated answer (as behind any proxy)."""
-    if body.length is not None:  # (else uvicorn sends it chunked)
-        headers.append((b"content-length", str(body.length).encode("latin-1")))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+async def _send_streamed(ex: DirectExchange, status: int, headers: list[tuple[bytes, bytes]],
+                         body: StreamedBody) -> int:
+    """Relay a body as it arrives; returns the bytes sent. If it breaks off after the head
+    went out there is no way to send an error any more: the connection is closed and the
+    client sees a truncated answer (as behind any proxy)."""
+    ex.start(status, headers, body.length)  # (chunked when the length is not known)
+    sent = 0
     try:
         async for chunk in body:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await ex.send(chunk, True)
+            sent += len(chunk)
     except GatewayError as err:
         log.warning("answer cut off after its head was sent: %s", err.message)
-        return
+        ex.abort()
+        return sent
     finally:
         body.close()
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    await ex.send(b"", False)
+    return sent
+
+
+class HttpApp:
+    """The V2 HTTP app: an ASGI app, and ``direct(method, path)``, the requests the
+    listener serves without ASGI (``frontend/h1direct.py``)."""
+
+    __slots__ = ("asgi", "direct")
+
+    def __init__(self, asgi: ASGIApp, direct: Callable[[str, str], Handler | None]) -> None:
+        self.asgi = asgi
+        self.direct = direct
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.asgi(scope, receive, send)
 
 
 def _infer_target(path: str) -> tuple[str, str] | None:
@@ -275,22 +271,9 @@ def _json(obj: Any) -> Response:
 _PREALLOC_BUDGET_MESSAGES = 4
 
 
-async def _refuse_head(scope: Scope, receive: Receive, send: Send, count: int, size: int) -> None:
-    """431 for a request whose headers pass the limits; the connection is closed after it
-    (its body, if any, is not read)."""
-    headers = scope["headers"]
-    total = sum(len(k) + len(v) for k, v in headers)
-    body = orjson.dumps({"error": f"request headers too large: {len(headers)} headers, {total} bytes "
-                                  f"(limits: max_header_count {count}, max_header_bytes {size})"})
-    await send({"type": "http.response.start", "status": 431,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
 def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_bytes: int,
                    max_json_depth: int = 64, max_header_count: int = 100,
-                   max_header_bytes: int = 32768, limits: Limits = DEFAULT_LIMITS) -> ASGIApp:
+                   max_header_bytes: int = 32768, limits: Limits = DEFAULT_LIMITS) -> HttpApp:
     """The V2 HTTP app. Inference (the hot path) is served by a plain ASGI handler
     — no Request/Response objects, no middleware stack, one string split to find
     the model — and everything else by a Starlette app; measured, Starlette's
@@ -345,14 +328,66 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
     async def model_metadata(request: Request, model: str, version: str) -> Response:
         return _json(await plane.model_metadata(model, version))
 
-    async def infer(scope: Scope, receive: Receive, send: Send, model: str, version: str) -> None:
+    def head_refusal(method: str, path: str, raw_path: bytes, query: bytes,
+                     headers: list[tuple[bytes, bytes]]) -> GatewayError | None:
+        """The checks every request passes before anything reads its body: the limits of its
+        head, a path that is UTF-8, names within their limit, and who may call what."""
+        size = len(raw_path) + len(query)
+        for k, v in headers:
+            size += len(k) + len(v)
+        if len(headers) > max_header_count or size > max_header_bytes:
+            head_bytes = size - len(raw_path) - len(query)
+            return HeadTooLarge(f"request headers too large: {len(headers)} headers, {head_bytes} "
+                                f"bytes (limits: max_header_count {max_header_count}, max_header_bytes "
+                                f"{max_header_bytes})")
+        if b"%" in raw_path and not _utf8_path(raw_path):
+            # uvicorn decodes %-escapes with replacement characters: a model name would
+            # reach a backend changed. Refused instead (a name is UTF-8 text).
+            return InvalidRequest("the request path is not valid UTF-8 once %-decoded")
+        if len(path) > long_path:
+            # A path long enough to hold a name over limits.max_name_length.
+            try:
+                _, name, version = http_kind(method, path)
+                check_names(name, version, limits)
+            except GatewayError as err:
+                return err
+        guard = getattr(plane, "guard", None)
+        if guard is not None:
+            # Who may call what (security/guard.py), before a byte of the body is read.
+            kind, model, version = http_kind(method, path)
+            try:
+                auth = next((v.decode("latin-1") for k, v in headers if k == b"authorization"), None)
+                lower = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers} if model else None
+                guard.admit(kind, model, version, auth, lower)
+            except GatewayError as err:
+                if metrics is not None:
+                    metrics.refused("http", err)
+                return err
+        return None
+
+    def error_answer(err: GatewayError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        status, content, ctype = error_parts(err)
+        out = [(b"content-type", ctype.encode("latin-1"))]
+        out += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in error_headers(err).items()]
+        return status, out, content
+
+    bytes_in = metrics.request_bytes.labels("http") if metrics is not None else None
+
+    async def infer(ex: DirectExchange, model: str, version: str) -> None:
+        """``POST /v2/models/{m}[/versions/{v}]/infer``, served without ASGI (h1direct.py)."""
+        refusal = head_refusal(ex.method, ex.path, ex.raw_path, ex.query, ex.headers)
+        if refusal is not None:
+            status, out, content = error_answer(refusal)
+            ex.respond(status, out, (content,), close=isinstance(refusal, HeadTooLarge))
+            return
         start = time.perf_counter()
         streamed: StreamedBody | None = None
         incoming: _IncomingBody | None = None
         record = None
+        parts: list[bytes | bytearray | memoryview]
         try:
-            # uvicorn hands header names lower-cased (ASGI spec); the data plane relies on it.
-            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            # Header names come lower-cased from the protocol; the data plane relies on it.
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in ex.headers}
             if access is not None:
                 record = access.begin(headers.get("x-request-id"))
             encoding = headers.get("content-encoding")
@@ -374,11 +409,12 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                 if max_json_depth:
                     depth = InflatingDepthScanner(max_json_depth, coding, json_length) if compressed \
                         else DepthScanner(max_json_depth)
-                incoming = _IncomingBody(receive, int(declared), budget, depth, None if compressed else json_length)
+                incoming = _IncomingBody(ex.chunks(), int(declared), budget, depth,
+                                         None if compressed else json_length)
                 body: bytes | _IncomingBody = incoming
                 size = int(declared)
             else:
-                body = await _receive_body(receive, max_message_bytes)
+                body = await ex.body(max_message_bytes, too_large)
                 size = len(body)
                 # A compressed body is checked inflated (what the backend will parse).
                 plain = decode_content(body, encoding, max_message_bytes) if compressed else body
@@ -387,15 +423,20 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                 check_depth(head, max_json_depth)
                 check_json(head, limits)  # hard limits: tensors, dims, elements, names, ids
                 del plain, head
-            if metrics is not None:
-                metrics.request_bytes.labels("http").observe(size)
+            if bytes_in is not None:
+                bytes_in.observe(size)
             if record is not None:
                 record.bytes_in = size
             call = plane.infer_http(model, version, body, headers)
             del body  # the data plane owns it now: freed as soon as it is encoded/sent upstream
             reply = await call
             status = reply.status
-            out_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers.items()]
+            out_headers = []
+            for k, v in reply.headers.items():
+                value = v.encode("latin-1")
+                if b"\r" in value or b"\n" in value:  # never relay a header that could split the answer
+                    raise BadUpstreamResponse(f"backend header {k!r} holds a line break")
+                out_headers.append((k.encode("latin-1"), value))
             if isinstance(reply.body, (bytes, bytearray)):
                 parts = [reply.body]
             elif isinstance(reply.body, (list, tuple)):  # before the (slower) protocol check
@@ -404,14 +445,12 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                 streamed = reply.body
                 parts = []
             else:
-                parts = list(reply.body)  # type: ignore[arg-type]
+                parts = list(reply.body)
         except ClientDisconnected:
             return
         except GatewayError as err:
-            status, content, ctype = error_parts(err)
+            status, out_headers, content = error_answer(err)
             parts = [content]
-            out_headers = [(b"content-type", ctype.encode("latin-1"))]
-            out_headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in error_headers(err).items()]
             if record is not None and not isinstance(err, UpstreamError):
                 record.reason = err.message
         except Exception:
@@ -423,27 +462,21 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             if incoming is not None:
                 incoming.release()  # the data plane is done with the body's buffer
         if streamed is not None:
-            await _send_streamed(send, status, out_headers, streamed)
-            if metrics is not None:
-                if record is not None:
-                    record.bytes_out = streamed.length or 0
-                metrics.observe("http", "infer", route_label(model, version), status, time.perf_counter() - start,
-                                model, version, record)
-            return
-        # Each part goes to the transport as it is (uvloop queues a memoryview without
-        # copying it): the tensor bytes are not joined into one more copy of the answer.
-        parts = [p if isinstance(p, (bytes, bytearray)) else memoryview(p).cast("B") for p in parts]
-        length = sum(len(p) for p in parts)
-        out_headers.append((b"content-length", str(length).encode("latin-1")))
-        await send({"type": "http.response.start", "status": status, "headers": out_headers})
-        last = len(parts) - 1
-        for i, part in enumerate(parts):
-            await send({"type": "http.response.body", "body": part, "more_body": i < last})
+            length = await _send_streamed(ex, status, out_headers, streamed)
+        else:
+            # Each part goes to the transport as it is (uvloop sends a memoryview without
+            # copying it): the tensor bytes are not joined into one more copy of the answer.
+            parts = [p if isinstance(p, (bytes, bytearray)) else memoryview(p).cast("B") for p in parts]
+            ex.respond(status, out_headers, parts)
+            length = sum(len(p) for p in parts) if record is not None else 0
         if metrics is not None:
             if record is not None:
                 record.bytes_out = length
             metrics.observe("http", "infer", route_label(model, version), status, time.perf_counter() - start,
                             model, version, record)
+
+    def too_large() -> PayloadTooLarge:
+        return PayloadTooLarge(f"request body exceeds the limit of {max_message_bytes} bytes")
 
     async def repository_index(request: Request, model: str, version: str) -> Response:
         index = getattr(plane, "repository_index", None)
@@ -550,53 +583,30 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            headers = scope["headers"]
-            if len(headers) > max_header_count or sum(len(k) + len(v) for k, v in headers) + len(
-                    scope.get("raw_path", b"")) + len(scope.get("query_string", b"")) > max_header_bytes:
-                # Limits of the request's head (hard limits): refused before anything reads it.
-                await _refuse_head(scope, receive, send, max_header_count, max_header_bytes)
+            refusal = head_refusal(scope["method"], scope["path"], scope.get("raw_path") or b"",
+                                   scope.get("query_string", b""), scope["headers"])
+            if refusal is not None:
+                await send_error(send, refusal, close=isinstance(refusal, HeadTooLarge))
                 return
-            raw_path = scope.get("raw_path") or b""
-            if b"%" in raw_path and not _utf8_path(raw_path):
-                # uvicorn decodes %-escapes with replacement characters: a model name would
-                # reach a backend changed. Refused instead (a name is UTF-8 text).
-                await send_error(send, InvalidRequest("the request path is not valid UTF-8 once %-decoded"))
+            if scope["path"].startswith("/api/"):
+                await v1(scope, receive, send)
                 return
-            if len(scope["path"]) > long_path:
-                # A path long enough to hold a name over limits.max_name_length.
-                try:
-                    _, name, version = http_kind(scope["method"], scope["path"])
-                    check_names(name, version, limits)
-                except GatewayError as err:
-                    await send_error(send, err)
-                    return
-            guard = getattr(plane, "guard", None)
-            if guard is not None:
-                # Who may call what (security/guard.py), before a byte of the body is read.
-                kind, model, version = http_kind(scope["method"], scope["path"])
-                try:
-                    auth = next((v.decode("latin-1") for k, v in headers if k == b"authorization"), None)
-                    lower = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers} if model else None
-                    guard.admit(kind, model, version, auth, lower)
-                except GatewayError as err:
-                    if metrics is not None:
-                        metrics.refused("http", err)
-                    await send_error(send, err)
-                    return
-        if scope["type"] == "http" and scope["method"] == "POST":
-            target = _infer_target(scope["path"])
-            if target is not None:
-                await infer(scope, receive, send, *target)
+            if (gen := generate_target(scope["path"])) is not None:
+                await generate(scope, receive, send, *gen)
                 return
-        if scope["type"] == "http" and scope["path"].startswith("/api/"):
-            await v1(scope, receive, send)
-            return
-        if scope["type"] == "http" and (gen := generate_target(scope["path"])) is not None:
-            await generate(scope, receive, send, *gen)
-            return
         await rest(scope, receive, send)
 
-    return app
+    def direct(method: str, path: str) -> Handler | None:
+        """The requests the listener serves without ASGI: inference."""
+        if method != "POST":
+            return None
+        target = _infer_target(path)
+        if target is None:
+            return None
+        model, version = target
+        return lambda ex: infer(ex, model, version)
+
+    return HttpApp(app, direct)
 
 
 

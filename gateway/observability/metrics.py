@@ -32,6 +32,7 @@ class Metrics:
         # thousands of requests per second a log line costs more than the proxying.
         self.access = AccessLog(access_sample) if access_log else None
         self._children: dict[tuple[str, str, RouteLabel, str | int], tuple[Counter, Histogram]] = {}
+        self._upstream: dict[str, Histogram] = {}
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -132,6 +133,14 @@ class Metrics:
         self.config_last_reload_ok.set(1 if ok else 0)
         if ok:
             self.config_generation.inc()
+
+    def upstream_timer(self, backend: str) -> Histogram:
+        """The upstream duration histogram's child for ``backend``, cached (labels() takes a
+        lock and builds a key per call; one per pool)."""
+        child = self._upstream.get(backend)
+        if child is None:
+            child = self._upstream[backend] = self.upstream_seconds.labels(backend)
+        return child
 
     def observe(self, protocol: str, api: str, route: RouteLabel, code: str | int, seconds: float,
                 model: str = "", version: str = "", record: AccessRecord | None = None) -> None:

@@ -1,5 +1,5 @@
 """The HTTP front end's unread request body (frontend/http.py ``_IncomingBody``) over a
-scripted ASGI ``receive`` channel: the unit below uvicorn."""
+scripted chunk source: the unit below the HTTP listener (h1direct.DirectExchange.chunks)."""
 from __future__ import annotations
 
 import pytest
@@ -11,15 +11,13 @@ from gateway.frontend.http import _IncomingBody
 
 
 def channel(*chunks: bytes, disconnect: bool = False):
-    messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
-    if disconnect:
-        messages[-1]["more_body"] = True
-        messages.append({"type": "http.disconnect"})
+    async def source():
+        for chunk in chunks:
+            yield chunk
+        if disconnect:
+            raise ClientDisconnected
 
-    async def receive():
-        return messages.pop(0)
-
-    return receive
+    return source()
 
 
 async def test_read_within_the_budget_preallocates_and_gives_it_back():

@@ -1,0 +1,255 @@
+"""A request the HTTP listener hands straight to its handler, without ASGI: the inference path.
+
+Why: measured with real Triton behind, a bare Python HTTP/1.1 pass-through costs ~88 µs of
+CPU per small request when its handler gets the request from an httptools protocol, and
+~124 µs behind uvicorn's ASGI cycle (an asyncio.Event, message dicts, header regexes per
+answer, the head and the body as two writes, every body chunk copied twice) —
+benchmarks/http_floor.py measures both. The listener (``h1listen.py``) still is uvicorn's
+httptools protocol for everything else (metadata, health, control, v1, generate) and for
+connection handling (keep-alive, pipelining, shutdown); for a request its router claims it
+makes a :class:`DirectExchange` instead of uvicorn's ``RequestResponseCycle``.
+
+The exchange stands where uvicorn's cycle stands (``protocol.cycle``, the pipeline queue,
+the server's task set), so it carries the attributes uvicorn's protocol reads of a cycle:
+``response_started``, ``response_complete``, ``disconnected``, ``keep_alive``,
+``more_body``, ``message_event.set()`` and ``run_asgi()``.
+
+Body: chunks are kept as the parser hands them over (no copy) until the handler takes them;
+reading pauses while more than ``_HIGH`` bytes wait. Answer: a head built once and written
+with the body in one ``writelines`` (one system call for a small answer).
+"""
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+from ..dataplane import ClientDisconnected
+
+__all__ = ["DirectExchange", "Handler", "status_line"]
+
+log = logging.getLogger("oip_gateway.http")
+
+# Bytes of request body waiting for the handler before the connection stops reading.
+_HIGH = 1 << 20
+
+
+def _status_line(code: int) -> bytes:
+    try:
+        phrase = http.HTTPStatus(code).phrase.encode()
+    except ValueError:
+        phrase = b""
+    return b"HTTP/1.1 %d %s\r\n" % (code, phrase)
+
+
+_STATUS = {code: _status_line(code) for code in range(100, 600)}
+
+
+def status_line(code: int) -> bytes:
+    return _STATUS.get(code) or _status_line(code)
+
+
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_INTERNAL = (b'{"error":"internal gateway error"}')
+
+
+class DirectExchange:
+    """One request and its answer on an HTTP/1.1 connection; see the module text."""
+
+    __slots__ = ("_chunked", "_chunks", "_continue", "_handler", "_protocol", "_queued", "_waiter", "disconnected",
+                 "headers", "keep_alive", "method", "more_body", "path", "query", "raw_path", "response_complete",
+                 "response_started", "transport")
+
+    def __init__(self, protocol: Any, handler: Handler, method: str, path: str, raw_path: bytes, query: bytes,
+                 headers: list[tuple[bytes, bytes]], keep_alive: bool, expect_continue: bool) -> None:
+        self._protocol = protocol
+        self.transport: asyncio.Transport = protocol.transport
+        self._handler = handler
+        self.method = method
+        self.path = path  # %-decoded, as uvicorn gives it to ASGI apps
+        self.raw_path = raw_path
+        self.query = query
+        self.headers = headers  # (lower-case name, value) in order
+        self.keep_alive = keep_alive
+        self._continue = expect_continue
+        self.more_body = True
+        self.disconnected = False
+        self.response_started = False
+        self.response_complete = False
+        self._chunks: deque[bytes] = deque()
+        self._queued = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._chunked = False
+
+    # -- what the protocol calls (uvicorn's cycle interface) ---------------------------
+    @property
+    def message_event(self) -> DirectExchange:
+        return self  # connection_lost() calls message_event.set()
+
+    def set(self) -> None:
+        """Wake the handler if it waits for body bytes (new bytes, the end, or a disconnect)."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def feed(self, chunk: bytes) -> None:
+        if self.response_complete:
+            return  # an answer went out before the body was read (an early refusal): dropped
+        self._chunks.append(chunk)
+        self._queued += len(chunk)
+        if self._queued > _HIGH:
+            self._protocol.flow.pause_reading()
+        self.set()
+
+    def finish(self) -> None:
+        self.more_body = False
+        self.set()
+
+    async def run_asgi(self, app: Any = None) -> None:
+        """The handler, run as uvicorn runs an ASGI app (the name is uvicorn's)."""
+        try:
+            await self._handler(self)
+        except BaseException as exc:
+            if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+                raise
+            log.exception("unhandled error serving %s %s", self.method, self.path)
+            if not self.response_started and not self.disconnected:
+                self.respond(500, [(b"content-type", b"application/json")], (_INTERNAL,), close=True)
+            elif not self.response_complete:
+                self.transport.close()
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        else:
+            if not self.response_complete and not self.disconnected:
+                log.error("handler for %s %s returned without completing its answer", self.method, self.path)
+                if not self.response_started:
+                    self.respond(500, [(b"content-type", b"application/json")], (_INTERNAL,), close=True)
+                else:
+                    self.transport.close()
+
+    # -- request body -------------------------------------------------------------------
+    def _taken(self) -> None:
+        self._queued = 0
+        flow = self._protocol.flow
+        if flow.read_paused and not self.transport.is_closing():
+            flow.resume_reading()
+
+    async def _wait(self) -> None:
+        if self._continue:
+            # Expect: 100-continue (RFC 9110 section 10.1.1): the client waits for this
+            # before it sends the body; sent only once the handler wants the body.
+            self._continue = False
+            if not self.transport.is_closing():
+                self.transport.write(_CONTINUE)
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    async def body(self, limit: int, too_large: Callable[[], Exception]) -> bytes:
+        """The whole body; ``too_large()`` is raised once more than ``limit`` bytes came."""
+        size = 0
+        parts: list[bytes] = []
+        while True:
+            if self._chunks:
+                for chunk in self._chunks:
+                    size += len(chunk)
+                    parts.append(chunk)
+                self._chunks.clear()
+                self._taken()
+                if size > limit:
+                    raise too_large()
+            if not self.more_body:
+                return parts[0] if len(parts) == 1 else b"".join(parts)
+            if self.disconnected:
+                raise ClientDisconnected
+            await self._wait()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body chunk by chunk as it arrives."""
+        while True:
+            while self._chunks:
+                chunk = self._chunks.popleft()
+                if not self._chunks:
+                    self._taken()
+                yield chunk
+            if not self.more_body:
+                return
+            if self.disconnected:
+                raise ClientDisconnected
+            await self._wait()
+
+    # -- answer -------------------------------------------------------------------------
+    def _head(self, status: int, headers: Sequence[tuple[bytes, bytes]], length: int | None, close: bool) -> bytes:
+        lines = [status_line(status)]
+        for name, value in headers:
+            lines += (name, b": ", value, b"\r\n")
+        if length is not None:
+            lines.append(b"content-length: %d\r\n" % length)
+        if close or not self.keep_alive:
+            self.keep_alive = False
+            lines.append(b"connection: close\r\n")
+        lines.append(b"\r\n")
+        return b"".join(lines)
+
+    def respond(self, status: int, headers: Sequence[tuple[bytes, bytes]],
+                parts: Sequence[bytes | bytearray | memoryview], close: bool = False) -> None:
+        """A whole answer at once: the head and every part in one write (no joined copy of the
+        parts; uvloop sends them with one writev)."""
+        if self.disconnected or self.response_started:
+            return
+        self.response_started = True
+        length = 0
+        for part in parts:
+            length += len(part)
+        head = self._head(status, headers, length, close)
+        if len(parts) == 1 and length <= 16384:
+            self.transport.write(head + parts[0])
+        else:
+            self.transport.writelines([head, *parts])
+        self._complete()
+
+    def start(self, status: int, headers: Sequence[tuple[bytes, bytes]], length: int | None) -> None:
+        """The head of an answer whose body follows in :meth:`send` calls (chunked when
+        ``length`` is None)."""
+        self.response_started = True
+        self._chunked = length is None
+        head = self._head(status, [*headers, (b"transfer-encoding", b"chunked")] if length is None else headers,
+                          length, False)
+        if not self.disconnected:
+            self.transport.write(head)
+
+    async def send(self, chunk: bytes | bytearray | memoryview, more: bool) -> None:
+        """A piece of a started answer; waits while the client is not reading."""
+        flow = self._protocol.flow
+        if flow.write_paused and not self.disconnected:
+            await flow.drain()
+        if self.disconnected:
+            return
+        if self._chunked:
+            if chunk:
+                self.transport.writelines([b"%x\r\n" % len(chunk), chunk, b"\r\n"])
+            if not more:
+                self.transport.write(b"0\r\n\r\n")
+        elif chunk:
+            self.transport.write(chunk)
+        if not more:
+            self._complete()
+
+    def abort(self) -> None:
+        """A started answer cannot be finished: the connection is closed (the client sees it cut)."""
+        self.transport.close()
+
+    def _complete(self) -> None:
+        self.response_complete = True
+        self.set()
+        if not self.keep_alive:
+            self.transport.close()
+        self._protocol.on_response_complete()
+
+
+Handler = Callable[[DirectExchange], Awaitable[None]]
