@@ -1,8 +1,9 @@
 """Summaries, the markdown table, results.json, PNG plots, and the README section.
 
 Per (workload, concurrency, target) the figures are medians over the alternation rounds (peak
-memory: the maximum). Ratios are taken within a round — gateway and nginx / Envoy / the grpcio
-floor measured back to back — and then the median over rounds, so slow drifts of the machine cancel.
+memory: the maximum). Ratios are taken within a round — gateway and nginx / Envoy / the Python
+floor of its protocol (grpcio for gRPC, httptools for HTTP) measured back to back — and then the
+median over rounds, so slow drifts of the machine cancel.
 """
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ README_BEGIN, README_END = "<!-- results:begin -->", "<!-- results:end -->"
 SMALL_CPU_GOAL, BIG_CPU_GOAL, ADDED_P50_GOAL_US, WORKERS_GOAL = 2.0, 1.2, 150.0, 1.8
 FLOOR_CPU_GOAL = 1.15  # small gRPC: gateway-1w CPU per request ÷ the bare grpcio pass-through's
 # The baselines ratios are taken against, and the suffix of their keys (cpu_vs_nginx, rps_vs_floor, …).
-REFS = {"direct": "direct", "nginx": "nginx", "envoy": "envoy", "grpc-floor": "floor"}
-TARGET_ORDER = ("direct", "nginx", "envoy", "grpc-floor", "gateway-1w", "gateway-2w")
+# Both floors share the suffix: a workload has one protocol, so at most one floor is measured with it.
+REFS = {"direct": "direct", "nginx": "nginx", "envoy": "envoy", "grpc-floor": "floor", "http-floor": "floor"}
+TARGET_ORDER = ("direct", "nginx", "envoy", "grpc-floor", "http-floor", "gateway-1w", "gateway-2w")
 
 
 def _version(cmd: list[str]) -> str:
@@ -111,8 +113,8 @@ def build(meta: dict, runs: list[dict], scaling: list[dict], profiles: dict) -> 
         }
         # Within-round comparisons, then the median over rounds.
         for ref, key in REFS.items():
-            if tgt == ref:
-                continue
+            if tgt == ref or (key == "floor" and tgt in REFS):
+                continue  # (a floor is not compared with the other floor)
             pairs = [(r, by_round.get((wl, c, ref, r["round"]))) for r in rows]
             pairs = [(a, b) for a, b in pairs if b is not None]
             if not pairs:  # e.g. grpc-floor on HTTP workloads, or a target not measured
@@ -211,7 +213,8 @@ def _goals(summary: list[dict], meta: dict) -> list[dict]:
         if s and s.get("added_p50_us_vs_direct") is not None:
             adds = [f"{name} adds {p['added_p50_us_vs_direct']:.0f} µs"
                     for name, p in (("nginx", cell(wl, 1, "nginx")), ("Envoy", cell(wl, 1, "envoy")),
-                                    ("the grpcio floor", cell(wl, 1, "grpc-floor")))
+                                    ("the grpcio floor", cell(wl, 1, "grpc-floor")),
+                                    ("the httptools floor", cell(wl, 1, "http-floor")))
                     if p and p.get("added_p50_us_vs_direct") is not None]
             goals.append({"goal": f"added p50 ≤ {ADDED_P50_GOAL_US:.0f} µs, small ({wl}, c=1, 1 worker)",
                           "measured": f"{s['added_p50_us_vs_direct']:.0f} µs" + (f" ({', '.join(adds)})" if adds
@@ -338,6 +341,7 @@ def markdown(result: dict, *, profiles_dir: str = "profiles") -> str:
 
 
 COLORS = {"direct": "tab:blue", "nginx": "tab:orange", "envoy": "tab:purple", "grpc-floor": "tab:gray",
+          "http-floor": "tab:brown",
           "gateway-1w": "tab:green", "gateway-2w": "tab:red"}
 
 
@@ -380,7 +384,8 @@ def plots(result: dict, out: Path) -> list[str]:
 
     # Ratios overview: gateway-1w CPU/request and req/s relative to nginx, Envoy and (gRPC only) the grpcio
     # floor, per workload and concurrency.
-    refs = [("nginx", "nginx", "tab:orange"), ("envoy", "Envoy", "tab:purple"), ("floor", "grpcio floor", "tab:gray")]
+    refs = [("nginx", "nginx", "tab:orange"), ("envoy", "Envoy", "tab:purple"),
+            ("floor", "Python floor (grpcio / httptools)", "tab:gray")]
     cells = [s for s in summary if s["target"] == "gateway-1w"
              and any(s.get(f"cpu_vs_{k}") is not None for k, _, _ in refs)]
     refs = [r for r in refs if any(s.get(f"cpu_vs_{r[0]}") is not None for s in cells)]

@@ -3,8 +3,9 @@
     .venv/bin/python -m benchmarks.run [--quick] [--workloads a,b] [--concurrency 1,16] [...]
 
 It starts real Triton (the binary from nvidia-pytriton) with the test models, nginx and Envoy in
-front of it as plain proxies, a bare grpcio pass-through (the gRPC floor), and the gateway with 1
-and 2 workers; checks each target answers each workload; then, per workload and concurrency, runs
+front of it as plain proxies, the Python floors (a bare grpcio pass-through for gRPC, a bare
+httptools + asyncio one for HTTP), and the gateway with 1 and 2 workers; checks each target
+answers each workload; then, per workload and concurrency, runs
 the targets in alternation (A B C D A B C D …)
 so that machine noise lands on all of them alike and cancels in the ratios. Results go to
 benchmarks/results/<date>/ (results.json, results.md, *.png, profiles/), the markdown table is
@@ -28,11 +29,21 @@ from . import report
 from .loadgen import LoadResult, run_h2load, run_wrk
 from .procstat import Sampler, settle, system_busy_seconds
 from .profiles import profile_workload
-from .targets import Envoy, GrpcFloor, Nginx, Target, ensure_tools, envoy_binary, gateway_routes_config, start_gateway
+from .targets import (
+    Envoy,
+    GrpcFloor,
+    HttpFloor,
+    Nginx,
+    Target,
+    ensure_tools,
+    envoy_binary,
+    gateway_routes_config,
+    start_gateway,
+)
 from .workloads import WORKLOADS, Workload, verify, write_bodies
 
 HERE = Path(__file__).resolve().parent
-TARGET_ORDER = ("direct", "nginx", "envoy", "grpc-floor", "gateway-1w", "gateway-2w")
+TARGET_ORDER = ("direct", "nginx", "envoy", "grpc-floor", "http-floor", "gateway-1w", "gateway-2w")
 
 
 def log(msg: str) -> None:
@@ -99,7 +110,7 @@ def run_matrix(workloads: list[Workload], targets: list[Target], backend_pid: in
         body, headers = bodies[wl.name]
         live = []
         for t in targets:
-            if wl.protocol not in t.protocols:  # grpc-floor: gRPC workloads only
+            if wl.protocol not in t.protocols:  # the floors: their protocol's workloads only
                 continue
             why = verify(wl, t.grpc_url if wl.protocol == "grpc" else t.http_url, body, headers)
             if why:
@@ -242,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     scaling: list[dict] = []
     profiles: dict = {}
     triton = TritonServer()
-    nginx = envoy = floor = None
+    nginx = envoy = floor = hfloor = None
     try:
         log("starting Triton …")
         triton.start(workdir / "triton")
@@ -261,6 +272,11 @@ def main(argv: list[str] | None = None) -> int:
             floor = GrpcFloor(workdir / "grpc-floor", triton.grpc_url).start()
             log(f"grpc floor up: grpc {floor.port}")
             proxies.append(floor.target())
+        if "http-floor" in target_names and any(WORKLOADS[n].protocol == "http" and WORKLOADS[n].pool == "http"
+                                                for n in names):
+            hfloor = HttpFloor(workdir / "http-floor", triton.http_url).start()
+            log(f"http floor up: http {hfloor.port}")
+            proxies.append(hfloor.target())
 
         for pool in ("http", "grpc"):
             group = [WORKLOADS[n] for n in names if WORKLOADS[n].pool == pool]
@@ -301,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                                   duration=duration, warmup=warmup, concurrency=16,
                                   routes=args.scaling_routes, loadgen=args.loadgen)
     finally:
-        for proxy in (nginx, envoy, floor):
+        for proxy in (nginx, envoy, floor, hfloor):
             if proxy is not None:
                 proxy.stop()
         triton.stop()

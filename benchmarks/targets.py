@@ -1,12 +1,13 @@
-"""The things under load: Triton itself ("direct"), nginx and Envoy in front of it, a bare grpcio
-pass-through (the "floor" for gRPC), and the gateway.
+"""The things under load: Triton itself ("direct"), nginx and Envoy in front of it, the Python
+floors — a bare grpcio pass-through for gRPC, a bare httptools + asyncio one for HTTP — and the
+gateway.
 
 Triton and the gateway bind port 0 and report their ports (tests/support). nginx cannot bind
 port 0 and report it, so — benchmark only — we ask the kernel for a free port (bind 0, read it,
 close) and hand it to nginx, retrying with new ports if nginx then fails to bind. That race is
 harmless here (nothing else on a benchmark machine competes for ephemeral ports) and is not the
-way the test suite does it. Envoy and the grpcio floor bind port 0 and report their ports
-(Envoy through its admin API, the floor through a file).
+way the test suite does it. Envoy and the two Python floors bind port 0 and report their ports
+(Envoy through its admin API, the floors through a file).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from typing import Any
 from tests.support.gateway import GatewayProcess, gateway_config
 from tests.support.procs import terminate, wait_for
 
-__all__ = ["Envoy", "GrpcFloor", "Nginx", "Target", "ensure_tools", "envoy_binary", "envoy_config",
+__all__ = ["Envoy", "GrpcFloor", "HttpFloor", "Nginx", "Target", "ensure_tools", "envoy_binary", "envoy_config",
            "gateway_routes_config", "nginx_config", "start_gateway"]
 
 TOOLS = {"nginx": "nginx", "h2load": "nghttp2-client", "wrk": "wrk"}
@@ -330,35 +331,39 @@ class Envoy:
 # ------------------------------------------------------------------------------------- grpcio floor
 
 
-class GrpcFloor:
-    """``python -m benchmarks.grpc_floor``: bare grpc.aio pass-through to Triton's gRPC port (gRPC only)."""
+class _Floor:
+    """A floor pass-through (``python -m <module> --upstream ... --port-file ...``) started and
+    stopped, its bound port read from the file it writes."""
 
-    def __init__(self, workdir: Path, triton_grpc: str) -> None:
-        self.workdir, self.triton_grpc = workdir, triton_grpc
+    module = ""
+    name = ""
+    protocols: tuple[str, ...] = ()
+
+    def __init__(self, workdir: Path, upstream: str) -> None:
+        self.workdir, self.upstream = workdir, upstream
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
 
-    def start(self, timeout: float = 60) -> GrpcFloor:
+    def start(self, timeout: float = 60) -> _Floor:
         self.workdir.mkdir(parents=True, exist_ok=True)
         port_file = self.workdir / "port"
         port_file.unlink(missing_ok=True)
-        log = open(self.workdir / "grpc_floor.log", "wb")
+        logfile = self.workdir / f"{self.name}.log"
+        log = open(logfile, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.grpc_floor", "--upstream", self.triton_grpc,
-             "--port-file", str(port_file)],
+            [sys.executable, "-m", self.module, "--upstream", self.upstream, "--port-file", str(port_file)],
             cwd=Path(__file__).resolve().parents[1], stdout=log, stderr=subprocess.STDOUT)
         log.close()
 
         def port() -> int | None:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise RuntimeError("grpc_floor exited:\n"
-                                   + (self.workdir / "grpc_floor.log").read_text(errors="replace")[-2000:])
+                raise RuntimeError(f"{self.name} exited:\n" + logfile.read_text(errors="replace")[-2000:])
             text = port_file.read_text().strip() if port_file.exists() else ""
             return int(text) if text else None
 
         try:
-            self.port = wait_for(port, timeout=timeout, what="grpc floor port")
+            self.port = wait_for(port, timeout=timeout, what=f"{self.name} port")
         except BaseException:
             self.stop()
             raise
@@ -371,7 +376,22 @@ class GrpcFloor:
 
     def target(self) -> Target:
         assert self.proc is not None
-        return Target("grpc-floor", "", f"127.0.0.1:{self.port}", self.proc.pid, protocols=("grpc",))
+        url = f"127.0.0.1:{self.port}"
+        return Target(self.name, url if "http" in self.protocols else "", url if "grpc" in self.protocols else "",
+                      self.proc.pid, protocols=self.protocols)
+
+
+class GrpcFloor(_Floor):
+    """``python -m benchmarks.grpc_floor``: bare grpc.aio pass-through to Triton's gRPC port (gRPC only)."""
+
+    module, name, protocols = "benchmarks.grpc_floor", "grpc-floor", ("grpc",)
+
+
+class HttpFloor(_Floor):
+    """``python -m benchmarks.http_floor``: bare httptools + asyncio pass-through to Triton's HTTP port,
+    through the gateway's own HTTP/1.1 client (HTTP only)."""
+
+    module, name, protocols = "benchmarks.http_floor", "http-floor", ("http",)
 
 
 # ------------------------------------------------------------------------------------------ gateway

@@ -9,6 +9,8 @@ limits a front door needs on its connections (config ``limits``).
 - ``body_timeout_s``: the longest pause while a request body is arriving; past it the
   client gets 408 (if nothing was answered yet) and the connection is closed, which ends
   the request's handling (the app sees the client gone).
+- ``idle_timeout_s`` (uvicorn's keep-alive timeout): a connection idle this long after an
+  answer is closed.
 
 uvicorn has none of these (its ``limit_concurrency`` counts tasks too, and answers in
 plain text). The subclass only notes times in uvicorn's own parser callbacks; one sweep per
@@ -84,6 +86,9 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
         _head_since: float | None = None
         _body_at: float | None = None
         _in_head = False
+        # loop.time() when the last answer completed with nothing after it: keep-alive,
+        # closed by the sweep past idle_timeout_s (uvicorn arms a timer per answer instead).
+        _idle_since: float | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -117,6 +122,8 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
                     self.transport.write(slow_body)
                 self.transport.close()
                 count("body_timeout")
+            elif self._idle_since is not None and now - self._idle_since > self.timeout_keep_alive:
+                self.transport.close()
 
         def on_message_begin(self) -> None:
             # uvicorn builds the ASGI scope here; it is built only for requests that go to
@@ -125,6 +132,7 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
             self.expect_100_continue = False
             self.headers = []
             self._in_head = True
+            self._idle_since = None
             self._head_since = self.loop.time()
 
         def on_headers_complete(self) -> None:
@@ -165,6 +173,18 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
                 self.flow.pause_reading()
                 self.pipeline.appendleft((exchange, self.app))  # type: ignore[arg-type]
             return True
+
+        def on_response_complete(self) -> None:
+            # uvicorn's, except that an idle connection is left to the sweep (no timer).
+            self.server_state.total_requests += 1
+            if self.transport.is_closing():
+                return
+            self.flow.resume_reading()
+            if self.pipeline:
+                cycle, app = self.pipeline.pop()
+                self._start_asgi_task(cycle, app)
+            elif not self._in_head:
+                self._idle_since = self.loop.time()
 
         def on_body(self, body: bytes) -> None:
             cycle = self.cycle

@@ -464,6 +464,13 @@ class _Connection(asyncio.Protocol):
         return response
 
 
+def _unless_resendable(exc: ConnectionDropped, body: Any) -> None:
+    """A connection dropped before the answer began: part of a streamed body may be gone
+    with it, and then it cannot be sent again, here or elsewhere."""
+    if getattr(body, "consumed", False):
+        raise ConnectionDropped(str(exc), before_response=False) from exc
+
+
 class H1ConnectionPool:
     """Keep-alive connections to one endpoint (host, port)."""
 
@@ -483,6 +490,7 @@ class H1ConnectionPool:
         self._connect_timeout = connect_timeout
         self._idle: list[_Connection] = []
         self._max_idle = max_idle
+        self._starts: dict[tuple[str, str], bytes] = {}
         self.closed = False  # closed pools keep no connection: those in use close when done
 
     @property
@@ -503,14 +511,20 @@ class H1ConnectionPool:
         return conn
 
     def _head(self, method: str, path: str, headers: Mapping[str, str] | None, length: int | None) -> bytes:
-        lines = [f"{method} {path} HTTP/1.1".encode("latin-1"), b"Host: " + self._host_header]
+        start = self._starts.get((method, path))
+        if start is None:
+            # The request line and Host of each (method, path), made once: a pool sends few.
+            if len(self._starts) >= 1024:
+                self._starts.clear()
+            start = self._starts[(method, path)] = (f"{method} {path} HTTP/1.1\r\n".encode("latin-1")
+                                                    + b"Host: " + self._host_header + b"\r\n")
+        parts = [start]
         if length is not None:
-            lines.append(b"Content-Length: %d" % length)
+            parts.append(b"Content-Length: %d\r\n" % length)
         if headers:
-            for k, v in headers.items():
-                lines.append(f"{k}: {v}".encode("latin-1"))
-        lines.append(b"\r\n")
-        return b"\r\n".join(lines)
+            parts.append("".join([f"{k}: {v}\r\n" for k, v in headers.items()]).encode("latin-1"))
+        parts.append(b"\r\n")
+        return b"".join(parts)
 
     async def request(
         self,
@@ -543,48 +557,50 @@ class H1ConnectionPool:
                     f"all {self.max_connections} connections to {self.host}:{self.port} stayed busy") from None
         else:
             await self._slots.acquire()  # free slot: returns at once, no task, no timer
+        # (The exchange is written out here rather than in helpers: each coroutine layer
+        # costs its share on every request.)
         try:
-            response, ongoing = await self._exchange(head, body, timeout, stream_min, stream_unsized)
+            source = hasattr(body, "__aiter__")
+            idle = self._idle
+            conn = None
+            while idle:
+                if source and asyncio.get_running_loop().time() - idle[-1].idle_since > FRESH_S:
+                    break  # a streamed body goes out on a fresh connection rather than risk the race
+                conn = idle.pop()
+                if conn.closed:
+                    conn = None
+                    continue
+                try:
+                    response = await conn.exchange(head, body, timeout, stream_min, self._stream_ended,
+                                                   stream_unsized)
+                except ConnectionDropped as exc:
+                    if exc.before_response:
+                        _unless_resendable(exc, body)
+                        conn = None
+                        continue  # the keep-alive race: retry on another (or a fresh) connection
+                    raise
+                break
+            else:
+                conn = None
+            if conn is None:
+                conn = await self._connect()
+                try:
+                    response = await conn.exchange(head, body, timeout, stream_min, self._stream_ended,
+                                                   stream_unsized)
+                except ConnectionDropped as exc:
+                    if exc.before_response:
+                        _unless_resendable(exc, body)
+                    raise
         except BaseException:
             self._slots.release()
             raise
-        if not ongoing:
+        if not self._settle(conn):
             self._slots.release()
         return response
 
     def _stream_ended(self, conn: _Connection) -> None:
         self._release(conn)
         self._slots.release()
-
-    async def _exchange(self, head: bytes, body: Any, timeout: float, stream_min: int | None,
-                        stream_unsized: bool = False) -> tuple[H1Response, bool]:
-        source = hasattr(body, "__aiter__")
-        while self._idle:
-            if source and asyncio.get_running_loop().time() - self._idle[-1].idle_since > FRESH_S:
-                break  # a streamed body goes out on a fresh connection rather than risk the race
-            conn = self._idle.pop()
-            if conn.closed:
-                continue
-            try:
-                response = await self._once(conn, head, body, timeout, stream_min, stream_unsized)
-            except ConnectionDropped as exc:
-                if exc.before_response:
-                    continue  # the keep-alive race: retry on another (or a fresh) connection
-                raise
-            return response, self._settle(conn)
-        conn = await self._connect()
-        response = await self._once(conn, head, body, timeout, stream_min, stream_unsized)
-        return response, self._settle(conn)
-
-    async def _once(self, conn: _Connection, head: bytes, body: Any, timeout: float,
-                    stream_min: int | None, stream_unsized: bool = False) -> H1Response:
-        try:
-            return await conn.exchange(head, body, timeout, stream_min, self._stream_ended, stream_unsized)
-        except ConnectionDropped as exc:
-            if exc.before_response and getattr(body, "consumed", False):
-                # Part of a streamed body is gone: it cannot be sent again, here or elsewhere.
-                raise ConnectionDropped(str(exc), before_response=False) from exc
-            raise
 
     def _settle(self, conn: _Connection) -> bool:
         """Back to the pool now, unless a streamed body is still arriving (its end does it

@@ -134,6 +134,7 @@ class HttpPool(Pool[HttpEndpoint]):
         self._ssl = ssl_context(backend.tls)
         self._check_headers = dict(backend.check_headers)
         self._base64_bytes = backend.non_utf8_bytes == "base64"
+        self._infer_paths: dict[tuple[str, str], str] = {}
         self._apply(frozenset())  # static endpoints exist from the start: no loop needed
 
     def _make(self, address: HostPort) -> HttpEndpoint:
@@ -362,8 +363,16 @@ class HttpPool(Pool[HttpEndpoint]):
         """Pass-through: the body goes out as received (streamed when large), the
         backend's status, headers and body come back unchanged, errors included."""
         fwd = {k: v for k in forwarded if (v := headers.get(k)) is not None}
-        body, affinity = await http_affinity(body, headers, limit, len(self.endpoints) > 1)
-        reply = await self.request("POST", model_path(model, version) + "/infer", model, version, body=body,
+        if isinstance(body, (bytes, bytearray)) and "content-encoding" not in headers:
+            affinity = sequence_of_json(body, headers.get(HEADER_LENGTH))  # (no coroutine for the common case)
+        else:
+            body, affinity = await http_affinity(body, headers, limit, len(self.endpoints) > 1)
+        path = self._infer_paths.get((model, version))
+        if path is None:  # quoted once per model and version (bounded: names are routed ones)
+            if len(self._infer_paths) >= 4096:
+                self._infer_paths.clear()
+            path = self._infer_paths[(model, version)] = model_path(model, version) + "/infer"
+        reply = await self.request("POST", path, model, version, body=body,
                                    headers=fwd, affinity=affinity, stream_min=STREAM_MIN)
         return HttpReply(reply.status, reply.body, reply.headers)
 

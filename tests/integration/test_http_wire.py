@@ -214,3 +214,20 @@ def test_a_slow_reader_gets_a_large_answer_whole(gw):
     hl = int(got["headers"]["inference-header-content-length"])
     assert got["body"][hl:] == data
     still_serving(gw)
+
+
+def test_an_idle_connection_is_closed_after_idle_timeout(triton, tmp_path):
+    """Keep-alive ends at limits.idle_timeout_s (the listener's sweep, not a timer per answer):
+    a connection used again while idle keeps working; one left idle is closed by the gateway."""
+    g = start_gateway(tmp_path, triton.http_url, triton.grpc_url, "http", limits={"idle_timeout_s": 1})
+    try:
+        with connect(g) as s:
+            answers = Answers(s)
+            s.sendall(request())
+            check_sum(answers.read(1)[0])
+            s.sendall(request())  # reused at once: still open
+            check_sum(answers.read(2)[1])
+            answers.read(3, timeout=15)  # returns when the gateway closes the connection
+            assert answers.closed and len(answers.done) == 2
+    finally:
+        g.stop()
