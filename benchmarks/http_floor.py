@@ -74,9 +74,9 @@ class RawServer(asyncio.Protocol):
         reply = await self.pool.request(method, path, body=body or None, headers=headers, timeout=60)
         data = reply.body
         assert isinstance(data, (bytes, bytearray))
-        ctype = reply.headers.get("content-type", "application/json")
-        head = b"HTTP/1.1 %d OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (
-            reply.status, ctype.encode("latin-1"), len(data))
+        extra = b"".join(b"%s: %s\r\n" % (k.encode("latin-1"), v.encode("latin-1"))
+                         for k, v in reply.headers.items() if k.encode("latin-1") in _FORWARD)
+        head = b"HTTP/1.1 %d OK\r\n%scontent-length: %d\r\n\r\n" % (reply.status, extra, len(data))
         assert self.transport is not None
         self.transport.write(head + data if len(data) < 65536 else head)
         if len(data) >= 65536:
@@ -98,9 +98,10 @@ def asgi_app(pool: H1ConnectionPool) -> Any:
                                    timeout=60)
         data = reply.body
         assert isinstance(data, (bytes, bytearray))
+        out = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers.items()
+               if k.encode("latin-1") in _FORWARD]
         await send({"type": "http.response.start", "status": reply.status,
-                    "headers": [(b"content-type", reply.headers.get("content-type", "application/json").encode()),
-                                (b"content-length", str(len(data)).encode())]})
+                    "headers": [*out, (b"content-length", str(len(data)).encode())]})
         await send({"type": "http.response.body", "body": data})
 
     return app

@@ -203,6 +203,10 @@ class DirectExchange:
         if self.disconnected or self.response_started:
             return
         self.response_started = True
+        if self._continue and self.more_body:
+            # Refused before the client was told to send its body (Expect: 100-continue): it
+            # may send it or not, so the connection cannot be read further (RFC 9110 10.1.1).
+            close = True
         length = 0
         for part in parts:
             length += len(part)

@@ -231,3 +231,18 @@ def test_an_idle_connection_is_closed_after_idle_timeout(triton, tmp_path):
             assert answers.closed and len(answers.done) == 2
     finally:
         g.stop()
+
+
+def test_a_refusal_before_100_continue_closes_the_connection(gw):
+    """Refused before the body was asked for: the client may or may not send it, so the
+    gateway closes the connection rather than read its next request from a body."""
+    head = (b"POST %s HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+            b"Content-Encoding: br\r\nExpect: 100-continue\r\n\r\n" % (PATH, len(BODY)))
+    with connect(gw) as s:
+        s.sendall(head)
+        answers = Answers(s)
+        first = answers.read(1)[0]
+        assert first["status"] == 415 and first["headers"].get("connection") == "close"
+        answers.read(2, timeout=10)
+        assert answers.closed
+    still_serving(gw)
