@@ -228,19 +228,15 @@ class Proxy:
             return UNROUTED
         return match.label, match.backend
 
-    def _failed(self, pool: Pool[Any], exc: Exception) -> None:
-        """A backend call's failure, counted under the pool's name — unless it is the client's
-        (a bad request, or the client left while its body streamed)."""
-        if not isinstance(exc, _CLIENTS_FAULT):
-            self.metrics.upstream_errors.labels(pool.name, type(exc).__name__).inc()
-
     async def timed(self, pool: Pool[Any], call: Awaitable[T]) -> T:
         """Await a backend call, recording its duration and any failure under the pool's name."""
         start = time.perf_counter()
         try:
             return await call
+        except _CLIENTS_FAULT:
+            raise  # a bad request, or the client left while its body streamed: not the backend's failure
         except Exception as exc:
-            self._failed(pool, exc)
+            self.metrics.upstream_errors.labels(pool.name, type(exc).__name__).inc()
             raise
         finally:
             self.metrics.upstream_timer(pool.name).observe(time.perf_counter() - start)
@@ -401,14 +397,7 @@ class Proxy:
             if match.split is None or not isinstance(body, (bytes, bytearray)):
                 call = pool.infer_http(model, version, body, headers, self._http_forwarded, self.limit)
                 del body  # the pool owns it: freed there as soon as it is sent or encoded
-                start = time.perf_counter()  # self.timed(), written out: one coroutine less per request
-                try:
-                    return await call
-                except Exception as exc:
-                    self._failed(pool, exc)
-                    raise
-                finally:
-                    self.metrics.upstream_timer(pool.name).observe(time.perf_counter() - start)
+                return await self.timed(pool, call)
             try:
                 return await self.timed(pool, pool.infer_http(model, version, body, headers, self._http_forwarded,
                                                               self.limit))

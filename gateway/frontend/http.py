@@ -77,11 +77,18 @@ def error_response(err: GatewayError) -> Response:
     return Response(body, status, media_type=ctype, headers=error_headers(err) or None)
 
 
+def error_answer(err: GatewayError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """(status, headers, body) of an error answer, headers as the wire carries them."""
+    status, content, ctype = error_parts(err)
+    out = [(b"content-type", ctype.encode("latin-1"))]
+    out += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in error_headers(err).items()]
+    return status, out, content
+
+
 async def send_error(send: Send, err: GatewayError, close: bool = False) -> None:
     """An error answer sent straight on the ASGI channel (before any app code ran)."""
-    status, body, ctype = error_parts(err)
-    headers = [(b"content-type", ctype.encode("latin-1")), (b"content-length", str(len(body)).encode())]
-    headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in error_headers(err).items()]
+    status, headers, body = error_answer(err)
+    headers.append((b"content-length", str(len(body)).encode()))
     if close:
         headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -364,12 +371,6 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                     metrics.refused("http", err)
                 return err
         return None
-
-    def error_answer(err: GatewayError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        status, content, ctype = error_parts(err)
-        out = [(b"content-type", ctype.encode("latin-1"))]
-        out += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in error_headers(err).items()]
-        return status, out, content
 
     bytes_in = metrics.request_bytes.labels("http") if metrics is not None else None
 

@@ -560,43 +560,41 @@ class H1ConnectionPool:
         # (The exchange is written out here rather than in helpers: each coroutine layer
         # costs its share on every request.)
         try:
-            source = hasattr(body, "__aiter__")
-            idle = self._idle
-            conn = None
-            while idle:
-                if source and asyncio.get_running_loop().time() - idle[-1].idle_since > FRESH_S:
-                    break  # a streamed body goes out on a fresh connection rather than risk the race
-                conn = idle.pop()
-                if conn.closed:
-                    conn = None
-                    continue
+            while True:
+                conn = self._idle_connection(hasattr(body, "__aiter__"))
+                fresh = conn is None
+                if conn is None:
+                    conn = await self._connect()
                 try:
                     response = await conn.exchange(head, body, timeout, stream_min, self._stream_ended,
                                                    stream_unsized)
+                    break
                 except ConnectionDropped as exc:
-                    if exc.before_response:
-                        _unless_resendable(exc, body)
-                        conn = None
-                        continue  # the keep-alive race: retry on another (or a fresh) connection
-                    raise
-                break
-            else:
-                conn = None
-            if conn is None:
-                conn = await self._connect()
-                try:
-                    response = await conn.exchange(head, body, timeout, stream_min, self._stream_ended,
-                                                   stream_unsized)
-                except ConnectionDropped as exc:
-                    if exc.before_response:
-                        _unless_resendable(exc, body)
-                    raise
+                    if not exc.before_response:
+                        raise
+                    _unless_resendable(exc, body)
+                    if fresh:
+                        raise
+                    # The keep-alive race on a reused connection: retry on another (or a fresh) one.
         except BaseException:
             self._slots.release()
             raise
         if not self._settle(conn):
             self._slots.release()
         return response
+
+    def _idle_connection(self, source: bool) -> _Connection | None:
+        """A kept-alive connection to reuse, or None for a fresh one. A streamed body
+        (``source``) goes out on a fresh connection rather than risk the keep-alive race on
+        one idle for long: once sent, its chunks cannot be sent again."""
+        idle = self._idle
+        while idle:
+            if source and asyncio.get_running_loop().time() - idle[-1].idle_since > FRESH_S:
+                return None
+            conn = idle.pop()
+            if not conn.closed:
+                return conn
+        return None
 
     def _stream_ended(self, conn: _Connection) -> None:
         self._release(conn)
