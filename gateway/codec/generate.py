@@ -42,7 +42,7 @@ from ..errors import BadUpstreamResponse, InvalidRequest, Unsupported
 from ..model import Tensor
 from .datatypes import INT64_MAX, bytes_values, datatype_info, element_count, serialize_bytes_elements, to_numpy
 from .grpc import decode_response
-from .jsonnum import float_json
+from .jsonnum import float_json, float_token
 from .wire import iter_fields
 
 __all__ = [
@@ -284,12 +284,6 @@ def generate_to_grpc(doc: _Obj, inputs: Mapping[str, InputSpec], model: str, ver
 
 
 # ----------------------------------------------------------------------- response
-def _nonfinite(value: float) -> Any:
-    if math.isfinite(value):
-        return value
-    return orjson.Fragment(b"NaN" if math.isnan(value) else b"Infinity" if value > 0 else b"-Infinity")
-
-
 def _output_value(t: Tensor) -> Any:
     """One output as Triton's generate writes it (WriteDataToJson): a flat array, or its
     only element bare."""
@@ -314,7 +308,7 @@ def _output_value(t: Tensor) -> Any:
         arr = arr.view(np.uint8) != 0  # any non-zero byte is true (Triton: bool_base[e] != 0)
     elif info.dtype.kind == "f":
         wide = arr.astype(np.float64)  # Triton writes FP32 widened to double (AppendDouble)
-        return _nonfinite(float(wide[0])) if count == 1 else float_json(wide)
+        return float_token(float(wide[0])) if count == 1 else float_json(wide)
     return arr.tolist()[0] if count == 1 else arr.tolist()
 
 
@@ -331,7 +325,7 @@ def answer_json(answer: bytes | memoryview, backend: str) -> bytes:
     fields["model_version"] = resp.model_version
     for key, value in resp.parameters.items():
         if key not in _STREAM_ONLY_PARAMS:
-            fields.setdefault(key, _nonfinite(value) if isinstance(value, float) else value)
+            fields.setdefault(key, float_token(value) if isinstance(value, float) else value)
     for t in resp.outputs:
         if t.name not in fields:
             fields[t.name] = _output_value(t)

@@ -49,7 +49,7 @@ from .datatypes import (
     to_numpy,
     validate_tensor,
 )
-from .jsonnum import bf16_to_float64, float64_to_bf16, float64_to_fp16, float_json
+from .jsonnum import bf16_to_float64, float64_to_bf16, float64_to_fp16, float_json, params_json
 
 __all__ = ["binary_policy", "decode_request", "decode_response", "encode_request", "encode_response"]
 
@@ -358,6 +358,11 @@ def _encode_tensors(tensors: tuple[Tensor, ...], binary_of: Any, chunks: list[by
 
 
 def _finish(doc: dict[str, Any], chunks: list[bytes | memoryview]) -> tuple[list[bytes | memoryview], int | None]:
+    # Parameters keep a non-finite double as its token (orjson would write null: a value
+    # changed, then refused by the reader).
+    for holder in (doc, *doc.get("inputs", ()), *doc.get("outputs", ())):
+        if "parameters" in holder:
+            holder["parameters"] = params_json(holder["parameters"])
     header = orjson.dumps(doc, option=_OPT)
     chunks[0] = header
     # Triton sets Inference-Header-Content-Length only when binary bytes follow: a

@@ -16,12 +16,15 @@
 """
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import numpy as np
 import orjson
 
 from ..errors import InvalidRequest
 
-__all__ = ["bf16_to_float64", "float64_to_bf16", "float64_to_fp16", "float_json"]
+__all__ = ["bf16_to_float64", "float64_to_bf16", "float64_to_fp16", "float_json", "float_token", "params_json"]
 
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
@@ -42,6 +45,21 @@ def float_json(values: np.ndarray) -> np.ndarray | orjson.Fragment:
         out.append(token.encode())
         out.append(piece)
     return orjson.Fragment(b"".join(out))
+
+
+def float_token(value: float) -> float | orjson.Fragment:
+    """One float as JSON: itself, or the ``NaN`` / ``Infinity`` / ``-Infinity`` token."""
+    if math.isfinite(value):
+        return value
+    return orjson.Fragment(b"NaN" if math.isnan(value) else b"Infinity" if value > 0 else b"-Infinity")
+
+
+def params_json(params: dict[str, Any]) -> dict[str, Any]:
+    """Parameters as JSON writes them: a non-finite double parameter (a gRPC client's
+    ``double_param``) keeps its value as a token, where orjson would write ``null``."""
+    if not any(isinstance(v, float) and not math.isfinite(v) for v in params.values()):
+        return params
+    return {k: float_token(v) if isinstance(v, float) else v for k, v in params.items()}
 
 
 def bf16_to_float64(raw: np.ndarray) -> np.ndarray:

@@ -206,3 +206,27 @@ def test_unicode_digits_are_not_counts():
     for text in ("²", "-²", "1²"):
         with pytest.raises(InvalidRequest):
             path_version(text)
+
+
+@pytest.mark.parametrize("value, token", [(float("inf"), b"Infinity"), (float("-inf"), b"-Infinity")])
+def test_non_finite_parameters_keep_their_value_when_written_as_json(value, token):
+    """A request parameter of +-Infinity (a JSON body with the token, or a gRPC client's
+    double_param) was written by the HTTP encoder as null (orjson's rendering), which the
+    reader then refused: a value changed on the way. Found by the structured HTTP body
+    target: {"parameters": {"sequence_id": Infinity}}."""
+    req = http_codec.decode_request(b'{"inputs": [], "parameters": {"sequence_id": ' + token + b'}}', None, "m", "1")
+    assert req.parameters["sequence_id"] == value
+    for binary in (True, False):
+        chunks, hl = http_codec.encode_request(req, binary=binary)
+        text = b"".join(chunks)
+        assert b'"sequence_id":' + token in text
+        assert http_codec.decode_request(text, hl, "m", "1").parameters["sequence_id"] == value
+    # gRPC -> HTTP: a double_param of the same value.
+    msg = pb.ModelInferRequest(model_name="m")
+    msg.parameters["p"].double_param = value
+    chunks, _headers, _typed = convert.grpc_request_to_http(msg.SerializeToString(), binary=False)
+    assert b'"p":' + token in b"".join(chunks)
+    # NaN too (a gRPC double_param may be NaN).
+    msg.parameters["p"].double_param = float("nan")
+    chunks, _headers, _typed = convert.grpc_request_to_http(msg.SerializeToString(), binary=False)
+    assert b'"p":NaN' in b"".join(chunks)
