@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -32,6 +32,7 @@ from .errors import (
     Unsupported,
     UpstreamError,
 )
+from .observability.access import AccessRecord
 from .observability.metrics import UNROUTED, Metrics, RouteLabel
 from .routing.readiness import Ready
 from .routing.table import Match, RouteTable
@@ -233,13 +234,16 @@ class Proxy:
         start = time.perf_counter()
         try:
             return await call
-        except _CLIENTS_FAULT:
-            raise  # a bad request, or the client left while its body streamed: not the backend's failure
         except Exception as exc:
-            self.metrics.upstream_errors.labels(pool.name, type(exc).__name__).inc()
+            self._failed(pool, exc)
             raise
         finally:
             self.metrics.upstream_timer(pool.name).observe(time.perf_counter() - start)
+
+    def _failed(self, pool: Pool[Any], exc: Exception) -> None:
+        if not isinstance(exc, _CLIENTS_FAULT):
+            # (A bad request, or the client left while its body streamed: not the backend's failure.)
+            self.metrics.upstream_errors.labels(pool.name, type(exc).__name__).inc()
 
     # -- model-level answers come from a backend of the routed pool -------------
     async def model_ready(self, model: str, version: str) -> bool:
@@ -409,6 +413,48 @@ class Proxy:
                                                                 self._http_forwarded, self.limit))
         finally:
             self.admission.leave(size)
+
+    def infer_http_now(self, model: str, version: str, body: bytes | bytearray, headers: Mapping[str, str],
+                       record: AccessRecord | None,
+                       done: Callable[[HttpReply | Exception | None], None]) -> RouteLabel | None:
+        """:meth:`infer_http` without a coroutine for a whole, uncompressed body, when its
+        route is one plain HTTP pool (no split, no mirror) and that pool can send it at once
+        (``HttpPool.infer_http_now``): the answer, or the error :meth:`infer_http` would
+        raise, goes to ``done`` from the backend connection's callbacks; ``done(None)``:
+        send it again through :meth:`infer_http` (nothing was answered). Returns the
+        request's (route, pool) label, or None when nothing was done (await
+        :meth:`infer_http` instead). Raises what routing and admission raise."""
+        match = self.routing.table.resolve(model, version, headers)
+        if match.split is not None or match.mirror is not None:
+            return None
+        pool = self.routing.pools[match.backend]
+        if not isinstance(pool, HttpPool):
+            return None
+        size = len(body)
+        admission = self.admission
+        admission.enter(size)
+        start = time.perf_counter()
+        timer = self.metrics.upstream_timer(pool.name)
+
+        def answered(result: HttpReply | Exception | None) -> None:
+            admission.leave(size)
+            if result is not None:
+                timer.observe(time.perf_counter() - start)
+                if isinstance(result, Exception):
+                    self._failed(pool, result)
+            done(result)
+
+        try:
+            taken = pool.infer_http_now(model, version, body, headers, self._http_forwarded, record, answered)
+        except Exception as exc:
+            admission.leave(size)
+            timer.observe(time.perf_counter() - start)
+            self._failed(pool, exc)
+            raise
+        if not taken:
+            admission.leave(size)
+            return None
+        return match.label, match.backend
 
     def _other_side(self, match: Match, failed: Pool[Any], model: str, version: str,
                     affinity: str | None) -> Pool[Any] | None:

@@ -183,12 +183,14 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
         admit(ctx, "ModelMetadata", req.name, req.version)
         return _metadata_message(await plane.model_metadata(req.name, req.version))
 
+    bytes_in = metrics.request_bytes.labels("grpc") if metrics is not None else None  # (labels() per call: a lock)
+
     async def model_infer(message: bytes, ctx: aio.ServicerContext, seen: _Seen):
         model, version, sequence = scan_checked(message, limits)  # routing fields + hard limits
         if not model:
             raise InvalidRequest("ModelInferRequest.model_name is required")
-        if metrics is not None:
-            metrics.request_bytes.labels("grpc").observe(len(message))
+        if bytes_in is not None:
+            bytes_in.observe(len(message))
         seen.note(route_label(model, version), model, version)
         admit(ctx, "ModelInfer", model, version)
         return await plane.infer_grpc(message, model, version, ctx.time_remaining(), sequence,

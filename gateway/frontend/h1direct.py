@@ -29,7 +29,7 @@ from typing import Any
 
 from ..dataplane import ClientDisconnected
 
-__all__ = ["DirectExchange", "Handler", "status_line"]
+__all__ = ["DirectExchange", "DirectRoute", "Handler", "Now", "status_line"]
 
 log = logging.getLogger("oip_gateway.http")
 
@@ -59,15 +59,18 @@ _INTERNAL = (b'{"error":"internal gateway error"}')
 class DirectExchange:
     """One request and its answer on an HTTP/1.1 connection; see the module text."""
 
-    __slots__ = ("_chunked", "_chunks", "_continue", "_handler", "_protocol", "_queued", "_waiter", "disconnected",
-                 "headers", "keep_alive", "method", "more_body", "path", "query", "raw_path", "response_complete",
-                 "response_started", "transport")
+    __slots__ = ("_chunked", "_chunks", "_continue", "_handler", "_now", "_protocol", "_queued", "_waiter", "deferred",
+                 "disconnected", "headers", "keep_alive", "method", "more_body", "path", "query", "raw_path",
+                 "response_complete", "response_started", "transport")
 
-    def __init__(self, protocol: Any, handler: Handler, method: str, path: str, raw_path: bytes, query: bytes,
+    def __init__(self, protocol: Any, route: DirectRoute, method: str, path: str, raw_path: bytes, query: bytes,
                  headers: list[tuple[bytes, bytes]], keep_alive: bool, expect_continue: bool) -> None:
         self._protocol = protocol
         self.transport: asyncio.Transport = protocol.transport
-        self._handler = handler
+        self._handler, self._now = route
+        # Held by the listener until the whole body is here, then served by ``now`` (or,
+        # when that declines, by the handler's task): see serve().
+        self.deferred = False
         self.method = method
         self.path = path  # %-decoded, as uvicorn gives it to ASGI apps
         self.raw_path = raw_path
@@ -108,6 +111,45 @@ class DirectExchange:
         self.more_body = False
         self.set()
 
+    def serve(self) -> None:
+        """A deferred request whose body has all come: ``now`` serves it without a task if
+        it can; else the handler runs as a task, as for any other request."""
+        self.deferred = False
+        try:
+            if self._now is not None and self._now(self):
+                return
+        except Exception:
+            log.exception("unhandled error serving %s %s", self.method, self.path)
+            self.fail()
+            return
+        self._protocol._start_asgi_task(self, None)
+
+    def run_later(self, body: bytes | bytearray) -> None:
+        """``now`` took the body and then handed the request back (nothing was answered):
+        the handler serves it in a task, with the body given back."""
+        self._chunks.clear()
+        self._chunks.append(body)  # type: ignore[arg-type]
+        self._protocol._start_asgi_task(self, None)
+
+    def spawn(self, work: Awaitable[None]) -> None:
+        """The rest of an answer ``now`` began (a streamed body) as a task of the server's."""
+        async def run() -> None:
+            try:
+                await work
+            except Exception:
+                log.exception("unhandled error serving %s %s", self.method, self.path)
+                self.fail()
+
+        self._protocol._start_task(run())
+
+    def fail(self) -> None:
+        """Something broke while answering: a 500 if nothing went out yet, else the
+        connection is cut (the client sees a truncated answer)."""
+        if not self.response_started and not self.disconnected:
+            self.respond(500, [(b"content-type", b"application/json")], (_INTERNAL,), close=True)
+        elif not self.response_complete:
+            self.transport.close()
+
     async def run_asgi(self, app: Any = None) -> None:
         """The handler, run as uvicorn runs an ASGI app (the name is uvicorn's)."""
         try:
@@ -116,10 +158,7 @@ class DirectExchange:
             if isinstance(exc, (SystemExit, KeyboardInterrupt)):
                 raise
             log.exception("unhandled error serving %s %s", self.method, self.path)
-            if not self.response_started and not self.disconnected:
-                self.respond(500, [(b"content-type", b"application/json")], (_INTERNAL,), close=True)
-            elif not self.response_complete:
-                self.transport.close()
+            self.fail()
             if isinstance(exc, asyncio.CancelledError):
                 raise
         else:
@@ -149,6 +188,16 @@ class DirectExchange:
             await self._waiter
         finally:
             self._waiter = None
+
+    def whole(self) -> bytes:
+        """The body, all of it here (a deferred request), kept until :meth:`taken`."""
+        chunks = self._chunks
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def taken(self) -> None:
+        """The body went to ``now``'s request: dropped here."""
+        self._chunks.clear()
+        self._taken()
 
     async def body(self, limit: int, too_large: Callable[[], Exception]) -> bytes:
         """The whole body; ``too_large()`` is raised once more than ``limit`` bytes came."""
@@ -201,6 +250,11 @@ class DirectExchange:
         """A whole answer at once: the head and every part in one write (no joined copy of the
         parts; uvloop sends them with one writev)."""
         if self.disconnected or self.response_started:
+            return
+        if self.transport.is_closing():
+            # Gone (a pipelined request's client: the protocol marks only its current
+            # request disconnected); nothing can be written.
+            self.disconnected = True
             return
         self.response_started = True
         if self._continue and self.more_body:
@@ -257,3 +311,6 @@ class DirectExchange:
 
 
 Handler = Callable[[DirectExchange], Awaitable[None]]
+# Serves a request from callbacks alone if it can (True); False: the Handler serves it.
+Now = Callable[[DirectExchange], bool]
+DirectRoute = tuple[Handler, Now | None]

@@ -33,7 +33,7 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ..config.security import Limits
-from .h1direct import DirectExchange, Handler
+from .h1direct import DirectExchange, DirectRoute
 
 __all__ = ["SWEEP_S", "limited_protocol"]
 
@@ -46,7 +46,13 @@ def _answer(status: int, reason: bytes, message: str) -> bytes:
             % (status, reason, len(body))) + body
 
 
-Router = Callable[[str, str], Handler | None]
+Router = Callable[[str, str], DirectRoute | None]
+
+# A request served directly whose declared body is at most this long is held until its
+# body is all here, then served from callbacks if it can be (h1direct.DirectExchange.serve).
+# The front end reads bodies up to the same size whole before anything else happens to them
+# (frontend/http.py _LARGE); larger ones stream through from their first bytes.
+DEFER_MAX = 1 << 20
 
 
 def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | None = None) -> type[HttpToolsProtocol]:
@@ -159,20 +165,35 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
             path = raw_path.decode("ascii")
             if "%" in path:
                 path = urllib.parse.unquote(path)  # as uvicorn decodes it for ASGI
-            handler = direct(method, path)
-            if handler is None:
+            route = direct(method, path)
+            if route is None:
                 return False
             previous = self.cycle
             self.cycle = exchange = DirectExchange(  # type: ignore[assignment]
-                self, handler, method, path, raw_path, parsed.query or b"", self.headers,
+                self, route, method, path, raw_path, parsed.query or b"", self.headers,
                 parser.get_http_version() != "1.0" and parser.should_keep_alive(), self.expect_100_continue)
             if previous is None or previous.response_complete:
-                self._start_asgi_task(exchange, self.app)  # type: ignore[arg-type]
+                if route[1] is not None and not self.expect_100_continue and self._small_body():
+                    exchange.deferred = True  # served once its body is here (on_message_complete)
+                else:
+                    self._start_asgi_task(exchange, self.app)  # type: ignore[arg-type]
             else:
                 # Pipelined behind an answer still going out: queued, as uvicorn queues its own.
                 self.flow.pause_reading()
                 self.pipeline.appendleft((exchange, self.app))  # type: ignore[arg-type]
             return True
+
+        def _small_body(self) -> bool:
+            for name, value in self.headers:
+                if name == b"content-length":
+                    return value.isdigit() and len(value) <= 7 and int(value) <= DEFER_MAX
+            return False  # chunked, or none
+
+        def _start_task(self, work: Any) -> None:
+            """A task of this connection's server (graceful shutdown waits for it)."""
+            task = self.loop.create_task(work)
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
 
         def on_response_complete(self) -> None:
             # uvicorn's, except that an idle connection is left to the sweep (no timer).
@@ -199,6 +220,8 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
             cycle = self.cycle
             if isinstance(cycle, DirectExchange):
                 cycle.finish()
+                if cycle.deferred and not cycle.disconnected:
+                    cycle.serve()
             else:
                 super().on_message_complete()
 

@@ -28,7 +28,7 @@ from ..codec.content import decode_content, is_count
 from ..codec.jsondepth import DepthScanner, InflatingDepthScanner, too_deep
 from ..codec.limits import check_json, check_names
 from ..config.security import Limits
-from ..dataplane import ClientDisconnected, DataPlane, StreamedBody
+from ..dataplane import ClientDisconnected, DataPlane, HttpReply, StreamedBody
 from ..errors import (
     SHARED_MEMORY_REFUSAL,
     BadUpstreamResponse,
@@ -40,9 +40,10 @@ from ..errors import (
     UnsupportedEncoding,
     UpstreamError,
 )
+from ..observability.access import AccessRecord
 from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
 from .generate import build_generate, generate_target
-from .h1direct import DirectExchange, Handler
+from .h1direct import DirectExchange, DirectRoute
 from .kinds import http_kind
 from .v1_http import build_v1_http_app
 
@@ -242,7 +243,7 @@ class HttpApp:
 
     __slots__ = ("asgi", "direct")
 
-    def __init__(self, asgi: ASGIApp, direct: Callable[[str, str], Handler | None]) -> None:
+    def __init__(self, asgi: ASGIApp, direct: Callable[[str, str], DirectRoute | None]) -> None:
         self.asgi = asgi
         self.direct = direct
 
@@ -374,6 +375,61 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
 
     bytes_in = metrics.request_bytes.labels("http") if metrics is not None else None
 
+    def check_whole(body: bytes | bytearray, encoding: str | None, ihcl: str | None) -> None:
+        """The checks of a body read whole, before it goes anywhere."""
+        # A compressed body is checked inflated (what the backend will parse).
+        plain = decode_content(body, encoding, max_message_bytes) if encoding else body
+        _header_length(ihcl, len(plain))
+        head = json_part(plain, ihcl)
+        check_depth(head, max_json_depth)
+        check_json(head, limits)  # hard limits: tensors, dims, elements, names, ids
+
+    def reply_answer(reply: HttpReply) -> tuple[int, list[tuple[bytes, bytes]],
+                                                   list[bytes | bytearray | memoryview], StreamedBody | None]:
+        """A data plane's answer as the wire carries it: status, headers, body parts (or the
+        streamed body)."""
+        out_headers = []
+        for k, v in reply.headers.items():
+            value = v.encode("latin-1")
+            if b"\r" in value or b"\n" in value:  # never relay a header that could split the answer
+                raise BadUpstreamResponse(f"backend header {k!r} holds a line break")
+            out_headers.append((k.encode("latin-1"), value))
+        body = reply.body
+        if isinstance(body, (bytes, bytearray)):
+            return reply.status, out_headers, [body], None
+        if isinstance(body, (list, tuple)):  # before the (slower) protocol check
+            parts = list(body)
+        elif isinstance(body, StreamedBody):
+            return reply.status, out_headers, [], body
+        else:
+            parts = list(body)
+        # Each part goes to the transport as it is (uvloop sends a memoryview without
+        # copying it): the tensor bytes are not joined into one more copy of the answer.
+        return reply.status, out_headers, [p if isinstance(p, (bytes, bytearray)) else memoryview(p).cast("B")
+                                           for p in parts], None
+
+    def failure_answer(err: Exception, record: AccessRecord | None) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        if isinstance(err, GatewayError):
+            if record is not None and not isinstance(err, UpstreamError):
+                record.reason = err.message
+            return error_answer(err)
+        log.error("unhandled error in infer", exc_info=err)
+        status, content, ctype = _INTERNAL
+        return status, [(b"content-type", ctype.encode("latin-1"))], content
+
+    def observe(label: RouteLabel, model: str, version: str, status: int, start: float,
+                record: AccessRecord | None, length: int) -> None:
+        if metrics is not None:
+            if record is not None:
+                record.bytes_out = length
+            metrics.observe("http", "infer", label, status, time.perf_counter() - start, model, version, record)
+
+    async def stream_answer(ex: DirectExchange, status: int, out_headers: list[tuple[bytes, bytes]],
+                            streamed: StreamedBody, label: RouteLabel, model: str, version: str, start: float,
+                            record: AccessRecord | None) -> None:
+        length = await _send_streamed(ex, status, out_headers, streamed)
+        observe(label, model, version, status, start, record, length)
+
     async def infer(ex: DirectExchange, model: str, version: str) -> None:
         """``POST /v2/models/{m}[/versions/{v}]/infer``, served without ASGI (h1direct.py)."""
         refusal = head_refusal(ex.method, ex.path, ex.raw_path, ex.query, ex.headers)
@@ -417,64 +473,103 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             else:
                 body = await ex.body(max_message_bytes, too_large)
                 size = len(body)
-                # A compressed body is checked inflated (what the backend will parse).
-                plain = decode_content(body, encoding, max_message_bytes) if compressed else body
-                _header_length(ihcl, len(plain))
-                head = json_part(plain, ihcl)
-                check_depth(head, max_json_depth)
-                check_json(head, limits)  # hard limits: tensors, dims, elements, names, ids
-                del plain, head
+                check_whole(body, encoding if compressed else None, ihcl)
             if bytes_in is not None:
                 bytes_in.observe(size)
             if record is not None:
                 record.bytes_in = size
             call = plane.infer_http(model, version, body, headers)
             del body  # the data plane owns it now: freed as soon as it is encoded/sent upstream
-            reply = await call
-            status = reply.status
-            out_headers = []
-            for k, v in reply.headers.items():
-                value = v.encode("latin-1")
-                if b"\r" in value or b"\n" in value:  # never relay a header that could split the answer
-                    raise BadUpstreamResponse(f"backend header {k!r} holds a line break")
-                out_headers.append((k.encode("latin-1"), value))
-            if isinstance(reply.body, (bytes, bytearray)):
-                parts = [reply.body]
-            elif isinstance(reply.body, (list, tuple)):  # before the (slower) protocol check
-                parts = list(reply.body)
-            elif isinstance(reply.body, StreamedBody):
-                streamed = reply.body
-                parts = []
-            else:
-                parts = list(reply.body)
+            status, out_headers, parts, streamed = reply_answer(await call)
         except ClientDisconnected:
             return
-        except GatewayError as err:
-            status, out_headers, content = error_answer(err)
+        except Exception as err:
+            status, out_headers, content = failure_answer(err, record)
             parts = [content]
-            if record is not None and not isinstance(err, UpstreamError):
-                record.reason = err.message
-        except Exception:
-            log.exception("unhandled error in infer")
-            status, content, ctype = _INTERNAL
-            parts = [content]
-            out_headers = [(b"content-type", ctype.encode("latin-1"))]
         finally:
             if incoming is not None:
                 incoming.release()  # the data plane is done with the body's buffer
         if streamed is not None:
             length = await _send_streamed(ex, status, out_headers, streamed)
         else:
-            # Each part goes to the transport as it is (uvloop sends a memoryview without
-            # copying it): the tensor bytes are not joined into one more copy of the answer.
-            parts = [p if isinstance(p, (bytes, bytearray)) else memoryview(p).cast("B") for p in parts]
             ex.respond(status, out_headers, parts)
             length = sum(len(p) for p in parts) if record is not None else 0
-        if metrics is not None:
-            if record is not None:
-                record.bytes_out = length
-            metrics.observe("http", "infer", route_label(model, version), status, time.perf_counter() - start,
-                            model, version, record)
+        observe(route_label(model, version), model, version, status, start, record, length)
+
+    infer_http_now = getattr(plane, "infer_http_now", None)
+
+    def infer_now(ex: DirectExchange, model: str, version: str) -> bool:
+        """:func:`infer` without a task, coroutine or future, when it can be: the listener
+        held the request until its whole body was here (h1listen.py: a small declared
+        length), it is not compressed, and the data plane can send it at once
+        (``Proxy.infer_http_now``: one plain HTTP pool with a kept-alive connection free).
+        The answer is written from the backend connection's callbacks. Every check, error
+        answer and metric is :func:`infer`'s. False: nothing was done; :func:`infer` serves it.
+
+        Why: a task per request, a future per exchange and the coroutine chain through
+        proxy, pool and connection cost about as much CPU as nginx spends on the whole
+        request (docs/design-notes.md, "Inference from callbacks")."""
+        refusal = head_refusal(ex.method, ex.path, ex.raw_path, ex.query, ex.headers)
+        if refusal is not None:
+            status, out, content = error_answer(refusal)
+            ex.respond(status, out, (content,), close=isinstance(refusal, HeadTooLarge))
+            return True
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in ex.headers}
+        if "content-encoding" in headers or infer_http_now is None:
+            return False
+        start = time.perf_counter()
+        body = ex.whole()
+        record = access.open(headers.get("x-request-id")) if access is not None else None
+        label: RouteLabel | None = None
+
+        def answered(result: HttpReply | Exception | None) -> None:
+            # Called from the backend connection's data_received (or connection_lost, or
+            # the timeout's timer) once: nothing may escape into that protocol's parser.
+            assert label is not None  # (set below before any answer can come: none comes synchronously)
+            try:
+                if result is None:  # the pool would have retried it: infer() sends it again
+                    if not ex.disconnected:
+                        ex.run_later(body)
+                    return
+                streamed = None
+                if isinstance(result, Exception):
+                    status, out_headers, content = failure_answer(result, record)
+                    parts: list[bytes | bytearray | memoryview] = [content]
+                else:
+                    try:
+                        status, out_headers, parts, streamed = reply_answer(result)
+                    except GatewayError as err:
+                        status, out_headers, content = failure_answer(err, record)
+                        parts = [content]
+                if streamed is not None:
+                    ex.spawn(stream_answer(ex, status, out_headers, streamed, label, model, version, start, record))
+                    return
+                ex.respond(status, out_headers, parts)
+                observe(label, model, version, status, start, record,
+                        sum(len(p) for p in parts) if record is not None else 0)
+            except Exception:
+                log.exception("unhandled error answering %s", ex.path)
+                ex.fail()
+
+        try:
+            if len(body) > max_message_bytes:
+                raise too_large()
+            check_whole(body, None, headers.get("inference-header-content-length"))
+            label = infer_http_now(model, version, body, headers, record, answered)
+        except GatewayError as err:
+            status, out_headers, content = failure_answer(err, record)
+            ex.respond(status, out_headers, (content,))
+            observe(route_label(model, version), model, version, status, start, record,
+                    len(content) if record is not None else 0)
+            return True
+        if label is None:
+            return False
+        ex.taken()
+        if bytes_in is not None:
+            bytes_in.observe(len(body))
+        if record is not None:
+            record.bytes_in = len(body)
+        return True
 
     def too_large() -> PayloadTooLarge:
         return PayloadTooLarge(f"request body exceeds the limit of {max_message_bytes} bytes")
@@ -597,7 +692,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                 return
         await rest(scope, receive, send)
 
-    def direct(method: str, path: str) -> Handler | None:
+    def direct(method: str, path: str) -> DirectRoute | None:
         """The requests the listener serves without ASGI: inference."""
         if method != "POST":
             return None
@@ -605,7 +700,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         if target is None:
             return None
         model, version = target
-        return lambda ex: infer(ex, model, version)
+        return (lambda ex: infer(ex, model, version)), (lambda ex: infer_now(ex, model, version))
 
     return HttpApp(app, direct)
 

@@ -60,11 +60,18 @@ class AccessLog:
         self._log = logging.getLogger("oip_gateway.access")
 
     def begin(self, request_id: str | None, bytes_in: int = 0) -> AccessRecord | None:
+        """A record for the request the current task serves (:func:`note_endpoint` finds it)."""
+        record = self.open(request_id, bytes_in)
+        if record is not None:
+            _CURRENT.set(record)
+        return record
+
+    def open(self, request_id: str | None, bytes_in: int = 0) -> AccessRecord | None:
+        """A record passed along by hand: for a request served from protocol callbacks, where
+        a context variable set would outlive the request (the connection's context)."""
         if self.sample < 1.0 and random.random() >= self.sample:
             return None
-        record = AccessRecord(request_id or "", bytes_in)
-        _CURRENT.set(record)
-        return record
+        return AccessRecord(request_id or "", bytes_in)
 
     def write(self, record: AccessRecord, protocol: str, api: str, model: str, version: str, route: str,
               pool: str, status: str | int, seconds: float) -> None:

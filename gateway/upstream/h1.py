@@ -14,6 +14,11 @@ the server closed before sending a single byte of the answer is retried once
 on a fresh connection: that is the keep-alive race (the server timed the idle
 connection out as we sent), not a failed request.
 
+A request can also start without a coroutine (:meth:`H1ConnectionPool.request_now`: a
+free slot and a kept-alive connection): its answer is handed to a callback from the
+connection's own protocol callbacks (the inference path served from callbacks,
+frontend/http.py ``infer_now``).
+
 Large bodies stream both ways, so a pass-through proxy never holds one whole
 (issue 3's memory target):
 - a request body can be a *source* (an object with ``length``, ``consumed`` and
@@ -190,7 +195,7 @@ class _Connection(asyncio.Protocol):
         self._loop = loop
         self._parser = httptools.HttpResponseParser(self)
         self._transport: asyncio.Transport | None = None
-        self._fut: asyncio.Future[H1Response] | None = None
+        self._fut: asyncio.Future[H1Response] | _Pending | None = None
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
         self._buf: memoryview | None = None
@@ -362,7 +367,7 @@ class _Connection(asyncio.Protocol):
         a stalled client raises SourceStalled, a backend that stopped reading TimeoutError.
         """
         fut = self._fut
-        assert fut is not None and self._transport is not None
+        assert isinstance(fut, asyncio.Future) and self._transport is not None
         fut.add_done_callback(self._wake_drain)
         task = asyncio.current_task()
         assert task is not None
@@ -403,7 +408,30 @@ class _Connection(asyncio.Protocol):
                 raise SourceStalled(f"the request body stalled: no bytes from the client for {idle_s}s") from None
             raise TimeoutError(f"the backend took no request body bytes for {idle_s}s") from None
 
-    async def exchange(self, head: bytes, body: bytes | memoryview | None, timeout: float,
+    def _reset(self, fut: Any, stream_min: int | None, stream_unsized: bool) -> None:
+        """A new exchange begins: ``fut`` gets its answer (a future, or a :class:`_Pending`)."""
+        self._fut = fut
+        self._headers = {}
+        self._body = []
+        self._buf = None
+        self._stream = None
+        self._stream_min = stream_min
+        self._stream_unsized = stream_unsized
+        self._got_bytes = False
+        self._complete = False
+        self.sent_all = True
+
+    def start(self, pending: _Pending, head: bytes, body: bytes | bytearray, stream_min: int | None) -> None:
+        """The request of a :class:`_Pending` exchange, written at once (its answer reaches
+        ``pending`` from this protocol's callbacks)."""
+        assert self._transport is not None
+        self._reset(pending, stream_min, False)
+        if len(body) <= 65536:
+            self._transport.write(head + body)  # one segment for small requests
+        else:
+            self._transport.writelines([head, body])
+
+    async def exchange(self, head: bytes, body: bytes | bytearray | memoryview | None, timeout: float,
                        stream_min: int | None = None,
                        on_end: Callable[[_Connection], None] | None = None,
                        stream_unsized: bool = False) -> H1Response:
@@ -419,16 +447,8 @@ class _Connection(asyncio.Protocol):
             # (uvloop refuses the write): nothing was sent, so it is the keep-alive race.
             self.closed = True
             raise ConnectionDropped("connection closed by the backend", before_response=True)
-        self._fut = self._loop.create_future()
-        self._headers = {}
-        self._body = []
-        self._buf = None
-        self._stream = None
-        self._stream_min = stream_min
-        self._stream_unsized = stream_unsized
-        self._got_bytes = False
-        self._complete = False
-        self.sent_all = True
+        fut: asyncio.Future[H1Response] = self._loop.create_future()
+        self._reset(fut, stream_min, stream_unsized)
         if hasattr(body, "__aiter__"):
             self._transport.write(head)
             try:
@@ -447,7 +467,7 @@ class _Connection(asyncio.Protocol):
                 self._transport.write(body)
         timer = self._loop.call_later(timeout, self._timed_out)
         try:
-            response = await self._fut
+            response = await fut
         except BaseException:
             timer.cancel()
             self._fut = None
@@ -462,6 +482,103 @@ class _Connection(asyncio.Protocol):
         if not self._complete or not self.keep_alive or not self.sent_all:
             self.close()
         return response
+
+
+class _Slots:
+    """The connection slots of one endpoint: at most ``limit`` exchanges at once; the rest
+    wait in order within their timeout. (Not an asyncio.Semaphore: :meth:`H1ConnectionPool.
+    request_now` must take a slot without awaiting, and a semaphore has no such call.)"""
+
+    __slots__ = ("_waiters", "free", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.free = limit
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def take_now(self) -> bool:
+        if self.free > 0:
+            self.free -= 1
+            return True
+        return False
+
+    async def take(self, timeout: float) -> None:
+        """A slot, waiting at most ``timeout`` seconds (TimeoutError)."""
+        if self.free > 0:
+            self.free -= 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(timeout):
+                await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.give()  # handed over just as the wait ended: passed on
+            else:
+                waiter.cancel()
+            raise
+
+    def give(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot goes to the longest waiting, still taken
+                return
+        self.free += 1
+
+
+class _Pending:
+    """An exchange started by :meth:`H1ConnectionPool.request_now`: it stands where a
+    future stands in :meth:`_Connection.exchange` (the connection calls ``done``,
+    ``set_result`` and ``set_exception`` on it), and hands the outcome to ``callback``
+    from the connection's own callbacks — no task, no future, no coroutine."""
+
+    __slots__ = ("_callback", "_conn", "_finished", "_pool", "_timer", "request")
+
+    def __init__(self, pool: H1ConnectionPool, conn: _Connection, timer: asyncio.TimerHandle,
+                 callback: Callable[[H1Response | BaseException], None], request: tuple[Any, ...]) -> None:
+        self._pool = pool
+        self._conn = conn
+        self._timer = timer
+        self._callback = callback
+        self._finished = False
+        self.request = request  # request_now's arguments, to send it again (the keep-alive race)
+
+    def done(self) -> bool:
+        return self._finished
+
+    def set_result(self, response: H1Response) -> None:
+        self._finished = True
+        conn = self._conn
+        conn._fut = None
+        if conn._stream is not None and not conn._complete and not conn.closed:
+            # The head of a streamed answer: the exchange goes on until its body ends
+            # (the timer bounds it; the end hands the connection and the slot back).
+            conn._timer = self._timer
+            conn._on_end = self._pool._stream_ended
+        else:
+            self._timer.cancel()
+            if not conn._complete or not conn.keep_alive or not conn.sent_all:
+                conn.close()
+            self._pool._release(conn)
+            self._pool._slots.give()
+        self._callback(response)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._finished = True
+        self._timer.cancel()
+        conn = self._conn
+        conn._fut = None
+        conn.close()
+        self._pool._slots.give()
+        if isinstance(exc, ConnectionDropped) and exc.before_response:
+            # The keep-alive race (the connection was a reused one): sent again as request()
+            # sends it again, on another idle connection or a fresh one.
+            self._pool._again(self._callback, *self.request)
+            return
+        self._callback(exc)
 
 
 def _unless_resendable(exc: ConnectionDropped, body: Any) -> None:
@@ -485,18 +602,19 @@ class H1ConnectionPool:
         # free one within their timeout, so a burst of clients cannot open thousands of
         # connections to one backend.
         self.max_connections = max_connections
-        self._slots = asyncio.Semaphore(max_connections)
+        self._slots = _Slots(max_connections)
         self._host_header = (f"[{host}]:{port}" if ":" in host else f"{host}:{port}").encode("latin-1")
         self._connect_timeout = connect_timeout
         self._idle: list[_Connection] = []
         self._max_idle = max_idle
         self._starts: dict[tuple[str, str], bytes] = {}
+        self._again_tasks: set[asyncio.Task[None]] = set()
         self.closed = False  # closed pools keep no connection: those in use close when done
 
     @property
     def busy(self) -> int:
         """Exchanges holding a connection slot now (waiting ones not included)."""
-        return self.max_connections - self._slots._value
+        return self._slots.limit - self._slots.free
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -531,7 +649,7 @@ class H1ConnectionPool:
         method: str,
         path: str,
         *,
-        body: bytes | memoryview | None = None,
+        body: bytes | bytearray | memoryview | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: float,
         stream_min: int | None = None,
@@ -549,14 +667,12 @@ class H1ConnectionPool:
         else:
             length = len(body) if body is not None else None
         head = self._head(method, path, headers, length)
-        if self._slots.locked():
+        if not self._slots.take_now():
             try:
-                await asyncio.wait_for(self._slots.acquire(), timeout)
+                await self._slots.take(timeout)
             except TimeoutError:
                 raise TimeoutError(
                     f"all {self.max_connections} connections to {self.host}:{self.port} stayed busy") from None
-        else:
-            await self._slots.acquire()  # free slot: returns at once, no task, no timer
         # (The exchange is written out here rather than in helpers: each coroutine layer
         # costs its share on every request.)
         try:
@@ -577,11 +693,57 @@ class H1ConnectionPool:
                         raise
                     # The keep-alive race on a reused connection: retry on another (or a fresh) one.
         except BaseException:
-            self._slots.release()
+            self._slots.give()
             raise
         if not self._settle(conn):
-            self._slots.release()
+            self._slots.give()
         return response
+
+    def request_now(self, method: str, path: str, body: bytes | bytearray, headers: Mapping[str, str] | None,
+                    timeout: float, stream_min: int | None,
+                    callback: Callable[[H1Response | BaseException], None]) -> bool:
+        """:meth:`request` without a coroutine, when it can start at once: a free slot and
+        a kept-alive connection. The request is written now and the answer (or the error
+        :meth:`request` would raise) goes to ``callback`` from the connection's callbacks;
+        a streamed answer's body follows as :meth:`request`'s does. False: nothing was done
+        (no slot or no idle connection; :meth:`request` connects or waits).
+
+        The keep-alive race (the reused connection dropped before a byte of the answer) is
+        what :meth:`request` retries itself: the request goes out again through it (a task),
+        whose outcome reaches ``callback`` the same way."""
+        if not self._idle or not self._slots.take_now():
+            return False
+        conn = self._idle_connection(False)
+        while conn is not None and (conn._transport is None or conn._transport.is_closing()):
+            conn.close()  # closed by the backend while idle; the loop has not said so yet
+            conn = self._idle_connection(False)
+        if conn is None:
+            self._slots.give()
+            return False
+        head = self._head(method, path, headers, len(body))
+        pending = _Pending(self, conn, conn._loop.call_later(timeout, conn._timed_out), callback,
+                           (method, path, body, headers, timeout, stream_min))
+        conn.start(pending, head, body, stream_min)
+        return True
+
+    def _again(self, callback: Callable[[H1Response | BaseException], None], method: str, path: str,
+               body: bytes | bytearray, headers: Mapping[str, str] | None, timeout: float,
+               stream_min: int | None) -> None:
+        async def again() -> None:
+            try:
+                response = await self.request(method, path, body=body, headers=headers, timeout=timeout,
+                                              stream_min=stream_min)
+            except Exception as exc:
+                callback(exc)
+                return
+            except asyncio.CancelledError:
+                callback(ConnectionDropped("the gateway is shutting down", before_response=False))
+                raise
+            callback(response)
+
+        task = asyncio.get_running_loop().create_task(again())
+        self._again_tasks.add(task)  # (a task nobody holds may be collected mid-flight)
+        task.add_done_callback(self._again_tasks.discard)
 
     def _idle_connection(self, source: bool) -> _Connection | None:
         """A kept-alive connection to reuse, or None for a fresh one. A streamed body
@@ -598,7 +760,7 @@ class H1ConnectionPool:
 
     def _stream_ended(self, conn: _Connection) -> None:
         self._release(conn)
-        self._slots.release()
+        self._slots.give()
 
     def _settle(self, conn: _Connection) -> bool:
         """Back to the pool now, unless a streamed body is still arriving (its end does it

@@ -9,7 +9,7 @@ error tree here, once (``raise ... from exc``).
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -42,7 +42,8 @@ from ..errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from .h1 import BodyStream, ConnectFailed, ConnectionDropped, H1ConnectionPool, SourceStalled
+from ..observability.access import AccessRecord
+from .h1 import BodyStream, ConnectFailed, ConnectionDropped, H1ConnectionPool, H1Response, SourceStalled
 from .pool import TRITON_GRPC_PREFIX, Endpoint, Pool, Refused, _always
 
 __all__ = ["STREAM_MIN", "BodyStream", "HttpEndpoint", "HttpPool", "UpstreamReply", "error_from_reply",
@@ -154,18 +155,25 @@ class HttpPool(Pool[HttpEndpoint]):
         try:
             resp = await ep.connections.request(method, path, body=body, headers=headers, timeout=tmo,  # type: ignore[arg-type]
                                                 stream_min=stream_min, stream_unsized=stream_unsized)
-        except SourceStalled as exc:
-            raise RequestTimeout(str(exc)) from exc
-        except TimeoutError as exc:
-            raise UpstreamTimeout(f"{self._where(ep)}: {exc or f'did not answer within {tmo}s'}") from exc
-        except ConnectFailed as exc:
-            raise Refused(NoEndpointAvailable(f"{self._where(ep)} is unreachable: {exc}"),
-                          kind=Refused.TRANSPORT) from exc
-        except ConnectionDropped as exc:
-            if exc.before_response:
-                raise Refused(NoEndpointAvailable(f"{self._where(ep)}: {exc}"), kind=Refused.TRANSPORT) from exc
-            self.transport_failed(ep)
-            raise BadUpstreamResponse(f"{self._where(ep)}: {exc}") from exc
+        except (SourceStalled, TimeoutError, ConnectFailed, ConnectionDropped) as exc:
+            raise self._mapped(ep, exc, tmo) from exc
+        return self._reply(ep, resp, tmo)
+
+    def _mapped(self, ep: HttpEndpoint, exc: Exception, tmo: float) -> Exception:
+        """The h1 client's error as the gateway's: a Refused when nothing of an answer came
+        (the request may go to another endpoint)."""
+        if isinstance(exc, SourceStalled):
+            return RequestTimeout(str(exc))
+        if isinstance(exc, TimeoutError):
+            return UpstreamTimeout(f"{self._where(ep)}: {exc or f'did not answer within {tmo}s'}")
+        if isinstance(exc, ConnectFailed):
+            return Refused(NoEndpointAvailable(f"{self._where(ep)} is unreachable: {exc}"), kind=Refused.TRANSPORT)
+        if isinstance(exc, ConnectionDropped) and exc.before_response:
+            return Refused(NoEndpointAvailable(f"{self._where(ep)}: {exc}"), kind=Refused.TRANSPORT)
+        self.transport_failed(ep)
+        return BadUpstreamResponse(f"{self._where(ep)}: {exc}")
+
+    def _reply(self, ep: HttpEndpoint, resp: H1Response, tmo: float) -> UpstreamReply:
         relayed = {k: v for k in _RELAYED if (v := resp.headers.get(k)) is not None}
         if isinstance(resp.body, BodyStream):
             resp.body.map_error = self._stream_error(ep, tmo)
@@ -367,14 +375,73 @@ class HttpPool(Pool[HttpEndpoint]):
             affinity = sequence_of_json(body, headers.get(HEADER_LENGTH))  # (no coroutine for the common case)
         else:
             body, affinity = await http_affinity(body, headers, limit, len(self.endpoints) > 1)
+        reply = await self.request("POST", self._infer_path(model, version), model, version, body=body,
+                                   headers=fwd, affinity=affinity, stream_min=STREAM_MIN)
+        return HttpReply(reply.status, reply.body, reply.headers)
+
+    def _infer_path(self, model: str, version: str) -> str:
         path = self._infer_paths.get((model, version))
         if path is None:  # quoted once per model and version (bounded: names are routed ones)
             if len(self._infer_paths) >= 4096:
                 self._infer_paths.clear()
             path = self._infer_paths[(model, version)] = model_path(model, version) + "/infer"
-        reply = await self.request("POST", path, model, version, body=body,
-                                   headers=fwd, affinity=affinity, stream_min=STREAM_MIN)
-        return HttpReply(reply.status, reply.body, reply.headers)
+        return path
+
+    def infer_http_now(self, model: str, version: str, body: bytes | bytearray, headers: Mapping[str, str],
+                       forwarded: Sequence[str], record: AccessRecord | None,
+                       done: Callable[[HttpReply | Exception | None], None]) -> bool:
+        """:meth:`infer_http` for a whole, uncompressed body, without a coroutine, when the
+        chosen endpoint has a kept-alive connection free (``H1ConnectionPool.request_now``):
+        the answer (or the error :meth:`infer_http` would raise) goes to ``done`` from the
+        connection's callbacks. False: nothing was sent (the caller awaits :meth:`infer_http`).
+
+        ``done(None)``: what :meth:`attempt` would have sent to another endpoint — the
+        endpoint could not be reached or reset the request before answering (on a fresh
+        connection: the keep-alive race was retried in h1), or it said the model is not
+        (or no longer) there though the checker saw it ready. The endpoint is marked as
+        :meth:`attempt` marks it; nothing was answered, and the caller sends the request
+        again through :meth:`infer_http`, which chooses again. Raises what
+        :meth:`candidates` raises."""
+        affinity = sequence_of_json(body, headers.get(HEADER_LENGTH))
+        ep = self.candidates(model, version, affinity)[0]
+        tmo = self.backend.timeout_s
+        budget = self.budget
+
+        def answered(result: H1Response | BaseException) -> None:
+            budget.active -= 1
+            if isinstance(result, BaseException):
+                error = self._mapped(ep, result, tmo) if isinstance(result, Exception) else RuntimeError(result)
+                if isinstance(error, Refused):
+                    # Unreachable or reset before any answer on a fresh connection: as
+                    # attempt() does, no traffic to it until a check sees it live; sent again.
+                    self.transport_failed(ep, live=False)
+                    self.on_event("retry")
+                    done(None)
+                    return
+                done(error)
+                return
+            if ep.health.failures:
+                ep.health.succeeded()
+            reply = self._reply(ep, result, tmo)
+            if reply.status in _NOT_READY_STATUS and not isinstance(reply.body, BodyStream):
+                error = error_from_reply(reply)
+                if self.refusal(ep, model, version, error, True) is not error:
+                    ep.health.not_ready(model, version)  # as attempt() does with the Refused
+                    self.on_event("retry")
+                    done(None)
+                    return
+            done(HttpReply(reply.status, reply.body, reply.headers))
+
+        fwd = {k: v for k in forwarded if (v := headers.get(k)) is not None}
+        budget.active += 1
+        if not ep.connections.request_now("POST", self._infer_path(model, version), body, fwd, tmo, STREAM_MIN,
+                                          answered):
+            budget.active -= 1
+            return False
+        if record is not None:
+            record.endpoint = str(ep.address)
+            record.protocol_out = self.protocol
+        return True
 
     async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
                          affinity: str | None, metadata: tuple[tuple[str, str], ...]) -> bytes:

@@ -1,7 +1,8 @@
 """A scripted HTTP/1.1 backend for tests: a real listening socket, one thread per
 connection, keep-alive. Each request is parsed (request line, lower-cased headers, body
 by Content-Length) and handed to ``on_post`` for POSTs, which returns the answer body
-(sent as ``200 application/json``; None resets the connection instead); GETs — health and
+(sent as ``200 application/json``; a ``(status, body)`` pair for another status; None resets
+the connection instead); GETs — health and
 readiness probes — get an empty ``200`` at once, and the repository index a ``404`` (a
 backend without Triton's repository extension, as OVMS: the gateway's health checker then
 asks per model)."""
@@ -18,7 +19,7 @@ EMPTY_INFER_ANSWER = b'{"model_name":"m","outputs":[]}'
 
 
 class ScriptedHttp:
-    def __init__(self, on_post: Callable[[str, dict[str, str], bytes], bytes | None]) -> None:
+    def __init__(self, on_post: Callable[[str, dict[str, str], bytes], bytes | tuple[int, bytes] | None]) -> None:
         self._on_post = on_post
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
@@ -61,7 +62,8 @@ class ScriptedHttp:
                     if answer is None:  # reset the connection (RST) without a byte of answer
                         conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                         return
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                                 % (len(answer), answer))
+                    status, answer = answer if isinstance(answer, tuple) else (200, answer)
+                    conn.sendall(b"HTTP/1.1 %d Answer\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                                 % (status, len(answer)) + answer)
                 else:
                     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")

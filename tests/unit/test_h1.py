@@ -235,7 +235,7 @@ async def test_large_answer_is_streamed_and_the_connection_reused():
         r.body.close()
     # Small answers below stream_min stay plain bytes; the one connection was reused throughout
     # (max_connections=1 also proves each stream gave its slot back).
-    assert connections == 1 and pool._slots._value == 1
+    assert connections == 1 and pool.busy == 0
     pool.close()
     server.close()
 
@@ -293,7 +293,7 @@ async def test_backend_dies_mid_stream():
         async for chunk in r.body:
             got += len(chunk)
     assert not info.value.before_response and got <= 2 << 20
-    assert pool._idle == [] and pool._slots._value == 1
+    assert pool._idle == [] and pool.busy == 0
     pool.close()
     server.close()
 
@@ -313,7 +313,7 @@ async def test_stalled_stream_times_out_and_frees_the_slot():
     r = await pool.request("GET", "/", timeout=0.3, stream_min=1 << 20)
     with pytest.raises(TimeoutError):
         await collect(r.body)
-    assert pool._idle == [] and pool._slots._value == 1
+    assert pool._idle == [] and pool.busy == 0
     release.set()
     pool.close()
     server.close()
@@ -335,7 +335,7 @@ async def test_abandoned_stream_closes_its_connection():
     r = await pool.request("GET", "/", timeout=5, stream_min=1 << 20)
     await anext(aiter(r.body))
     r.body.close()
-    assert pool._idle == [] and pool._slots._value == 1
+    assert pool._idle == [] and pool.busy == 0
     # The next request gets a fresh connection and a whole answer.
     r = await pool.request("GET", "/", timeout=5, stream_min=1 << 20)
     assert await collect(r.body) == BIG
@@ -536,7 +536,7 @@ async def test_stalled_upload_raises_source_stalled():
     pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2, max_connections=1)
     with pytest.raises(SourceStalled):
         await pool.request("POST", "/", body=SlowSource(BIG, 1 << 20, gap=0, stall_after=2), timeout=0.3)
-    assert pool._idle == [] and pool._slots._value == 1
+    assert pool._idle == [] and pool.busy == 0
     pool.close()
     server.close()
 
@@ -550,5 +550,146 @@ async def test_backend_not_reading_the_upload_times_out():
     pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2)
     with pytest.raises(TimeoutError, match="took no request body"):
         await pool.request("POST", "/", body=Source(BIG * 8), timeout=0.3)
+    pool.close()
+    server.close()
+
+
+# -- request_now: the exchange started without a coroutine (frontend/http.py infer_now) ---------
+def outcome_of(pool: H1ConnectionPool, body: bytes, timeout: float = 5.0, stream_min: int | None = None):
+    """request_now's callback outcome as a future; None if it declined."""
+    fut = asyncio.get_running_loop().create_future()
+    started = pool.request_now("POST", "/x", body, {"content-type": "a/b"}, timeout, stream_min,
+                               lambda result: fut.done() or fut.set_result(result))
+    return fut if started else None
+
+
+async def echo_server(counter: list[int]):
+    async def handler(reader, writer):
+        counter.append(1)
+        while True:
+            try:
+                _, body = await read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+
+    return await serve(handler)
+
+
+async def test_request_now_needs_a_kept_alive_connection_then_reuses_it():
+    connections: list[int] = []
+    server, port = await echo_server(connections)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2, max_connections=1)
+    assert outcome_of(pool, b"a") is None  # no connection yet: declined, nothing sent
+    await pool.request("POST", "/x", body=b"warm", timeout=5)
+    for i in range(5):
+        fut = outcome_of(pool, b"now %d" % i)
+        assert fut is not None and pool.busy == 1
+        assert outcome_of(pool, b"second") is None  # the only slot is taken
+        r = await fut
+        assert (r.status, r.body) == (200, b"now %d" % i)
+        assert pool.busy == 0
+    assert len(connections) == 1
+    pool.close()
+    server.close()
+
+
+async def test_request_now_timeout_closes_the_connection_and_frees_the_slot():
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await read_request(reader)
+        await asyncio.sleep(10)  # the second request is never answered
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2, max_connections=1)
+    await pool.request("POST", "/x", body=b"warm", timeout=5)
+    fut = outcome_of(pool, b"slow", timeout=0.2)
+    assert fut is not None
+    assert isinstance(await fut, TimeoutError)
+    assert pool.busy == 0 and pool._idle == []
+    pool.close()
+    server.close()
+
+
+@pytest.mark.parametrize("fresh_answers", [True, False])
+async def test_request_now_sends_again_after_the_keep_alive_race(fresh_answers):
+    """The backend drops the kept-alive connection as the request reaches it, without a byte
+    of answer: as request() does, it goes out again on a fresh connection; if that one fails
+    the same way, the callback gets ConnectionDropped(before_response=True)."""
+    connections: list[int] = []
+
+    async def handler(reader, writer):
+        connections.append(1)
+        await read_request(reader)
+        if len(connections) == 1 or fresh_answers:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+        if len(connections) == 1:
+            await read_request(reader)
+        writer.transport.abort()  # read, then dropped without a byte of answer
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2)
+    await pool.request("POST", "/x", body=b"warm", timeout=5)
+    fut = outcome_of(pool, b"lost")
+    assert fut is not None
+    result = await fut
+    if fresh_answers:
+        assert (result.status, result.body) == (200, b"ok")
+    else:
+        assert isinstance(result, ConnectionDropped) and result.before_response
+    assert len(connections) == 2
+    await wait_until(lambda: pool.busy == 0, "the slot to come back")
+    pool.close()
+    server.close()
+
+
+async def test_request_now_streams_a_large_answer_and_gives_the_slot_back_at_its_end():
+    async def handler(reader, writer):
+        while True:
+            try:
+                await read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BIG))
+            for i in range(0, len(BIG), 1 << 20):
+                writer.write(BIG[i:i + (1 << 20)])
+                await writer.drain()
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2, max_connections=1)
+    first = await pool.request("POST", "/x", body=b"warm", timeout=10, stream_min=1 << 20)
+    assert await collect(first.body) == BIG
+    for _ in range(2):
+        fut = outcome_of(pool, b"x", timeout=10, stream_min=1 << 20)
+        assert fut is not None
+        r = await fut
+        assert isinstance(r.body, BodyStream) and r.body.length == len(BIG)
+        assert pool.busy == 1  # held until the body has come
+        assert await collect(r.body) == BIG
+        assert pool.busy == 0
+    pool.close()
+    server.close()
+
+
+async def test_request_now_skips_an_idle_connection_the_backend_closed():
+    connections: list[int] = []
+
+    async def handler(reader, writer):
+        connections.append(1)
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()  # one answer per connection
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2)
+    await pool.request("POST", "/x", body=b"warm", timeout=5)
+    await wait_until(lambda: not pool._idle or pool._idle[0].closed, "the close to be seen")
+    assert outcome_of(pool, b"x") is None  # the closed connection is not used; none other idle
+    assert pool.busy == 0
     pool.close()
     server.close()
