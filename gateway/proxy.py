@@ -140,10 +140,12 @@ class Admission:
     # allocator's freed pages go back to the system once it has been quiet (``idle_trim``).
     LARGE = 1 << 20
 
-    def __init__(self, limit: int | None, gauge: Any, auto: int = 0) -> None:
+    def __init__(self, limit: int | None, gauge: Any, auto: int = 0,
+                 track: Callable[[Any, Callable[[], float]], bool] | None = None) -> None:
         self.auto = auto  # the limit when the config leaves it unset (memlimit.py)
-        self.budget = ByteBudget(self.auto if limit is None else limit)
-        self.gauge = gauge
+        budget = self.budget = ByteBudget(self.auto if limit is None else limit)
+        # The gauge reads the budget when scraped (Metrics.track), else it is set as it changes.
+        self.gauge = None if track is not None and track(gauge, lambda: budget.used) else gauge
         self.large_at = 0.0  # time.monotonic() of the last large request entering or leaving
 
     def configure(self, limit: int | None) -> None:
@@ -160,13 +162,15 @@ class Admission:
             budget.used += n  # alone: admitted though larger than the limit
         if n >= self.LARGE:
             self.large_at = time.monotonic()
-        self.gauge.set(self.budget.used)
+        if self.gauge is not None:
+            self.gauge.set(self.budget.used)
 
     def leave(self, n: int) -> None:
         self.budget.give(n)
         if n >= self.LARGE:
             self.large_at = time.monotonic()
-        self.gauge.set(self.budget.used)
+        if self.gauge is not None:
+            self.gauge.set(self.budget.used)
 
 
 class Proxy:
@@ -179,7 +183,7 @@ class Proxy:
         # Set on SIGTERM when drain_s > 0: "not ready" while still serving.
         self.draining = False
         config = routing.config
-        self.admission = Admission(config.max_inflight_bytes, metrics.inflight_bytes, auto_inflight)
+        self.admission = Admission(config.max_inflight_bytes, metrics.inflight_bytes, auto_inflight, metrics.track)
         # Shadow traffic (routes' ``mirror``): copies sent in the background, answers dropped.
         self.mirrors = Mirrors(lambda: self.routing.pools, metrics.mirror_requests, metrics.mirror_inflight)
         self.limit = config.max_message_bytes

@@ -172,7 +172,7 @@ def build_generate(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                   body: bytes, headers: dict[str, str], stream: bool) -> None:
         """``respond`` while watching the client: if it leaves first, everything stops."""
         if metrics is not None:
-            metrics.request_bytes.labels("http").observe(len(body))
+            metrics.bytes_in("http").observe(len(body))
         if record is not None:
             record.bytes_in = len(body)
         work = asyncio.ensure_future(respond(send, out, record, model, version, body, headers, stream))

@@ -183,7 +183,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
         admit(ctx, "ModelMetadata", req.name, req.version)
         return _metadata_message(await plane.model_metadata(req.name, req.version))
 
-    bytes_in = metrics.request_bytes.labels("grpc") if metrics is not None else None  # (labels() per call: a lock)
+    bytes_in = metrics.bytes_in("grpc") if metrics is not None else None
 
     async def model_infer(message: bytes, ctx: aio.ServicerContext, seen: _Seen):
         model, version, sequence = scan_checked(message, limits)  # routing fields + hard limits

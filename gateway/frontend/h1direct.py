@@ -60,7 +60,7 @@ class DirectExchange:
     """One request and its answer on an HTTP/1.1 connection; see the module text."""
 
     __slots__ = ("_chunked", "_chunks", "_continue", "_handler", "_now", "_protocol", "_queued", "_waiter", "deferred",
-                 "disconnected", "headers", "keep_alive", "method", "more_body", "path", "query", "raw_path",
+                 "disconnected", "headers", "keep_alive", "method", "more_body", "path", "query", "raw_path", "resent",
                  "response_complete", "response_started", "transport")
 
     def __init__(self, protocol: Any, route: DirectRoute, method: str, path: str, raw_path: bytes, query: bytes,
@@ -71,6 +71,7 @@ class DirectExchange:
         # Held by the listener until the whole body is here, then served by ``now`` (or,
         # when that declines, by the handler's task): see serve().
         self.deferred = False
+        self.resent = False  # handed back by ``now`` after it sent the request (run_later)
         self.method = method
         self.path = path  # %-decoded, as uvicorn gives it to ASGI apps
         self.raw_path = raw_path
@@ -127,6 +128,7 @@ class DirectExchange:
     def run_later(self, body: bytes | bytearray) -> None:
         """``now`` took the body and then handed the request back (nothing was answered):
         the handler serves it in a task, with the body given back."""
+        self.resent = True
         self._chunks.clear()
         self._chunks.append(body)  # type: ignore[arg-type]
         self._protocol._start_asgi_task(self, None)

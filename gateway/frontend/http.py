@@ -373,7 +373,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                 return err
         return None
 
-    bytes_in = metrics.request_bytes.labels("http") if metrics is not None else None
+    bytes_in = metrics.bytes_in("http") if metrics is not None else None
 
     def check_whole(body: bytes | bytearray, encoding: str | None, ihcl: str | None) -> None:
         """The checks of a body read whole, before it goes anywhere."""
@@ -474,7 +474,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                 body = await ex.body(max_message_bytes, too_large)
                 size = len(body)
                 check_whole(body, encoding if compressed else None, ihcl)
-            if bytes_in is not None:
+            if bytes_in is not None and not ex.resent:  # (a resent one was counted by infer_now)
                 bytes_in.observe(size)
             if record is not None:
                 record.bytes_in = size
@@ -551,12 +551,16 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                 log.exception("unhandled error answering %s", ex.path)
                 ex.fail()
 
+        checked = False
         try:
             if len(body) > max_message_bytes:
                 raise too_large()
             check_whole(body, None, headers.get("inference-header-content-length"))
+            checked = True
             label = infer_http_now(model, version, body, headers, record, answered)
         except GatewayError as err:
+            if checked:  # (as infer(): a body that passed its checks is counted)
+                received(len(body), record)
             status, out_headers, content = failure_answer(err, record)
             ex.respond(status, out_headers, (content,))
             observe(route_label(model, version), model, version, status, start, record,
@@ -565,11 +569,14 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         if label is None:
             return False
         ex.taken()
-        if bytes_in is not None:
-            bytes_in.observe(len(body))
-        if record is not None:
-            record.bytes_in = len(body)
+        received(len(body), record)
         return True
+
+    def received(size: int, record: AccessRecord | None) -> None:
+        if bytes_in is not None:
+            bytes_in.observe(size)
+        if record is not None:
+            record.bytes_in = size
 
     def too_large() -> PayloadTooLarge:
         return PayloadTooLarge(f"request body exceeds the limit of {max_message_bytes} bytes")

@@ -109,7 +109,7 @@ def build_v1_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_
                 header, legacy = parse_header_text(text)
                 data = await _body(receive, max_message_bytes)
                 if metrics is not None:
-                    metrics.request_bytes.labels("http").observe(len(data))
+                    metrics.bytes_in("http").observe(len(data))
                 if record is not None:
                     record.bytes_in = len(data)
                 answer, raws = await bridge.infer(model, version, header, legacy, data, None, None,

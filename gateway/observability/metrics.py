@@ -6,11 +6,15 @@ grow the label set. docs/metrics.md documents every series.
 """
 from __future__ import annotations
 
+import os
+from bisect import bisect_left
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .access import AccessLog, AccessRecord
 
-__all__ = ["SERVER_LEVEL", "UNROUTED", "Metrics", "RouteLabel"]
+__all__ = ["SERVER_LEVEL", "UNROUTED", "Metrics", "Observer", "RouteLabel"]
 
 # (route, backend) of a request: the matching route's model pattern and its pool.
 RouteLabel = tuple[str, str]
@@ -19,6 +23,32 @@ SERVER_LEVEL: RouteLabel = ("", "")  # server live/ready/metadata: no route
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _SIZE_BUCKETS = tuple(float(4**i) for i in range(4, 15))  # 256 B .. 256 MiB
+
+
+class Observer:
+    """``observe(amount)`` of one labelled histogram child, for the per-request path: the
+    same value objects written as ``Histogram.observe`` writes them (the sum, then the one
+    bucket of the smallest bound >= amount), the bucket found by bisection instead of a
+    linear scan with an observability check per call (~3 x cheaper here). Amounts are
+    durations and sizes: never NaN (which the library would count in no bucket)."""
+
+    __slots__ = ("observe",)
+
+    def __init__(self, child: Histogram) -> None:
+        bounds = list(getattr(child, "_upper_bounds", ()))
+        buckets = getattr(child, "_buckets", None)
+        total = getattr(child, "_sum", None)
+        if total is None or buckets is None or len(buckets) != len(bounds) or not bounds:
+            self.observe: Callable[[float], None] = child.observe  # another library layout: its own
+            return
+        inc_sum = total.inc
+        incs = [b.inc for b in buckets]
+
+        def observe(amount: float) -> None:
+            inc_sum(amount)
+            incs[bisect_left(bounds, amount)](1)
+
+        self.observe = observe
 
 
 _REFUSAL_REASONS = {"Unauthenticated": "unauthenticated", "PermissionDenied": "permission_denied",
@@ -31,8 +61,12 @@ class Metrics:
         # One JSON line per finished request (access.py), off by default: at tens of
         # thousands of requests per second a log line costs more than the proxying.
         self.access = AccessLog(access_sample) if access_log else None
-        self._children: dict[tuple[str, str, RouteLabel, str | int], tuple[Counter, Histogram]] = {}
-        self._upstream: dict[str, Histogram] = {}
+        self._children: dict[tuple[str, str, RouteLabel, str | int], tuple[Callable[[], None], Observer]] = {}
+        self._upstream: dict[str, Observer] = {}
+        self._bytes_in: dict[str, Observer] = {}
+        # prometheus_client's multiprocess mode (workers > 1, supervisor.py): each worker's
+        # values live in files the supervisor reads, so a gauge cannot be a function.
+        self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -134,13 +168,28 @@ class Metrics:
         if ok:
             self.config_generation.inc()
 
-    def upstream_timer(self, backend: str) -> Histogram:
+    def upstream_timer(self, backend: str) -> Observer:
         """The upstream duration histogram's child for ``backend``, cached (labels() takes a
         lock and builds a key per call; one per pool)."""
         child = self._upstream.get(backend)
         if child is None:
-            child = self._upstream[backend] = self.upstream_seconds.labels(backend)
+            child = self._upstream[backend] = Observer(self.upstream_seconds.labels(backend))
         return child
+
+    def bytes_in(self, protocol: str) -> Observer:
+        """The request body size histogram's child for ``protocol``, cached."""
+        child = self._bytes_in.get(protocol)
+        if child is None:
+            child = self._bytes_in[protocol] = Observer(self.request_bytes.labels(protocol))
+        return child
+
+    def track(self, gauge: Gauge, value: Callable[[], float]) -> bool:
+        """Make ``gauge`` read ``value()`` when scraped (nothing to update per request); False
+        in multiprocess mode, where the caller sets it as it changes."""
+        if self.multiprocess:
+            return False
+        gauge.set_function(value)
+        return True
 
     def observe(self, protocol: str, api: str, route: RouteLabel, code: str | int, seconds: float,
                 model: str = "", version: str = "", record: AccessRecord | None = None) -> None:
@@ -150,10 +199,10 @@ class Metrics:
         if children is None:
             # labels() takes a lock and builds a key per call; the label sets are
             # bounded (routes × codes), so their children are cached here.
-            children = (self.requests.labels(protocol, api, route[0], route[1], str(code)),
-                        self.request_seconds.labels(protocol, api, route[0], route[1]))
+            children = (self.requests.labels(protocol, api, route[0], route[1], str(code)).inc,
+                        Observer(self.request_seconds.labels(protocol, api, route[0], route[1])))
             self._children[key] = children
-        children[0].inc()
+        children[0]()
         children[1].observe(seconds)
         if record is not None and self.access is not None:
             self.access.write(record, protocol, api, model, version, route[0], route[1], code, seconds)
