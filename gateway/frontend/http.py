@@ -699,15 +699,26 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                 return
         await rest(scope, receive, send)
 
+    claimed: dict[str, DirectRoute | None] = {}
+
     def direct(method: str, path: str) -> DirectRoute | None:
-        """The requests the listener serves without ASGI: inference."""
+        """The requests the listener serves without ASGI: inference (each path's answer
+        made once; bounded, as clients choose paths)."""
         if method != "POST":
             return None
+        try:
+            return claimed[path]
+        except KeyError:
+            pass
         target = _infer_target(path)
-        if target is None:
-            return None
-        model, version = target
-        return (lambda ex: infer(ex, model, version)), (lambda ex: infer_now(ex, model, version))
+        route: DirectRoute | None = None
+        if target is not None:
+            model, version = target
+            route = (lambda ex: infer(ex, model, version)), (lambda ex: infer_now(ex, model, version))
+        if len(claimed) >= 4096:
+            claimed.clear()
+        claimed[path] = route
+        return route
 
     return HttpApp(app, direct)
 
