@@ -38,6 +38,7 @@ from .h1direct import DirectExchange, DirectRoute
 __all__ = ["SWEEP_S", "limited_protocol"]
 
 SWEEP_S = 0.5
+READ_SIZE = 256 * 1024
 
 
 def _answer(status: int, reason: bytes, message: str) -> bytes:
@@ -85,7 +86,14 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
         else:
             sweeping.pop(id(connections), None)
 
-    class LimitedProtocol(HttpToolsProtocol):
+    # The loop reads every connection of this listener into one buffer (a buffered
+    # protocol): a plain protocol gets each read as a new bytes object, one more copy of
+    # every byte of every request body. One buffer is enough: the loop reads one socket at
+    # a time, and the parser is done with the bytes (it copies what it hands on) before
+    # buffer_updated returns.
+    read_buffer = memoryview(bytearray(READ_SIZE))
+
+    class LimitedProtocol(HttpToolsProtocol, asyncio.BufferedProtocol):
         # loop.time() when the current request head began (or the connection opened with
         # nothing yet); None once a head is complete. The time of the last body bytes while
         # a body is arriving, else None.
@@ -107,6 +115,12 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
             key = id(self.connections)
             if key not in sweeping:
                 sweeping[key] = self.loop.call_later(SWEEP_S, sweep, self.connections, self.loop)
+
+        def get_buffer(self, sizehint: int) -> memoryview:
+            return read_buffer
+
+        def buffer_updated(self, nbytes: int) -> None:
+            self.data_received(read_buffer[:nbytes])  # type: ignore[arg-type]
 
         def check(self, now: float) -> None:
             """The sweep's look at this connection: a head or a body past its time ends it."""

@@ -166,7 +166,19 @@ class H1Response:
     body: bytes | bytearray | BodyStream
 
 
-class _Connection(asyncio.Protocol):
+# Bytes a connection reads from its socket at once: straight into one buffer its pool's
+# connections share (see _Connection.get_buffer).
+READ_SIZE = 256 * 1024
+
+
+class _Connection(asyncio.BufferedProtocol):
+    """One kept-alive HTTP/1.1 connection. A buffered protocol: the loop reads into the
+    pool's one read buffer and the parser takes the bytes from there — a plain protocol gets
+    each read as a new bytes object, one more copy of every byte of every answer (measured:
+    user-space copies were ~13 % of the gateway's CPU on 16 MB answers). One buffer serves
+    all of a pool's connections: the loop reads one socket at a time and ``buffer_updated``
+    is done with the bytes before it returns (the parser copies what it hands on)."""
+
     __slots__ = (
         "_body",
         "_buf",
@@ -179,6 +191,7 @@ class _Connection(asyncio.Protocol):
         "_on_end",
         "_parser",
         "_pos",
+        "_rbuf",
         "_stream",
         "_stream_min",
         "_stream_unsized",
@@ -191,8 +204,9 @@ class _Connection(asyncio.Protocol):
         "write_paused",
     )
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, read_buffer: memoryview) -> None:
         self._loop = loop
+        self._rbuf = read_buffer
         self._parser = httptools.HttpResponseParser(self)
         self._transport: asyncio.Transport | None = None
         self._fut: asyncio.Future[H1Response] | _Pending | None = None
@@ -226,7 +240,13 @@ class _Connection(asyncio.Protocol):
             except OSError:
                 pass
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._rbuf
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._rbuf[:nbytes])
+
+    def data_received(self, data: bytes | memoryview) -> None:
         self._got_bytes = True
         if self._fut is None and self._on_end is None:
             # Bytes nobody asked for (a server talking out of turn): this connection is unusable.
@@ -609,6 +629,7 @@ class H1ConnectionPool:
         self._max_idle = max_idle
         self._starts: dict[tuple[str, str], bytes] = {}
         self._again_tasks: set[asyncio.Task[None]] = set()
+        self._rbuf = memoryview(bytearray(READ_SIZE))  # (_Connection: shared by its connections)
         self.closed = False  # closed pools keep no connection: those in use close when done
 
     @property
@@ -620,7 +641,7 @@ class H1ConnectionPool:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(loop), self.host, self.port, ssl=self._ssl,
+                loop.create_connection(lambda: _Connection(loop, self._rbuf), self.host, self.port, ssl=self._ssl,
                                        server_hostname=(self._server_name or self.host) if self._ssl else None),
                 self._connect_timeout
             )
