@@ -49,6 +49,35 @@ def _answer(status: int, reason: bytes, message: str) -> bytes:
 
 Router = Callable[[str, str], DirectRoute | None]
 
+
+class _Reader(asyncio.BufferedProtocol):
+    """What the transport sees of a connection's protocol: reads land in ``buffer`` and go
+    to the protocol's data_received as a view of it; everything else is passed on."""
+
+    __slots__ = ("_buffer", "_protocol")
+
+    def __init__(self, protocol: HttpToolsProtocol, buffer: memoryview) -> None:
+        self._protocol = protocol
+        self._buffer = buffer
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._protocol.data_received(self._buffer[:nbytes])  # type: ignore[arg-type]
+
+    def eof_received(self) -> None:
+        self._protocol.eof_received()  # (uvicorn's returns None: the transport closes)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._protocol.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._protocol.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._protocol.resume_writing()
+
 # A request served directly whose declared body is at most this long is held until its
 # body is all here, then served from callbacks if it can be (h1direct.DirectExchange.serve).
 # The front end reads bodies up to the same size whole before anything else happens to them
@@ -86,14 +115,13 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
         else:
             sweeping.pop(id(connections), None)
 
-    # The loop reads every connection of this listener into one buffer (a buffered
-    # protocol): a plain protocol gets each read as a new bytes object, one more copy of
-    # every byte of every request body. One buffer is enough: the loop reads one socket at
-    # a time, and the parser is done with the bytes (it copies what it hands on) before
-    # buffer_updated returns.
+    # The loop reads every connection of this listener into one buffer (_Reader): a plain
+    # protocol gets each read as a new bytes object, one more copy of every byte of every
+    # request body. One buffer is enough: the loop reads one socket at a time, and the
+    # parser is done with the bytes (it copies what it hands on) before buffer_updated returns.
     read_buffer = memoryview(bytearray(READ_SIZE))
 
-    class LimitedProtocol(HttpToolsProtocol, asyncio.BufferedProtocol):
+    class LimitedProtocol(HttpToolsProtocol):
         # loop.time() when the current request head began (or the connection opened with
         # nothing yet); None once a head is complete. The time of the last body bytes while
         # a body is arriving, else None.
@@ -106,6 +134,9 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            # uvloop reads into a buffer only for a protocol that is not an asyncio.Protocol
+            # (uvicorn's is one): the transport talks to a _Reader standing in front of it.
+            transport.set_protocol(_Reader(self, read_buffer))
             if len(self.connections) > limits.max_connections:
                 transport.write(busy)
                 transport.close()
@@ -115,12 +146,6 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
             key = id(self.connections)
             if key not in sweeping:
                 sweeping[key] = self.loop.call_later(SWEEP_S, sweep, self.connections, self.loop)
-
-        def get_buffer(self, sizehint: int) -> memoryview:
-            return read_buffer
-
-        def buffer_updated(self, nbytes: int) -> None:
-            self.data_received(read_buffer[:nbytes])  # type: ignore[arg-type]
 
         def check(self, now: float) -> None:
             """The sweep's look at this connection: a head or a body past its time ends it."""
