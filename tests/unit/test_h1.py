@@ -210,12 +210,11 @@ async def collect(stream) -> bytes:
     return b"".join([chunk async for chunk in stream])
 
 
-async def test_large_answer_is_streamed_and_the_connection_reused():
-    connections = 0
-
+async def big_answers(connections: list[int] | None = None):
+    """A server answering every request on a connection with BIG, in 1 MiB writes."""
     async def handler(reader, writer):
-        nonlocal connections
-        connections += 1
+        if connections is not None:
+            connections.append(1)
         while True:
             try:
                 await read_request(reader)
@@ -226,7 +225,12 @@ async def test_large_answer_is_streamed_and_the_connection_reused():
                 writer.write(BIG[i:i + (1 << 20)])
                 await writer.drain()
 
-    server, port = await serve(handler)
+    return await serve(handler)
+
+
+async def test_large_answer_is_streamed_and_the_connection_reused():
+    connections: list[int] = []
+    server, port = await big_answers(connections)
     pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2, max_connections=1)
     for _ in range(3):
         r = await pool.request("POST", "/", body=b"x", timeout=10, stream_min=1 << 20)
@@ -235,7 +239,7 @@ async def test_large_answer_is_streamed_and_the_connection_reused():
         r.body.close()
     # Small answers below stream_min stay plain bytes; the one connection was reused throughout
     # (max_connections=1 also proves each stream gave its slot back).
-    assert connections == 1 and pool.busy == 0
+    assert len(connections) == 1 and pool.busy == 0
     pool.close()
     server.close()
 
@@ -648,18 +652,7 @@ async def test_request_now_sends_again_after_the_keep_alive_race(fresh_answers):
 
 
 async def test_request_now_streams_a_large_answer_and_gives_the_slot_back_at_its_end():
-    async def handler(reader, writer):
-        while True:
-            try:
-                await read_request(reader)
-            except asyncio.IncompleteReadError:
-                return
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BIG))
-            for i in range(0, len(BIG), 1 << 20):
-                writer.write(BIG[i:i + (1 << 20)])
-                await writer.drain()
-
-    server, port = await serve(handler)
+    server, port = await big_answers()
     pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2, max_connections=1)
     first = await pool.request("POST", "/x", body=b"warm", timeout=10, stream_min=1 << 20)
     assert await collect(first.body) == BIG
