@@ -432,7 +432,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
 
     async def infer(ex: DirectExchange, model: str, version: str) -> None:
         """``POST /v2/models/{m}[/versions/{v}]/infer``, served without ASGI (h1direct.py)."""
-        refusal = head_refusal(ex.method, ex.path, ex.raw_path, ex.query, ex.headers)
+        refusal = None if ex.admitted else head_refusal(ex.method, ex.path, ex.raw_path, ex.query, ex.headers)
         if refusal is not None:
             status, out, content = error_answer(refusal)
             ex.respond(status, out, (content,), close=isinstance(refusal, HeadTooLarge))
@@ -514,6 +514,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             status, out, content = error_answer(refusal)
             ex.respond(status, out, (content,), close=isinstance(refusal, HeadTooLarge))
             return True
+        ex.admitted = True  # (whichever path serves it now: the guard has counted it once)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in ex.headers}
         if "content-encoding" in headers or infer_http_now is None:
             return False

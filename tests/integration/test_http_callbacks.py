@@ -7,6 +7,7 @@ sockets, against a scripted backend (tests/support/scripted.py) that can misbeha
 """
 from __future__ import annotations
 
+import gzip
 import http.client
 import socket
 import threading
@@ -190,5 +191,31 @@ def test_client_leaving_before_the_answer_leaves_the_gateway_serving(tmp_path):
             assert post(conn)[:2] == (200, ANSWER)
             conn.close()
             assert "Traceback" not in g.log_tail(200)
+    finally:
+        backend.close()
+
+
+def test_a_request_handed_to_the_coroutine_path_is_rate_counted_once(tmp_path):
+    """The callback path runs the head's checks (the guard: auth and rate) first; a request it
+    then leaves to the coroutine path — a compressed body here; also splits, mirrors, gRPC
+    pools, a pool with no idle connection, and a request sent again — must not be charged
+    twice: a route's burst of 3 admits 3 such requests, then 429."""
+    backend = ScriptedHttp(lambda line, headers, body: ANSWER)
+    try:
+        cfg = gateway_config({"pool": {"protocol": "http", "endpoints": [backend.address]}},
+                             [{"model": "m", "backend": "pool", "rate": {"per_s": 0.01, "burst": 3}}],
+                             health={"interval_s": 0.2, "timeout_s": 1.0})
+        with GatewayProcess(cfg, tmp_path, "gw-rate") as g:
+            conn = http.client.HTTPConnection(*g.http_url.split(":"), timeout=10)  # type: ignore[arg-type]
+            gz = gzip.compress(BODY)
+            statuses = []
+            for _ in range(4):
+                conn.request("POST", "/v2/models/m/infer", body=gz,
+                             headers={"content-type": "application/json", "content-encoding": "gzip"})
+                r = conn.getresponse()
+                r.read()
+                statuses.append(r.status)
+            assert statuses == [200, 200, 200, 429], statuses
+            conn.close()
     finally:
         backend.close()
