@@ -59,9 +59,9 @@ _INTERNAL = (b'{"error":"internal gateway error"}')
 class DirectExchange:
     """One request and its answer on an HTTP/1.1 connection; see the module text."""
 
-    __slots__ = ("_chunked", "_chunks", "_continue", "_handler", "_now", "_protocol", "_queued", "_waiter", "admitted",
-                 "deferred", "disconnected", "headers", "keep_alive", "method", "more_body", "path", "query", "raw_path",
-                 "resent", "response_complete", "response_started", "transport")
+    __slots__ = ("_chunked", "_chunks", "_continue", "_handler", "_now", "_protocol", "_queued", "_waiter",
+                 "admitted", "deferred", "disconnected", "headers", "keep_alive", "method", "more_body", "path",
+                 "query", "raw_path", "resent", "response_complete", "response_started", "transport")
 
     def __init__(self, protocol: Any, route: DirectRoute, method: str, path: str, raw_path: bytes, query: bytes,
                  headers: list[tuple[bytes, bytes]], keep_alive: bool, expect_continue: bool) -> None:

@@ -489,19 +489,29 @@ class _Connection(asyncio.BufferedProtocol):
         try:
             response = await fut
         except BaseException:
-            timer.cancel()
-            self._fut = None
-            self.close()
+            self._broken(timer)
             raise
+        self._answered(timer, on_end)
+        return response
+
+    def _answered(self, timer: asyncio.TimerHandle, on_end: Callable[[_Connection], None] | None) -> None:
+        """The answer, or the head of a streamed one, has come. A streamed body goes on: the
+        timer keeps bounding it and ``on_end`` is called at its end. Otherwise the exchange is
+        over, and the connection closed unless it can carry another."""
         self._fut = None
         if self._stream is not None and not self._complete and not self.closed:
             self._timer = timer
             self._on_end = on_end
-            return response
+            return
         timer.cancel()
         if not self._complete or not self.keep_alive or not self.sent_all:
             self.close()
-        return response
+
+    def _broken(self, timer: asyncio.TimerHandle) -> None:
+        """The exchange failed: the connection cannot carry another."""
+        timer.cancel()
+        self._fut = None
+        self.close()
 
 
 class _Slots:
@@ -524,8 +534,7 @@ class _Slots:
 
     async def take(self, timeout: float) -> None:
         """A slot, waiting at most ``timeout`` seconds (TimeoutError)."""
-        if self.free > 0:
-            self.free -= 1
+        if self.take_now():
             return
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
@@ -558,7 +567,7 @@ class _Pending:
     __slots__ = ("_callback", "_conn", "_finished", "_pool", "_timer", "request")
 
     def __init__(self, pool: H1ConnectionPool, conn: _Connection, timer: asyncio.TimerHandle,
-                 callback: Callable[[H1Response | BaseException], None], request: tuple[Any, ...]) -> None:
+                 callback: Callable[[H1Response | Exception], None], request: tuple[Any, ...]) -> None:
         self._pool = pool
         self._conn = conn
         self._timer = timer
@@ -571,27 +580,16 @@ class _Pending:
 
     def set_result(self, response: H1Response) -> None:
         self._finished = True
-        conn = self._conn
-        conn._fut = None
-        if conn._stream is not None and not conn._complete and not conn.closed:
-            # The head of a streamed answer: the exchange goes on until its body ends
-            # (the timer bounds it; the end hands the connection and the slot back).
-            conn._timer = self._timer
-            conn._on_end = self._pool._stream_ended
-        else:
-            self._timer.cancel()
-            if not conn._complete or not conn.keep_alive or not conn.sent_all:
-                conn.close()
-            self._pool._release(conn)
-            self._pool._slots.give()
+        pool = self._pool
+        # As request() after its exchange: a streamed body's end hands connection and slot back.
+        self._conn._answered(self._timer, pool._stream_ended)
+        if not pool._settle(self._conn):
+            pool._slots.give()
         self._callback(response)
 
-    def set_exception(self, exc: BaseException) -> None:
+    def set_exception(self, exc: Exception) -> None:
         self._finished = True
-        self._timer.cancel()
-        conn = self._conn
-        conn._fut = None
-        conn.close()
+        self._conn._broken(self._timer)
         self._pool._slots.give()
         if isinstance(exc, ConnectionDropped) and exc.before_response:
             # The keep-alive race (the connection was a reused one): sent again as request()
@@ -722,7 +720,7 @@ class H1ConnectionPool:
 
     def request_now(self, method: str, path: str, body: bytes | bytearray, headers: Mapping[str, str] | None,
                     timeout: float, stream_min: int | None,
-                    callback: Callable[[H1Response | BaseException], None]) -> bool:
+                    callback: Callable[[H1Response | Exception], None]) -> bool:
         """:meth:`request` without a coroutine, when it can start at once: a free slot and
         a kept-alive connection. The request is written now and the answer (or the error
         :meth:`request` would raise) goes to ``callback`` from the connection's callbacks;
@@ -735,9 +733,6 @@ class H1ConnectionPool:
         if not self._idle or not self._slots.take_now():
             return False
         conn = self._idle_connection(False)
-        while conn is not None and (conn._transport is None or conn._transport.is_closing()):
-            conn.close()  # closed by the backend while idle; the loop has not said so yet
-            conn = self._idle_connection(False)
         if conn is None:
             self._slots.give()
             return False
@@ -747,7 +742,7 @@ class H1ConnectionPool:
         conn.start(pending, head, body, stream_min)
         return True
 
-    def _again(self, callback: Callable[[H1Response | BaseException], None], method: str, path: str,
+    def _again(self, callback: Callable[[H1Response | Exception], None], method: str, path: str,
                body: bytes | bytearray, headers: Mapping[str, str] | None, timeout: float,
                stream_min: int | None) -> None:
         async def again() -> None:
@@ -775,8 +770,12 @@ class H1ConnectionPool:
             if source and asyncio.get_running_loop().time() - idle[-1].idle_since > FRESH_S:
                 return None
             conn = idle.pop()
-            if not conn.closed:
-                return conn
+            if conn.closed:
+                continue
+            if conn._transport is None or conn._transport.is_closing():
+                conn.close()  # closed by the backend while idle; the loop has not said so yet
+                continue
+            return conn
         return None
 
     def _stream_ended(self, conn: _Connection) -> None:

@@ -407,10 +407,10 @@ class HttpPool(Pool[HttpEndpoint]):
         tmo = self.backend.timeout_s
         budget = self.budget
 
-        def answered(result: H1Response | BaseException) -> None:
+        def answered(result: H1Response | Exception) -> None:
             budget.active -= 1
-            if isinstance(result, BaseException):
-                error = self._mapped(ep, result, tmo) if isinstance(result, Exception) else RuntimeError(result)
+            if isinstance(result, Exception):
+                error = self._mapped(ep, result, tmo)
                 if isinstance(error, Refused):
                     # Unreachable or reset before any answer on a fresh connection: as
                     # attempt() does, no traffic to it until a check sees it live; sent again.
