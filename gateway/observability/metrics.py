@@ -11,10 +11,11 @@ from bisect import bisect_left
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.values import MutexValue
 
 from .access import AccessLog, AccessRecord
 
-__all__ = ["SERVER_LEVEL", "UNROUTED", "Metrics", "Observer", "RouteLabel"]
+__all__ = ["SERVER_LEVEL", "UNROUTED", "Metrics", "Observer", "RouteLabel", "counting"]
 
 # (route, backend) of a request: the matching route's model pattern and its pool.
 RouteLabel = tuple[str, str]
@@ -25,12 +26,23 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 _SIZE_BUCKETS = tuple(float(4**i) for i in range(4, 15))  # 256 B .. 256 MiB
 
 
+def _plain(value: object) -> bool:
+    """Whether the library keeps this value as a plain float behind a lock (its
+    single-process layout), which the event loop's thread may add to directly."""
+    return type(value) is MutexValue and isinstance(getattr(value, "_value", None), float)
+
+
 class Observer:
     """``observe(amount)`` of one labelled histogram child, for the per-request path: the
     same value objects written as ``Histogram.observe`` writes them (the sum, then the one
     bucket of the smallest bound >= amount), the bucket found by bisection instead of a
     linear scan with an observability check per call (~3 x cheaper here). Amounts are
-    durations and sizes: never NaN (which the library would count in no bucket)."""
+    durations and sizes: never NaN (which the library would count in no bucket).
+
+    In the library's single-process layout the floats are added to directly: every request
+    is recorded on the event loop's one thread (and a scrape, on the same thread, reads them
+    between requests), so its lock per value guards nothing here — and taking it seven times
+    per request cost ~1.6 µs, a twentieth of the gateway's Python on a small request."""
 
     __slots__ = ("observe",)
 
@@ -41,6 +53,15 @@ class Observer:
         if total is None or buckets is None or len(buckets) != len(bounds) or not bounds:
             self.observe: Callable[[float], None] = child.observe  # another library layout: its own
             return
+        if _plain(total) and all(_plain(b) for b in buckets):
+            values = list(buckets)
+
+            def add(amount: float) -> None:
+                total._value += amount
+                values[bisect_left(bounds, amount)]._value += 1.0
+
+            self.observe = add
+            return
         inc_sum = total.inc
         incs = [b.inc for b in buckets]
 
@@ -49,6 +70,19 @@ class Observer:
             incs[bisect_left(bounds, amount)](1)
 
         self.observe = observe
+
+
+def counting(child: Counter) -> Callable[[], None]:
+    """``inc()`` of one labelled counter child for the per-request path (as Observer: the
+    float added to directly in the single-process layout)."""
+    value = getattr(child, "_value", None)
+    if not _plain(value):
+        return child.inc
+
+    def inc() -> None:
+        value._value += 1.0  # type: ignore[union-attr]
+
+    return inc
 
 
 _REFUSAL_REASONS = {"Unauthenticated": "unauthenticated", "PermissionDenied": "permission_denied",
@@ -199,7 +233,7 @@ class Metrics:
         if children is None:
             # labels() takes a lock and builds a key per call; the label sets are
             # bounded (routes × codes), so their children are cached here.
-            children = (self.requests.labels(protocol, api, route[0], route[1], str(code)).inc,
+            children = (counting(self.requests.labels(protocol, api, route[0], route[1], str(code))),
                         Observer(self.request_seconds.labels(protocol, api, route[0], route[1])))
             self._children[key] = children
         children[0]()

@@ -113,6 +113,43 @@ async def test_timeout_closes_the_connection():
     server.close()
 
 
+async def test_each_exchange_is_timed_by_its_own_deadline_on_one_connection():
+    """One timer per connection, armed lazily (h1.py _arm): a deadline left behind by an
+    earlier exchange neither ends a later, longer one early, nor lets a stalled one run long."""
+    connections = 0
+
+    async def handler(reader, writer):
+        nonlocal connections
+        connections += 1
+        while True:
+            try:
+                _, body = await read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            if body == b"hang":
+                await asyncio.sleep(10)
+            if body == b"slow":
+                await asyncio.sleep(0.6)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2)
+    loop = asyncio.get_running_loop()
+    assert (await pool.request("POST", "/x", body=b"quick", timeout=0.3)).body == b"quick"
+    # Answered after the first exchange's deadline has passed: the timer fires then, finds
+    # this exchange's later deadline and waits for it.
+    assert (await pool.request("POST", "/x", body=b"slow", timeout=5)).body == b"slow"
+    assert connections == 1
+    start = loop.time()
+    with pytest.raises(TimeoutError):
+        await pool.request("POST", "/x", body=b"hang", timeout=0.3)
+    assert 0.3 - 0.002 <= loop.time() - start < 5  # its own deadline, not the 5 s one armed before
+    assert pool._idle == [] and pool.busy == 0
+    pool.close()
+    server.close()
+
+
 async def test_dropped_mid_answer_is_not_retried():
     calls = 0
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from gateway.observability.metrics import _LATENCY_BUCKETS, _SIZE_BUCKETS, Metrics, Observer
+from gateway.observability.metrics import _LATENCY_BUCKETS, _SIZE_BUCKETS, Metrics, Observer, counting
 from gateway.proxy import Admission
 
 VALUES = [0.0, 1e-9, 0.0005, 0.00050001, 0.001, 0.003, 0.0099, 1.0, 2.5, 59.9, 60.0, 61.0, 1e12, math.inf, -1.0,
@@ -27,6 +27,41 @@ def exposition(buckets: tuple[float, ...], use_observer: bool) -> bytes:
 def test_observer_writes_what_the_library_writes():
     for buckets in (_LATENCY_BUCKETS, _SIZE_BUCKETS):
         assert exposition(buckets, True) == exposition(buckets, False)
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        raise AssertionError("the per-request path took the value's lock")
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def test_single_process_values_are_added_to_without_their_lock():
+    registry = CollectorRegistry()
+    h = Histogram("h", "doc", ["a"], buckets=_LATENCY_BUCKETS, registry=registry).labels("x")
+    c = Counter("c", "doc", ["a"], registry=registry).labels("x")
+    observe, inc = Observer(h).observe, counting(c)
+    for value in (h._sum, c._value, *h._buckets):
+        value._lock = _NoLock()
+    observe(0.003)
+    observe(0.003)
+    inc()
+    inc()
+    assert h._sum._value == 0.006 and c._value._value == 2.0
+    assert [b._value for b in h._buckets][:5] == [0.0, 0.0, 0.0, 2.0, 0.0]
+
+
+def test_counting_writes_what_the_library_writes():
+    def text(use: bool) -> bytes:
+        registry = CollectorRegistry()
+        child = Counter("c", "doc", ["a"], registry=registry).labels("x")
+        inc = counting(child) if use else child.inc
+        for _ in range(3):
+            inc()
+        return b"\n".join(line for line in generate_latest(registry).splitlines() if b"_created" not in line)
+
+    assert text(True) == text(False) and b'c_total{a="x"} 3.0' in text(True)
 
 
 def test_inflight_gauge_reads_the_budget_when_scraped():

@@ -1,0 +1,196 @@
+"""The gateway's own CPU per small HTTP inference, measured in one process.
+
+    python -m benchmarks.inproc [--requests 4000] [--batches 8] [--concurrency 1] [--profile]
+
+A real gateway (``gateway.server.Gateway``, its real listener, pools and health checks),
+a canned HTTP/1.1 backend and a keep-alive client all run on one uvloop event loop over
+loopback sockets. The client's and the backend's cost is measured alone in the same run
+(the client against the backend directly), so
+
+    gateway µs per request = (CPU through the gateway − CPU direct) / requests
+
+is the gateway's Python and its system calls, without what the load benchmark also
+counts: another process's cache and branch state on a shared core (there each µs of
+Python costs ~2.5 µs; docs/design-notes.md, "Inference from callbacks"). It moves in
+the same direction as the load benchmark's small-HTTP cell, with far less noise: a change
+on the callback path can be judged in seconds. Best of ``--batches`` batches.
+
+``--profile``: cProfile of the batches through the gateway, top functions by own time.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import pstats
+import resource
+import time
+from typing import Any
+
+import uvloop
+
+from gateway.config.loader import parse_config
+from gateway.server import Gateway
+
+from .workloads import _json_small
+
+__all__ = ["main"]
+
+# What Triton answers to add_sub's small request (its size and headers).
+ANSWER_BODY = (b'{"id":"bench","model_name":"add_sub","model_version":"1","outputs":[{"name":"OUTPUT0",'
+               b'"datatype":"FP32","shape":[16],"data":[0.25,0.75,1.25,1.75,2.25,2.75,3.25,3.75,4.25,'
+               b'4.75,5.25,5.75,6.25,6.75,7.25,7.75]},{"name":"OUTPUT1","datatype":"FP32","shape":[16],'
+               b'"data":[-0.25,0.25,0.75,1.25,1.75,2.25,2.75,3.25,3.75,4.25,4.75,5.25,5.75,6.25,6.75,7.25]}]}')
+ANSWER = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+          % len(ANSWER_BODY)) + ANSWER_BODY
+READY = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+NO_INDEX = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
+
+
+class Backend(asyncio.Protocol):
+    """Answers each request on a keep-alive connection at once: GETs (probes) 200, the
+    repository index 404 (the checker then asks per model), inferences ANSWER."""
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.buf = b""
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf + data
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                break
+            head = buf[:end]
+            length = 0
+            at = head.lower().find(b"content-length:")
+            if at >= 0:
+                length = int(head[at + 15:head.find(b"\r\n", at) if head.find(b"\r\n", at) > 0 else None])
+            if len(buf) < end + 4 + length:
+                break
+            buf = buf[end + 4 + length:]
+            if head.startswith(b"GET"):
+                self.transport.write(READY)
+            elif b"/repository/index" in head[:80]:
+                self.transport.write(NO_INDEX)
+            else:
+                self.transport.write(ANSWER)
+        self.buf = buf
+
+
+class Client(asyncio.Protocol):
+    """Sends REQUEST, waits for the whole answer, sends again, until ``left`` runs out."""
+
+    def __init__(self, request: bytes, state: dict[str, Any]) -> None:
+        self.request = request
+        self.state = state
+        self.expect = len(ANSWER_BODY)
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.got = b""
+
+    def send(self) -> None:
+        if self.state["left"] <= 0:
+            self.state["idle"] += 1
+            if self.state["idle"] == self.state["clients"]:
+                self.state["done"].set_result(None)
+            return
+        self.state["left"] -= 1
+        self.got = b""
+        self.transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        self.got += data
+        end = self.got.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        if not self.got.startswith(b"HTTP/1.1 200"):
+            raise SystemExit(f"answer not 200: {self.got[:300]!r}")
+        at = self.got.lower().find(b"content-length:", 0, end)
+        length = int(self.got[at + 15:self.got.find(b"\r\n", at)])
+        if len(self.got) >= end + 4 + length:
+            self.send()
+
+
+async def _run(port: int, request: bytes, requests: int, concurrency: int) -> tuple[float, float]:
+    loop = asyncio.get_running_loop()
+    state: dict[str, Any] = {"left": requests, "idle": 0, "clients": concurrency, "done": loop.create_future()}
+    clients = []
+    for _ in range(concurrency):
+        _, proto = await loop.create_connection(lambda: Client(request, state), "127.0.0.1", port)
+        clients.append(proto)
+    before, cpu = resource.getrusage(resource.RUSAGE_SELF), time.process_time()
+    for c in clients:
+        c.send()
+    await state["done"]
+    after, cpu = resource.getrusage(resource.RUSAGE_SELF), time.process_time() - cpu
+    # The total from the precise clock, split as the (coarser) rusage splits it.
+    user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
+    share = user / (user + system) if user + system else 1.0
+    spent = (cpu * share, cpu * (1 - share))
+    for c in clients:
+        c.transport.close()
+    return spent
+
+
+async def measure(requests: int, batches: int, concurrency: int, profile: bool) -> dict[str, float]:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(Backend, "127.0.0.1", 0)
+    backend_port = server.sockets[0].getsockname()[1]
+    config = parse_config({
+        "listen": {"http": "127.0.0.1:0", "grpc": None, "metrics": None},
+        "backends": {"triton": {"protocol": "http", "endpoints": [f"127.0.0.1:{backend_port}"], "timeout_s": 300}},
+        "routes": [{"model": "add_sub", "backend": "triton"}],
+        "health": {"interval_s": 5.0, "timeout_s": 2.0},
+    })
+    gateway = Gateway(config)
+    ports = await gateway.start()
+    assert ports.http is not None
+    body = _json_small()
+
+    def request(host: str) -> bytes:
+        return (b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % (host.encode(), len(body))) + body
+
+    via = request(f"127.0.0.1:{ports.http}")
+    direct = request(f"127.0.0.1:{backend_port}")
+    await _run(ports.http, via, 200, concurrency)  # warm: connections, caches, metric children
+    best_via = best_direct = (float("inf"), 0.0)
+    profiler = cProfile.Profile() if profile else None
+    for _ in range(batches):
+        best_direct = min(best_direct, await _run(backend_port, direct, requests, concurrency), key=sum)
+        if profiler is not None:
+            profiler.enable()
+        best_via = min(best_via, await _run(ports.http, via, requests, concurrency), key=sum)
+        if profiler is not None:
+            profiler.disable()
+    await gateway.stop()
+    server.close()
+    if profiler is not None:
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(30)
+        print(out.getvalue())
+    per = 1e6 / requests
+    return {"direct_us": sum(best_direct) * per, "via_us": sum(best_via) * per,
+            "gateway_us": (sum(best_via) - sum(best_direct)) * per,
+            "gateway_user_us": (best_via[0] - best_direct[0]) * per,
+            "gateway_sys_us": (best_via[1] - best_direct[1]) * per}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=4000)
+    parser.add_argument("--batches", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args(argv)
+    result = uvloop.run(measure(args.requests, args.batches, args.concurrency, args.profile))
+    print(f"c={args.concurrency}: direct {result['direct_us']:.1f} µs/req (client + backend), "
+          f"through the gateway {result['via_us']:.1f}: gateway {result['gateway_us']:.1f} µs per request "
+          f"(user {result['gateway_user_us']:.1f}, system {result['gateway_sys_us']:.1f})")
+
+
+if __name__ == "__main__":
+    main()
