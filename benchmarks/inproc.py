@@ -28,68 +28,111 @@ import resource
 import time
 from typing import Any
 
+import orjson
 import uvloop
 
 from gateway.config.loader import parse_config
 from gateway.server import Gateway
 
-from .workloads import _json_small
+from .workloads import _binary, _json_small
 
 __all__ = ["main"]
 
 # What Triton answers to add_sub's small request (its size and headers).
-ANSWER_BODY = (b'{"id":"bench","model_name":"add_sub","model_version":"1","outputs":[{"name":"OUTPUT0",'
-               b'"datatype":"FP32","shape":[16],"data":[0.25,0.75,1.25,1.75,2.25,2.75,3.25,3.75,4.25,'
-               b'4.75,5.25,5.75,6.25,6.75,7.25,7.75]},{"name":"OUTPUT1","datatype":"FP32","shape":[16],'
-               b'"data":[-0.25,0.25,0.75,1.25,1.75,2.25,2.75,3.25,3.75,4.25,4.75,5.25,5.75,6.25,6.75,7.25]}]}')
-ANSWER = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-          % len(ANSWER_BODY)) + ANSWER_BODY
+SMALL_ANSWER = (b'{"id":"bench","model_name":"add_sub","model_version":"1","outputs":[{"name":"OUTPUT0",'
+                b'"datatype":"FP32","shape":[16],"data":[0.25,0.75,1.25,1.75,2.25,2.75,3.25,3.75,4.25,'
+                b'4.75,5.25,5.75,6.25,6.75,7.25,7.75]},{"name":"OUTPUT1","datatype":"FP32","shape":[16],'
+                b'"data":[-0.25,0.25,0.75,1.25,1.75,2.25,2.75,3.25,3.75,4.25,4.75,5.25,5.75,6.25,6.75,7.25]}]}')
 READY = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
 NO_INDEX = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
+BODIES = ("small", "1m", "16m")
+
+
+def _answer(body: str) -> bytes:
+    """The canned backend's answer to an inference: add_sub's, or (binary extension) an
+    identity model's answer of the request's size, as Triton sends it."""
+    if body == "small":
+        head, data, ctype = SMALL_ANSWER, b"", b"application/json"
+    else:
+        size = (1 if body == "1m" else 16) << 20
+        head = orjson.dumps({"model_name": "identity_UINT8", "model_version": "1", "outputs": [
+            {"name": "OUTPUT0", "datatype": "UINT8", "shape": [1, size], "parameters": {"binary_data_size": size}}]})
+        data, ctype = bytes(size), b"application/octet-stream\r\nInference-Header-Content-Length: %d" % len(head)
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n"
+            % (ctype, len(head) + len(data))) + head + data
+
+
+def _request_body(body: str) -> tuple[bytes, bytes]:
+    if body == "small":
+        return _json_small(), b"Content-Type: application/json\r\n"
+    data, hlen = _binary((1 if body == "1m" else 16) << 20)
+    return data, b"Content-Type: application/octet-stream\r\nInference-Header-Content-Length: %d\r\n" % hlen
+
+
+class _Messages:
+    """Counts HTTP/1.1 messages in a byte stream without keeping their bodies: ``feed``
+    returns the heads of the messages completed by ``data``."""
+
+    def __init__(self) -> None:
+        self.head = b""
+        self.left = -1  # body bytes still to come; -1: in a head
+
+    def feed(self, data: bytes) -> list[bytes]:
+        done = []
+        view = memoryview(data)
+        while len(view):
+            if self.left < 0:
+                buf = self.head + bytes(view[:65536])
+                end = buf.find(b"\r\n\r\n")
+                if end < 0:
+                    self.head = buf
+                    return done
+                head, used = buf[:end], end + 4 - len(self.head)
+                view = view[used:]
+                self.head = b""
+                at = head.lower().find(b"\r\ncontent-length:")
+                self.left = int(head[at + 17:].split(b"\r\n", 1)[0]) if at >= 0 else 0
+                self.current = head
+            take = min(self.left, len(view))
+            view = view[take:]
+            self.left -= take
+            if self.left == 0:
+                done.append(self.current)
+                self.left = -1
+        return done
 
 
 class Backend(asyncio.Protocol):
-    """Answers each request on a keep-alive connection at once: GETs (probes) 200, the
-    repository index 404 (the checker then asks per model), inferences ANSWER."""
+    """Answers each request on a keep-alive connection once it has all come: GETs (probes)
+    200, the repository index 404 (the checker then asks per model), inferences ``answer``."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.answer = answer
+        self.messages = _Messages()
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
-        self.buf = b""
 
     def data_received(self, data: bytes) -> None:
-        buf = self.buf + data
-        while True:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                break
-            head = buf[:end]
-            length = 0
-            at = head.lower().find(b"content-length:")
-            if at >= 0:
-                length = int(head[at + 15:head.find(b"\r\n", at) if head.find(b"\r\n", at) > 0 else None])
-            if len(buf) < end + 4 + length:
-                break
-            buf = buf[end + 4 + length:]
+        for head in self.messages.feed(data):
             if head.startswith(b"GET"):
                 self.transport.write(READY)
             elif b"/repository/index" in head[:80]:
                 self.transport.write(NO_INDEX)
             else:
-                self.transport.write(ANSWER)
-        self.buf = buf
+                self.transport.write(self.answer)
 
 
 class Client(asyncio.Protocol):
-    """Sends REQUEST, waits for the whole answer, sends again, until ``left`` runs out."""
+    """Sends its request, waits for the whole answer, sends again, until ``left`` runs out."""
 
     def __init__(self, request: bytes, state: dict[str, Any]) -> None:
         self.request = request
         self.state = state
-        self.expect = len(ANSWER_BODY)
+        self.messages = _Messages()
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
-        self.got = b""
 
     def send(self) -> None:
         if self.state["left"] <= 0:
@@ -98,19 +141,12 @@ class Client(asyncio.Protocol):
                 self.state["done"].set_result(None)
             return
         self.state["left"] -= 1
-        self.got = b""
         self.transport.write(self.request)
 
     def data_received(self, data: bytes) -> None:
-        self.got += data
-        end = self.got.find(b"\r\n\r\n")
-        if end < 0:
-            return
-        if not self.got.startswith(b"HTTP/1.1 200"):
-            raise SystemExit(f"answer not 200: {self.got[:300]!r}")
-        at = self.got.lower().find(b"content-length:", 0, end)
-        length = int(self.got[at + 15:self.got.find(b"\r\n", at)])
-        if len(self.got) >= end + 4 + length:
+        for head in self.messages.feed(data):
+            if not head.startswith(b"HTTP/1.1 200"):
+                raise SystemExit(f"answer not 200: {head[:300]!r}")
             self.send()
 
 
@@ -135,28 +171,32 @@ async def _run(port: int, request: bytes, requests: int, concurrency: int) -> tu
     return spent
 
 
-async def measure(requests: int, batches: int, concurrency: int, profile: bool) -> dict[str, float]:
+async def measure(requests: int, batches: int, concurrency: int, profile: bool,
+                  body: str = "small") -> dict[str, float]:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(Backend, "127.0.0.1", 0)
+    answer = _answer(body)
+    server = await loop.create_server(lambda: Backend(answer), "127.0.0.1", 0)
     backend_port = server.sockets[0].getsockname()[1]
     config = parse_config({
         "listen": {"http": "127.0.0.1:0", "grpc": None, "metrics": None},
         "backends": {"triton": {"protocol": "http", "endpoints": [f"127.0.0.1:{backend_port}"], "timeout_s": 300}},
-        "routes": [{"model": "add_sub", "backend": "triton"}],
+        "routes": [{"model": "add_sub", "backend": "triton"}, {"model": "identity_UINT8", "backend": "triton"}],
+        "max_message_bytes": 64 << 20,
         "health": {"interval_s": 5.0, "timeout_s": 2.0},
     })
     gateway = Gateway(config)
     ports = await gateway.start()
     assert ports.http is not None
-    body = _json_small()
+    data, headers = _request_body(body)
+    model = b"add_sub" if body == "small" else b"identity_UINT8"
 
     def request(host: str) -> bytes:
-        return (b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                b"Content-Length: %d\r\n\r\n" % (host.encode(), len(body))) + body
+        return (b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n"
+                % (model, host.encode(), headers, len(data))) + data
 
     via = request(f"127.0.0.1:{ports.http}")
     direct = request(f"127.0.0.1:{backend_port}")
-    await _run(ports.http, via, 200, concurrency)  # warm: connections, caches, metric children
+    await _run(ports.http, via, max(4, requests // 20), concurrency)  # warm: connections, caches, metric children
     best_via = best_direct = (float("inf"), 0.0)
     profiler = cProfile.Profile() if profile else None
     for _ in range(batches):
@@ -184,10 +224,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--batches", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--body", choices=BODIES, default="small",
+                        help="small: add_sub's JSON request; 1m / 16m: a binary-extension request and answer "
+                             "of that size (an identity model)")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args(argv)
-    result = uvloop.run(measure(args.requests, args.batches, args.concurrency, args.profile))
-    print(f"c={args.concurrency}: direct {result['direct_us']:.1f} µs/req (client + backend), "
+    result = uvloop.run(measure(args.requests, args.batches, args.concurrency, args.profile, args.body))
+    print(f"{args.body} c={args.concurrency}: direct {result['direct_us']:.1f} µs/req (client + backend), "
           f"through the gateway {result['via_us']:.1f}: gateway {result['gateway_us']:.1f} µs per request "
           f"(user {result['gateway_user_us']:.1f}, system {result['gateway_sys_us']:.1f})")
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 __all__ = ["TRACE_HEADERS", "ClientDisconnected", "DataPlane", "HttpReply", "IncomingBody", "StreamedBody",
-           "pick_headers"]
+           "is_streamed", "pick_headers"]
 
 # Request context a client sends that the backend should always see: W3C trace context
 # (Triton's OpenTelemetry tracing continues the client's trace) and a request id. HTTP
@@ -70,6 +70,14 @@ class StreamedBody(Protocol):
     def __aiter__(self) -> AsyncIterator[bytes]: ...
 
     def close(self) -> None: ...
+
+
+def is_streamed(body: object) -> TypeGuard[StreamedBody]:
+    """Whether an answer's body is a :class:`StreamedBody`. Not ``isinstance``: on a runtime
+    Protocol that walks the protocol's members on every call (~20 µs, measured on each
+    streamed answer); the other bodies (bytes, a list of parts, an array) are not async
+    iterables."""
+    return hasattr(body, "__aiter__")
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,6 +115,21 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
         else:
             sweeping.pop(id(connections), None)
 
+    # What each request target (method, URL) means, worked out once: the route the router
+    # gives it, and its parts as uvicorn would give them to ASGI (a request line repeats).
+    Target = tuple[DirectRoute | None, str, str, bytes, bytes]
+    targets: dict[tuple[bytes, bytes], Target] = {}
+
+    def _target(key: tuple[bytes, bytes]) -> Target:
+        assert direct is not None
+        method = key[0].decode("ascii")
+        parsed = httptools.parse_url(key[1])
+        raw_path = parsed.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)  # as uvicorn decodes it for ASGI
+        return direct(method, path), method, path, raw_path, parsed.query or b""
+
     # The loop reads every connection of this listener into one buffer (_Reader): a plain
     # protocol gets each read as a new bytes object, one more copy of every byte of every
     # request body. One buffer is enough: the loop reads one socket at a time, and the
@@ -198,18 +213,20 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
             parser = self.parser
             if parser.should_upgrade():
                 return False
-            method = parser.get_method().decode("ascii")
-            parsed = httptools.parse_url(self.url)
-            raw_path = parsed.path
-            path = raw_path.decode("ascii")
-            if "%" in path:
-                path = urllib.parse.unquote(path)  # as uvicorn decodes it for ASGI
-            route = direct(method, path)
+            key = (parser.get_method(), self.url)
+            target = targets.get(key)
+            if target is None:
+                target = _target(key)
+                if len(key[1]) <= 1024:  # (bounded in count and size: clients choose URLs)
+                    if len(targets) >= 4096:
+                        targets.clear()
+                    targets[key] = target
+            route, method, path, raw_path, query = target
             if route is None:
                 return False
             previous = self.cycle
             self.cycle = exchange = DirectExchange(  # type: ignore[assignment]
-                self, route, method, path, raw_path, parsed.query or b"", self.headers,
+                self, route, method, path, raw_path, query, self.headers,
                 parser.get_http_version() != "1.0" and parser.should_keep_alive(), self.expect_100_continue)
             if previous is None or previous.response_complete:
                 if route[1] is not None and not self.expect_100_continue and self._small_body():

@@ -28,7 +28,7 @@ from ..codec.content import decode_content, is_count
 from ..codec.jsondepth import DepthScanner, InflatingDepthScanner, too_deep
 from ..codec.limits import check_json, check_names
 from ..config.security import Limits
-from ..dataplane import ClientDisconnected, DataPlane, HttpReply, StreamedBody
+from ..dataplane import ClientDisconnected, DataPlane, HttpReply, StreamedBody, is_streamed
 from ..errors import (
     SHARED_MEMORY_REFUSAL,
     BadUpstreamResponse,
@@ -397,12 +397,9 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         body = reply.body
         if isinstance(body, (bytes, bytearray)):
             return reply.status, out_headers, [body], None
-        if isinstance(body, (list, tuple)):  # before the (slower) protocol check
-            parts = list(body)
-        elif isinstance(body, StreamedBody):
+        if is_streamed(body):
             return reply.status, out_headers, [], body
-        else:
-            parts = list(body)
+        parts = list(body)  # type: ignore[arg-type]  # (not streamed: a sequence of parts)
         # Each part goes to the transport as it is (uvloop sends a memoryview without
         # copying it): the tensor bytes are not joined into one more copy of the answer.
         return reply.status, out_headers, [p if isinstance(p, (bytes, bytearray)) else memoryview(p).cast("B")
@@ -716,9 +713,10 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         if target is not None:
             model, version = target
             route = (lambda ex: infer(ex, model, version)), (lambda ex: infer_now(ex, model, version))
-        if len(claimed) >= 4096:
-            claimed.clear()
-        claimed[path] = route
+        if len(path) <= 1024:  # (bounded in count and size: clients choose paths)
+            if len(claimed) >= 4096:
+                claimed.clear()
+            claimed[path] = route
         return route
 
     return HttpApp(app, direct)

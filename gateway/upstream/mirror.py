@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from ..dataplane import HttpReply, StreamedBody
+from ..dataplane import HttpReply, is_streamed
 from ..routing.table import Match
 from .pool import Pool
 
@@ -73,7 +73,7 @@ class Mirrors:
         try:
             answer = await call
             if isinstance(answer, HttpReply):
-                if isinstance(answer.body, StreamedBody):
+                if is_streamed(answer.body):
                     answer.body.close()  # nobody reads a shadow's answer: let its connection go
                 outcome = "answered" if answer.status == 200 else "failed"
             else:
