@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httptools
+import numpy as np
 
 __all__ = ["FRESH_S", "BodyStream", "ConnectFailed", "ConnectionDropped", "H1ConnectionPool", "H1Response",
            "SourceStalled"]
@@ -91,7 +92,8 @@ class BodyStream:
         self.length = length
         self.map_error: Callable[[Exception], Exception] = lambda exc: exc
         self._conn: _Connection | None = conn
-        self._chunks: deque[bytes] = deque()
+        # bytes from the parser, or (a body read raw) views of buffers nothing else writes to
+        self._chunks: deque[bytes | memoryview] = deque()
         self._queued = 0
         self._finished = False
         self._error: Exception | None = None
@@ -104,7 +106,7 @@ class BodyStream:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def _push(self, chunk: bytes) -> None:
+    def _push(self, chunk: bytes | memoryview) -> None:
         self._chunks.append(chunk)
         self._queued += len(chunk)
         if self._queued > self._HIGH and not self._paused and self._conn is not None:
@@ -132,7 +134,7 @@ class BodyStream:
     def __aiter__(self) -> BodyStream:
         return self
 
-    async def __anext__(self) -> bytes:
+    async def __anext__(self) -> bytes | memoryview:
         while not self._chunks:
             if self._error is not None:
                 raise self.map_error(self._error)
@@ -171,6 +173,9 @@ class H1Response:
 # Bytes a connection reads from its socket at once: straight into one buffer its pool's
 # connections share (see _Connection.get_buffer).
 READ_SIZE = 256 * 1024
+# A raw body's buffer with less than this left free is not read into again (a new one is
+# taken): each read then brings at least this much, as the shared buffer's reads do.
+_RAW_MIN = 64 * 1024
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -179,10 +184,17 @@ class _Connection(asyncio.BufferedProtocol):
     each read as a new bytes object, one more copy of every byte of every answer (measured:
     user-space copies were ~13 % of the gateway's CPU on 16 MB answers). One buffer serves
     all of a pool's connections: the loop reads one socket at a time and ``buffer_updated``
-    is done with the bytes before it returns (the parser copies what it hands on)."""
+    is done with the bytes before it returns (the parser copies what it hands on).
+
+    The body of a streamed answer with a Content-Length (``BodyStream``, ≥ ``stream_min``) is
+    read past the parser instead: once its head is parsed, the loop reads the body straight
+    into buffers of the connection's own that become the stream's chunks — no copy at all
+    (the parser would hand each chunk over as a new bytes object: one copy of every byte of
+    every large answer). See :meth:`_split_head` and :meth:`_raw_buffer`."""
 
     __slots__ = (
         "_body",
+        "_body_seen",
         "_buf",
         "_clock",
         "_clock_at",
@@ -191,15 +203,20 @@ class _Connection(asyncio.BufferedProtocol):
         "_drain",
         "_fut",
         "_got_bytes",
+        "_head_done",
         "_headers",
         "_loop",
         "_on_end",
+        "_own",
         "_parser",
         "_pos",
+        "_raw_keep_alive",
+        "_raw_left",
         "_rbuf",
         "_stream",
         "_stream_min",
         "_stream_unsized",
+        "_tail",
         "_transport",
         "closed",
         "idle_since",
@@ -223,6 +240,17 @@ class _Connection(asyncio.BufferedProtocol):
         self._stream: BodyStream | None = None
         self._stream_min: int | None = None
         self._stream_unsized = False
+        # A streamed answer's body read past the parser (see the class text): bytes still to
+        # come, the free part of the buffer they are read into, and the answer's keep-alive.
+        self._raw_left = 0
+        self._own: memoryview | None = None
+        self._raw_keep_alive = False
+        # While the head of an answer that may be streamed arrives: whether it is all here,
+        # the last bytes of it seen so far (its end may straddle two reads), and whether the
+        # parser handed over body bytes (then the answer is read through it, as any other).
+        self._head_done = False
+        self._tail = b""
+        self._body_seen = False
         # The current exchange's deadline (loop time; 0: none) and the one timer that
         # watches it: see _arm().
         self._deadline = 0.0
@@ -249,10 +277,93 @@ class _Connection(asyncio.BufferedProtocol):
                 pass
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        if self._raw_left:
+            return self._raw_buffer()
         return self._rbuf
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(self._rbuf[:nbytes])
+        if self._raw_left:
+            self._raw_read(nbytes)
+        elif self._stream_min is not None and not self._head_done:
+            self._split_head(nbytes)
+        else:
+            self.data_received(self._rbuf[:nbytes])
+
+    # -- a streamed answer's body, read past the parser --------------------------------
+    def _split_head(self, nbytes: int) -> None:
+        """The head of an answer that may be streamed is fed to the parser alone — up to the
+        blank line that ends it (RFC 9112 section 2.1) — so that the body's first byte is
+        known. If the parser then chose to stream it (Content-Length ≥ stream_min) and took
+        the head exactly there (no body bytes reached ``on_body``), the body is read raw;
+        otherwise what follows goes to the parser as usual."""
+        data = self._rbuf[:nbytes]
+        buf: bytearray = self._rbuf.obj  # type: ignore[assignment]
+        tail = self._tail
+        end = -1
+        if tail:  # a blank line that began in the previous read
+            at = (tail + bytes(data[:3])).find(b"\r\n\r\n")
+            if at >= 0:
+                end = at + 4 - len(tail)
+        if end < 0:
+            at = buf.find(b"\r\n\r\n", 0, nbytes)
+            if at >= 0:
+                end = at + 4
+        if end < 0:
+            self._tail = (tail + bytes(data[-3:]))[-3:]
+            self.data_received(data)
+            return
+        self._head_done = True
+        self._tail = b""
+        self.data_received(data[:end])
+        stream = self._stream
+        if stream is None or stream.length is None or self._body_seen or self._complete or self.closed:
+            if end < nbytes and not self.closed:
+                self.data_received(data[end:])
+            return
+        # The parser stops here: the rest of this answer is counted, not parsed; a new
+        # parser takes the next answer on this connection (see _raw_read).
+        self._raw_keep_alive = self._parser.should_keep_alive()
+        self._raw_left = stream.length
+        if end < nbytes:
+            first = min(nbytes - end, stream.length)
+            self._raw_left -= first
+            stream._push(bytes(data[end : end + first]))  # (the shared buffer: copied, once)
+            if not self._raw_left:
+                self._raw_done(extra=end + first < nbytes)
+
+    def _raw_buffer(self) -> memoryview:
+        """Where the next read of a raw body goes: the rest of a buffer of the connection's
+        own (uninitialised: numpy.empty, no page-filling), never more than the body still to
+        come. Each read's bytes become one chunk of the stream and are never written over."""
+        own = self._own
+        if own is None or len(own) < _RAW_MIN:
+            own = self._own = np.empty(READ_SIZE, dtype=np.uint8).data.cast("B")
+        return own[: self._raw_left] if self._raw_left < len(own) else own
+
+    def _raw_read(self, nbytes: int) -> None:
+        own = self._own
+        assert own is not None and self._stream is not None
+        self._got_bytes = True
+        self._own = own[nbytes:]
+        self._raw_left -= nbytes
+        self._stream._push(own[:nbytes])
+        if not self._raw_left:
+            self._raw_done(extra=False)
+
+    def _raw_done(self, extra: bool) -> None:
+        """The raw body is complete: the answer ends as ``on_message_complete`` ends it, and
+        the connection gets a new parser for its next answer (this one stopped mid-body).
+        ``extra``: bytes came after the answer — a server talking out of turn."""
+        self._own = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._complete = True
+        self.keep_alive = self._raw_keep_alive and not extra
+        stream = self._stream
+        assert stream is not None
+        stream._finish()
+        self._end_stream()
+        if extra:
+            self.close()
 
     def data_received(self, data: bytes | memoryview) -> None:
         self._got_bytes = True
@@ -311,6 +422,7 @@ class _Connection(asyncio.BufferedProtocol):
             self._pos = 0
 
     def on_body(self, body: bytes) -> None:
+        self._body_seen = True
         if self._stream is not None:
             self._stream._push(body)
         elif self._buf is not None:
@@ -493,6 +605,11 @@ class _Connection(asyncio.BufferedProtocol):
         self._got_bytes = False
         self._complete = False
         self.sent_all = True
+        self._raw_left = 0
+        self._own = None
+        self._head_done = False
+        self._tail = b""
+        self._body_seen = False
 
     def start(self, pending: _Pending, head: bytes, body: bytes | bytearray, stream_min: int | None) -> None:
         """The request of a :class:`_Pending` exchange, written at once (its answer reaches

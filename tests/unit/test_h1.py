@@ -2,11 +2,19 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 
 import pytest
 
-from gateway.upstream.h1 import BodyStream, ConnectFailed, ConnectionDropped, H1ConnectionPool, SourceStalled
+from gateway.upstream.h1 import (
+    BodyStream,
+    ConnectFailed,
+    ConnectionDropped,
+    H1ConnectionPool,
+    SourceStalled,
+    _Connection,
+)
 
 
 async def serve(handler):
@@ -721,5 +729,124 @@ async def test_request_now_skips_an_idle_connection_the_backend_closed():
     await wait_until(lambda: not pool._idle or pool._idle[0].closed, "the close to be seen")
     assert outcome_of(pool, b"x") is None  # the closed connection is not used; none other idle
     assert pool.busy == 0
+    pool.close()
+    server.close()
+
+
+# -- a streamed answer's body read past the parser (h1 _Connection._split_head / _raw_read) -----
+
+RANDOM = random.Random(7).randbytes(3 << 20)  # no period: a chunk written over would show
+
+
+def reads_of(monkeypatch) -> asyncio.Event:
+    """Set each time a backend connection has taken a read from its socket."""
+    seen = asyncio.Event()
+    original = _Connection.buffer_updated
+
+    def spy(self, nbytes):
+        original(self, nbytes)
+        seen.set()
+
+    monkeypatch.setattr(_Connection, "buffer_updated", spy)
+    return seen
+
+
+async def test_streamed_body_is_read_raw_and_exact_wherever_the_head_splits(monkeypatch):
+    """The head of a large answer arrives in two reads, split anywhere — inside its blank line
+    too, or after part of the body; the body is read past the parser into the connection's own
+    buffers (its chunks are views of them) and every byte is right, also once all of them have
+    been kept to the end (none was written over); the connection then parses its next answer."""
+    reads = reads_of(monkeypatch)
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % len(RANDOM)
+    splits = [1, len(head) - 4, len(head) - 3, len(head) - 2, len(head) - 1, len(head), len(head) + 1,
+              len(head) + 70_000]
+    connections = 0
+
+    async def handler(reader, writer):
+        nonlocal connections
+        connections += 1
+        whole = head + RANDOM
+        for k in splits:
+            await read_request(reader)
+            reads.clear()
+            writer.write(whole[:k])
+            await writer.drain()
+            await reads.wait()  # the client has read the first part: the rest comes as another read
+            writer.write(whole[k:])
+            await writer.drain()
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await reader.read()
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2, max_connections=1)
+    kept = []
+    for _ in splits:
+        r = await pool.request("POST", "/", body=b"x", timeout=10, stream_min=1 << 20)
+        assert isinstance(r.body, BodyStream) and r.body.length == len(RANDOM)
+        chunks = [chunk async for chunk in r.body]
+        assert b"".join(chunks) == RANDOM
+        assert any(isinstance(c, memoryview) for c in chunks)  # read raw, not through the parser
+        kept.append(chunks)
+    assert all(b"".join(chunks) == RANDOM for chunks in kept)
+    assert (await pool.request("GET", "/", timeout=2, stream_min=1 << 20)).body == b"ok"
+    assert connections == 1 and pool.busy == 0
+    pool.close()
+    server.close()
+
+
+async def test_raw_body_then_connection_close_or_extra_bytes_retires_the_connection():
+    """An answer saying Connection: close, or followed by bytes nobody asked for, is delivered
+    whole; its connection is not used again."""
+    connections = 0
+
+    async def handler(reader, writer):
+        nonlocal connections
+        connections += 1
+        await read_request(reader)
+        if connections == 1:
+            writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(RANDOM) + RANDOM)
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(RANDOM) + RANDOM
+                         + b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2, max_connections=1)
+    for expected_connections in (1, 2):
+        r = await pool.request("POST", "/", body=b"x", timeout=10, stream_min=1 << 20)
+        assert await collect(r.body) == RANDOM
+        assert connections == expected_connections
+        assert pool.busy == 0
+    await wait_until(lambda: not pool._idle or pool._idle[0].closed, "the connection to be retired")
+    assert all(c.closed for c in pool._idle) or not pool._idle
+    pool.close()
+    server.close()
+
+
+async def test_chunked_answer_that_may_stream_goes_through_the_parser():
+    body = RANDOM[: 1 << 20]
+
+    async def handler(reader, writer):
+        while True:
+            try:
+                await read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for i in range(0, len(body), 300_000):
+                part = body[i:i + 300_000]
+                writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2, max_connections=1)
+    for _ in range(2):
+        r = await pool.request("POST", "/", body=b"x", timeout=10, stream_min=1 << 16)
+        assert r.body == body  # no length known: not streamed, read whole
+    assert pool.busy == 0 and len(pool._idle) == 1
     pool.close()
     server.close()
