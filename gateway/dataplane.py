@@ -61,9 +61,10 @@ class IncomingBody(Protocol):
 @runtime_checkable
 class StreamedBody(Protocol):
     """A body that arrives while it is being sent (``async for`` chunks, bytes or views of
-    buffers nothing writes to again; iteration raises a GatewayError if it breaks off). ``length`` is known in advance, or None (a stream of
-    server-sent events: sent chunked). ``close()`` is called once the sender is done with
-    it, at its end or not (a client that left: the backend's call is cancelled)."""
+    buffers nothing writes to again; iteration raises a GatewayError if it breaks off).
+    ``length`` is known in advance, or None (a stream of server-sent events: sent chunked).
+    ``close()`` is called once the sender is done with it, at its end or not (a client that
+    left: the backend's call is cancelled)."""
 
     length: int | None
 

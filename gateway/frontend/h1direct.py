@@ -14,8 +14,9 @@ the server's task set), so it carries the attributes uvicorn's protocol reads of
 ``response_started``, ``response_complete``, ``disconnected``, ``keep_alive``,
 ``more_body``, ``message_event.set()`` and ``run_asgi()``.
 
-Body: chunks are kept as the parser hands them over (no copy) until the handler takes them;
-reading pauses while more than ``_HIGH`` bytes wait. Answer: a head built once and written
+Body: chunks are kept as the parser hands them over (no copy) — or, for a large body read past
+the parser (h1listen.py ``go_raw``), as views of buffers nothing writes over again — until the
+handler takes them; reading pauses while more than ``_HIGH`` bytes wait. Answer: a head built once and written
 with the body in one ``writelines`` (one system call for a small answer).
 """
 from __future__ import annotations

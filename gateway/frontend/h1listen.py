@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httptools
+import numpy as np
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -52,19 +53,30 @@ Router = Callable[[str, str], DirectRoute | None]
 
 class _Reader(asyncio.BufferedProtocol):
     """What the transport sees of a connection's protocol: reads land in ``buffer`` and go
-    to the protocol's data_received as a view of it; everything else is passed on."""
+    to the protocol's data_received as a view of it — or, while the protocol reads a large
+    body past its parser (``raw_left``), into the protocol's own buffers; everything else is
+    passed on."""
 
     __slots__ = ("_buffer", "_protocol")
 
-    def __init__(self, protocol: HttpToolsProtocol, buffer: memoryview) -> None:
+    def __init__(self, protocol: Any, buffer: memoryview) -> None:
         self._protocol = protocol
         self._buffer = buffer
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        protocol = self._protocol
+        if protocol.raw_left:
+            return protocol.raw_buffer()
         return self._buffer
 
     def buffer_updated(self, nbytes: int) -> None:
-        self._protocol.data_received(self._buffer[:nbytes])  # type: ignore[arg-type]
+        protocol = self._protocol
+        if protocol.raw_left:
+            protocol.raw_read(nbytes)
+            return
+        protocol.data_received(self._buffer[:nbytes])
+        if protocol.raw_length:
+            protocol.go_raw()
 
     def eof_received(self) -> None:
         self._protocol.eof_received()  # (uvicorn's returns None: the transport closes)
@@ -77,6 +89,10 @@ class _Reader(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self._protocol.resume_writing()
+
+# Bytes a large request body is read into once it is read past the parser (see go_raw): a new
+# buffer when less than RAW_MIN of one is free.
+RAW_MIN = 64 * 1024
 
 # A request served directly whose declared body is at most this long is held until its
 # body is all here, then served from callbacks if it can be (h1direct.DirectExchange.serve).
@@ -146,6 +162,14 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
         # loop.time() when the last answer completed with nothing after it: keep-alive,
         # closed by the sweep past idle_timeout_s (uvicorn arms a timer per answer instead).
         _idle_since: float | None = None
+        # A request served directly with a declared body over DEFER_MAX (streamed through):
+        # its length, the body bytes the parser handed over, and once its body is read past
+        # the parser (go_raw), the bytes still to come and the free part of the buffer they
+        # are read into.
+        raw_length = 0
+        _body_got = 0
+        raw_left = 0
+        _own: memoryview | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -188,6 +212,7 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
         def on_message_begin(self) -> None:
             # uvicorn builds the ASGI scope here; it is built only for requests that go to
             # the ASGI app (on_headers_complete), not for those served directly.
+            self.raw_length = self._body_got = 0
             self.url = b""
             self.expect_100_continue = False
             self.headers = []
@@ -228,8 +253,12 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
             self.cycle = exchange = DirectExchange(  # type: ignore[assignment]
                 self, route, method, path, raw_path, query, self.headers,
                 parser.get_http_version() != "1.0" and parser.should_keep_alive(), self.expect_100_continue)
+            declared = self._declared()
+            if declared is not None and declared > DEFER_MAX:
+                self.raw_length = declared  # read past the parser after this read (go_raw)
             if previous is None or previous.response_complete:
-                if route[1] is not None and not self.expect_100_continue and self._small_body():
+                if route[1] is not None and not self.expect_100_continue and declared is not None \
+                        and declared <= DEFER_MAX:
                     exchange.deferred = True  # served once its body is here (on_message_complete)
                 else:
                     self._start_asgi_task(exchange, self.app)  # type: ignore[arg-type]
@@ -239,11 +268,51 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
                 self.pipeline.appendleft((exchange, self.app))  # type: ignore[arg-type]
             return True
 
-        def _small_body(self) -> bool:
+        def _declared(self) -> int | None:
+            """The body's Content-Length (the parser refused a request with two, or with one
+            beside Transfer-Encoding); None when chunked or absent."""
             for name, value in self.headers:
                 if name == b"content-length":
-                    return value.isdigit() and len(value) <= 7 and int(value) <= DEFER_MAX
-            return False  # chunked, or none
+                    return int(value) if value.isdigit() and len(value) <= 18 else None
+            return None
+
+        # -- a large body read past the parser ----------------------------------------
+        def go_raw(self) -> None:
+            """After a read: if the body of a request served directly and streamed through is
+            under way, the rest of it is counted, not parsed — the loop reads it straight into
+            buffers of this connection's own, and each read goes to the exchange as one chunk
+            (a view nothing writes over again). httptools would hand every chunk over as a
+            new bytes object: one copy of every byte of every large request. The parser takes
+            every byte of a read (it stops only at an error, which ends the connection), so
+            the body's remaining length is known; a new parser takes the next request."""
+            cycle = self.cycle
+            if not isinstance(cycle, DirectExchange) or not cycle.more_body or self.transport.is_closing():
+                return
+            left = self.raw_length - self._body_got
+            if left > 0:
+                self.raw_left = left
+
+        def raw_buffer(self) -> memoryview:
+            own = self._own
+            if own is None or len(own) < RAW_MIN:
+                # Uninitialised memory (numpy.empty): nothing is filled before the read fills it.
+                own = self._own = np.empty(READ_SIZE, dtype=np.uint8).data.cast("B")
+            return own[: self.raw_left] if self.raw_left < len(own) else own
+
+        def raw_read(self, nbytes: int) -> None:
+            own = self._own
+            assert own is not None
+            self._own = own[nbytes:]
+            self.raw_left -= nbytes
+            self._body_at = self.loop.time()
+            cycle = self.cycle
+            assert isinstance(cycle, DirectExchange)
+            cycle.feed(own[:nbytes])
+            if not self.raw_left:
+                self._own = None
+                self.raw_length = 0
+                self.parser = httptools.HttpRequestParser(self)  # (the old one stopped mid-body)
+                self.on_message_complete()
 
         def _start_task(self, work: Any) -> None:
             """A task of this connection's server (graceful shutdown waits for it)."""
@@ -266,6 +335,7 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
         def on_body(self, body: bytes) -> None:
             cycle = self.cycle
             if isinstance(cycle, DirectExchange):
+                self._body_got += len(body)
                 cycle.feed(body)
             else:
                 super().on_body(body)

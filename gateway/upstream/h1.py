@@ -187,14 +187,14 @@ class _Connection(asyncio.BufferedProtocol):
     is done with the bytes before it returns (the parser copies what it hands on).
 
     The body of a streamed answer with a Content-Length (``BodyStream``, ≥ ``stream_min``) is
-    read past the parser instead: once its head is parsed, the loop reads the body straight
-    into buffers of the connection's own that become the stream's chunks — no copy at all
-    (the parser would hand each chunk over as a new bytes object: one copy of every byte of
-    every large answer). See :meth:`_split_head` and :meth:`_raw_buffer`."""
+    read past the parser instead: after the read that brought its head, the loop reads the
+    rest of the body straight into buffers of the connection's own that become the stream's
+    chunks — no copy at all (the parser would hand each chunk over as a new bytes object: one
+    copy of every byte of every large answer). See :meth:`buffer_updated`."""
 
     __slots__ = (
         "_body",
-        "_body_seen",
+        "_body_got",
         "_buf",
         "_clock",
         "_clock_at",
@@ -203,7 +203,6 @@ class _Connection(asyncio.BufferedProtocol):
         "_drain",
         "_fut",
         "_got_bytes",
-        "_head_done",
         "_headers",
         "_loop",
         "_on_end",
@@ -216,7 +215,6 @@ class _Connection(asyncio.BufferedProtocol):
         "_stream",
         "_stream_min",
         "_stream_unsized",
-        "_tail",
         "_transport",
         "closed",
         "idle_since",
@@ -245,12 +243,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._raw_left = 0
         self._own: memoryview | None = None
         self._raw_keep_alive = False
-        # While the head of an answer that may be streamed arrives: whether it is all here,
-        # the last bytes of it seen so far (its end may straddle two reads), and whether the
-        # parser handed over body bytes (then the answer is read through it, as any other).
-        self._head_done = False
-        self._tail = b""
-        self._body_seen = False
+        self._body_got = 0  # body bytes of a streamed answer the parser handed over
         # The current exchange's deadline (loop time; 0: none) and the one timer that
         # watches it: see _arm().
         self._deadline = 0.0
@@ -284,53 +277,18 @@ class _Connection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         if self._raw_left:
             self._raw_read(nbytes)
-        elif self._stream_min is not None and not self._head_done:
-            self._split_head(nbytes)
-        else:
-            self.data_received(self._rbuf[:nbytes])
+            return
+        self.data_received(self._rbuf[:nbytes])
+        stream = self._stream
+        if stream is not None and stream.length is not None and not self._complete and not self.closed:
+            # A streamed answer with a Content-Length is under way and the parser has taken
+            # every byte read so far (it stops only at an error): the rest of the body is
+            # counted, not parsed, from the next read on. This parser stops here; a new one
+            # takes the next answer on this connection (_raw_done).
+            self._raw_left = stream.length - self._body_got
+            self._raw_keep_alive = self._parser.should_keep_alive()
 
     # -- a streamed answer's body, read past the parser --------------------------------
-    def _split_head(self, nbytes: int) -> None:
-        """The head of an answer that may be streamed is fed to the parser alone — up to the
-        blank line that ends it (RFC 9112 section 2.1) — so that the body's first byte is
-        known. If the parser then chose to stream it (Content-Length ≥ stream_min) and took
-        the head exactly there (no body bytes reached ``on_body``), the body is read raw;
-        otherwise what follows goes to the parser as usual."""
-        data = self._rbuf[:nbytes]
-        buf: bytearray = self._rbuf.obj  # type: ignore[assignment]
-        tail = self._tail
-        end = -1
-        if tail:  # a blank line that began in the previous read
-            at = (tail + bytes(data[:3])).find(b"\r\n\r\n")
-            if at >= 0:
-                end = at + 4 - len(tail)
-        if end < 0:
-            at = buf.find(b"\r\n\r\n", 0, nbytes)
-            if at >= 0:
-                end = at + 4
-        if end < 0:
-            self._tail = (tail + bytes(data[-3:]))[-3:]
-            self.data_received(data)
-            return
-        self._head_done = True
-        self._tail = b""
-        self.data_received(data[:end])
-        stream = self._stream
-        if stream is None or stream.length is None or self._body_seen or self._complete or self.closed:
-            if end < nbytes and not self.closed:
-                self.data_received(data[end:])
-            return
-        # The parser stops here: the rest of this answer is counted, not parsed; a new
-        # parser takes the next answer on this connection (see _raw_read).
-        self._raw_keep_alive = self._parser.should_keep_alive()
-        self._raw_left = stream.length
-        if end < nbytes:
-            first = min(nbytes - end, stream.length)
-            self._raw_left -= first
-            stream._push(bytes(data[end : end + first]))  # (the shared buffer: copied, once)
-            if not self._raw_left:
-                self._raw_done(extra=end + first < nbytes)
-
     def _raw_buffer(self) -> memoryview:
         """Where the next read of a raw body goes: the rest of a buffer of the connection's
         own (uninitialised: numpy.empty, no page-filling), never more than the body still to
@@ -348,22 +306,19 @@ class _Connection(asyncio.BufferedProtocol):
         self._raw_left -= nbytes
         self._stream._push(own[:nbytes])
         if not self._raw_left:
-            self._raw_done(extra=False)
+            self._raw_done()
 
-    def _raw_done(self, extra: bool) -> None:
+    def _raw_done(self) -> None:
         """The raw body is complete: the answer ends as ``on_message_complete`` ends it, and
-        the connection gets a new parser for its next answer (this one stopped mid-body).
-        ``extra``: bytes came after the answer — a server talking out of turn."""
+        the connection gets a new parser for its next answer (this one stopped mid-body)."""
         self._own = None
         self._parser = httptools.HttpResponseParser(self)
         self._complete = True
-        self.keep_alive = self._raw_keep_alive and not extra
+        self.keep_alive = self._raw_keep_alive
         stream = self._stream
         assert stream is not None
         stream._finish()
         self._end_stream()
-        if extra:
-            self.close()
 
     def data_received(self, data: bytes | memoryview) -> None:
         self._got_bytes = True
@@ -422,8 +377,8 @@ class _Connection(asyncio.BufferedProtocol):
             self._pos = 0
 
     def on_body(self, body: bytes) -> None:
-        self._body_seen = True
         if self._stream is not None:
+            self._body_got += len(body)
             self._stream._push(body)
         elif self._buf is not None:
             end = self._pos + len(body)
@@ -607,9 +562,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.sent_all = True
         self._raw_left = 0
         self._own = None
-        self._head_done = False
-        self._tail = b""
-        self._body_seen = False
+        self._body_got = 0
 
     def start(self, pending: _Pending, head: bytes, body: bytes | bytearray, stream_min: int | None) -> None:
         """The request of a :class:`_Pending` exchange, written at once (its answer reaches

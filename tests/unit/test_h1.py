@@ -733,7 +733,7 @@ async def test_request_now_skips_an_idle_connection_the_backend_closed():
     server.close()
 
 
-# -- a streamed answer's body read past the parser (h1 _Connection._split_head / _raw_read) -----
+# -- a streamed answer's body read past the parser (h1 _Connection.buffer_updated / _raw_read) --
 
 RANDOM = random.Random(7).randbytes(3 << 20)  # no period: a chunk written over would show
 
@@ -753,9 +753,10 @@ def reads_of(monkeypatch) -> asyncio.Event:
 
 async def test_streamed_body_is_read_raw_and_exact_wherever_the_head_splits(monkeypatch):
     """The head of a large answer arrives in two reads, split anywhere — inside its blank line
-    too, or after part of the body; the body is read past the parser into the connection's own
-    buffers (its chunks are views of them) and every byte is right, also once all of them have
-    been kept to the end (none was written over); the connection then parses its next answer."""
+    too, or after part of the body; the rest of the body is read past the parser into the
+    connection's own buffers (its chunks are views of them) and every byte is right, also once
+    all of them have been kept to the end (none was written over); a new parser then reads the
+    connection's next answer."""
     reads = reads_of(monkeypatch)
     head = b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % len(RANDOM)
     splits = [1, len(head) - 4, len(head) - 3, len(head) - 2, len(head) - 1, len(head), len(head) + 1,

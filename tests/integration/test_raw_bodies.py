@@ -1,0 +1,84 @@
+"""Large bodies read past the HTTP parsers (frontend/h1listen.py ``go_raw``, upstream/h1.py
+``_Connection.buffer_updated``): after the read that brought a request's (or an answer's) head,
+the rest of a large body is read straight into buffers of the connection's own and passed on
+as views, with no copy. Through a real gateway process and real sockets: every byte must
+arrive where it should, the next request on the same connection (pipelined right behind the
+body, in the same packet) must be parsed by the new parser, and the connection keeps serving.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+import socket
+
+import orjson
+
+from tests.support.gateway import GatewayProcess, gateway_config
+from tests.support.scripted import ScriptedHttp
+
+SMALL = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}]})
+
+
+def answer_for(body: bytes) -> bytes:
+    """What the scripted backend answers: the body's digest, then 2 MiB derived from it (an
+    answer large enough to be streamed through the gateway, and not periodic)."""
+    digest = hashlib.sha256(body).hexdigest().encode()
+    return digest + random.Random(digest).randbytes(2 << 20)
+
+
+def binary_request(size: int, seed: int) -> tuple[bytes, bytes]:
+    """(head, body) of a binary-extension inference request with ``size`` tensor bytes."""
+    header = orjson.dumps({"inputs": [{"name": "x", "datatype": "UINT8", "shape": [size],
+                                       "parameters": {"binary_data_size": size}}]})
+    body = header + random.Random(seed).randbytes(size)
+    head = (b"POST /v2/models/m/infer HTTP/1.1\r\nHost: gw\r\nContent-Type: application/octet-stream\r\n"
+            b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n" % (len(header), len(body)))
+    return head, body
+
+
+def read_answer(sock: socket.socket, pending: bytearray) -> tuple[int, bytes]:
+    """One HTTP/1.1 answer with a Content-Length from ``sock`` (``pending``: bytes already read)."""
+    while b"\r\n\r\n" not in pending:
+        chunk = sock.recv(1 << 20)
+        assert chunk, "connection closed before an answer"
+        pending += chunk
+    end = pending.index(b"\r\n\r\n") + 4
+    head = bytes(pending[:end]).decode("latin-1")
+    status = int(head.split(" ", 2)[1])
+    length = next(int(line.split(":", 1)[1]) for line in head.split("\r\n")
+                  if line.lower().startswith("content-length:"))
+    while len(pending) < end + length:
+        chunk = sock.recv(1 << 20)
+        assert chunk, "connection closed mid-answer"
+        pending += chunk
+    body = bytes(pending[end:end + length])
+    del pending[:end + length]
+    return status, body
+
+
+def test_large_bodies_both_ways_byte_exact_with_a_request_pipelined_behind(tmp_path):
+    backend = ScriptedHttp(lambda line, headers, body: answer_for(body))
+    config = gateway_config({"pool": {"protocol": "http", "endpoints": [backend.address]}},
+                            [{"model": "*", "backend": "pool"}], health={"interval_s": 0.2, "timeout_s": 1.0})
+    try:
+        with GatewayProcess(config, tmp_path, "gw-raw") as g:
+            host, port = g.http_url.split(":")
+            with socket.create_connection((host, int(port)), timeout=30) as sock:
+                pending = bytearray()
+                for seed, size in ((1, 5 << 20), (2, (1 << 20) + 1), (3, 9 << 20)):
+                    head, body = binary_request(size, seed)
+                    small_head = (b"POST /v2/models/m/infer HTTP/1.1\r\nHost: gw\r\nContent-Type: "
+                                  b"application/json\r\nContent-Length: %d\r\n\r\n" % len(SMALL))
+                    # The head with the body's first bytes, the body in pieces, and its last
+                    # piece in one packet with a small request pipelined behind it.
+                    sock.sendall(head + body[:1000])
+                    for i in range(1000, len(body) - 5000, 3 << 20):
+                        sock.sendall(body[i:min(i + (3 << 20), len(body) - 5000)])
+                    sock.sendall(body[len(body) - 5000:] + small_head + SMALL)
+                    status, answer = read_answer(sock, pending)
+                    assert status == 200 and answer == answer_for(body)
+                    status, answer = read_answer(sock, pending)
+                    assert status == 200 and answer == answer_for(SMALL)
+            assert "Traceback" not in g.log_tail(200)
+    finally:
+        backend.close()
