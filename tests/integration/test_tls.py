@@ -14,6 +14,7 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -154,7 +155,8 @@ def test_tls_to_backends(reference, pki, tmp_path):
             t = tls if with_cert else {"ca": tls["ca"]}
             backends = {"a-http": {"protocol": "http", "endpoints": [a.http_url], "tls": t},
                         "a-grpc": {"protocol": "grpc", "endpoints": [a.grpc_url], "tls": t}}
-            routes = [{"model": "add_sub", "backend": "a-http"}, {"model": "identity_FP32", "backend": "a-grpc"}]
+            routes = [{"model": "add_sub", "backend": "a-http"}, {"model": "identity_FP32", "backend": "a-grpc"},
+                      {"model": "identity_UINT8", "backend": "a-http"}]
             with GatewayProcess(gateway_config(backends, routes), tmp_path, name) as b:
                 req = urllib.request.Request(f"http://{b.http_url}/v2/models/add_sub/infer", data=ADD_SUB,
                                              method="POST")
@@ -166,6 +168,16 @@ def test_tls_to_backends(reference, pki, tmp_path):
                         with urllib.request.urlopen(req, timeout=10) as r:
                             assert json.loads(r.read())["outputs"][0]["data"] == [4, 6]
                         np.testing.assert_array_equal(c.infer("identity_FP32", [t_in]).as_numpy("OUTPUT0"), x)
+                        # A large binary body both ways over TLS: read past the parsers on A's
+                        # listener and on B's connection to A (frontend/h1listen.py go_raw,
+                        # upstream/h1.py), through uvloop's TLS transport.
+                        big = np.random.default_rng(5).integers(0, 256, (1, 3 << 20), dtype=np.uint8)
+                        with httpclient.InferenceServerClient(b.http_url, network_timeout=60) as hc:
+                            big_in = httpclient.InferInput("INPUT0", list(big.shape), "UINT8")
+                            big_in.set_data_from_numpy(big, binary_data=True)
+                            out = hc.infer("identity_UINT8", [big_in],
+                                           outputs=[httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)])
+                            np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), big)
                     else:  # A refuses B's connections without a client certificate
                         with pytest.raises(urllib.error.HTTPError) as info:
                             urllib.request.urlopen(req, timeout=10)
