@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import io
 import pstats
 import resource
@@ -172,7 +173,9 @@ async def _run(port: int, request: bytes, requests: int, concurrency: int) -> tu
 
 
 async def measure(requests: int, batches: int, concurrency: int, profile: bool,
-                  body: str = "small") -> dict[str, float]:
+                  body: str = "small", only: str | None = None) -> dict[str, float]:
+    """``only``: "via" or "direct" runs just those batches, after a fixed warm-up of 50 requests
+    (benchmarks/instructions.py counts the instructions of one side at two request counts)."""
     loop = asyncio.get_running_loop()
     answer = _answer(body)
     server = await loop.create_server(lambda: Backend(answer), "127.0.0.1", 0)
@@ -196,11 +199,22 @@ async def measure(requests: int, batches: int, concurrency: int, profile: bool,
 
     via = request(f"127.0.0.1:{ports.http}")
     direct = request(f"127.0.0.1:{backend_port}")
-    await _run(ports.http, via, max(4, requests // 20), concurrency)  # warm: connections, caches, metric children
+    # Warm: connections, caches, metric children.
+    await _run(ports.http, via, max(4, requests // 20) if only is None else 50, concurrency)
+    if only is not None:
+        # Counted runs: a full collection of the start-up heap (~10^5 objects) would land in one
+        # run and not the other depending on allocation counts — millions of instructions that
+        # are not per request. The heap so far is frozen out of the collector; the young
+        # generations are still collected as the requests allocate.
+        gc.collect()
+        gc.freeze()
     best_via = best_direct = (float("inf"), 0.0)
     profiler = cProfile.Profile() if profile else None
     for _ in range(batches):
-        best_direct = min(best_direct, await _run(backend_port, direct, requests, concurrency), key=sum)
+        if only != "via":
+            best_direct = min(best_direct, await _run(backend_port, direct, requests, concurrency), key=sum)
+        if only == "direct":
+            continue
         if profiler is not None:
             profiler.enable()
         best_via = min(best_via, await _run(ports.http, via, requests, concurrency), key=sum)
@@ -228,8 +242,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="small: add_sub's JSON request; 1m / 16m: a binary-extension request and answer "
                              "of that size (an identity model)")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--only", choices=("via", "direct"),
+                        help="run only the batches through the gateway (or only those direct), after a fixed "
+                             "warm-up (benchmarks/instructions.py)")
     args = parser.parse_args(argv)
-    result = uvloop.run(measure(args.requests, args.batches, args.concurrency, args.profile, args.body))
+    result = uvloop.run(measure(args.requests, args.batches, args.concurrency, args.profile, args.body, args.only))
     print(f"{args.body} c={args.concurrency}: direct {result['direct_us']:.1f} µs/req (client + backend), "
           f"through the gateway {result['via_us']:.1f}: gateway {result['gateway_us']:.1f} µs per request "
           f"(user {result['gateway_user_us']:.1f}, system {result['gateway_sys_us']:.1f})")

@@ -91,17 +91,23 @@ def check_json(part: bytes | bytearray | memoryview, limits: Limits) -> None:
         return  # other malformed JSON: the path that reads it says so in its own words
     if type(doc) is not dict:
         return
-    # Plain loops and type() checks: this runs on every small HTTP inference request.
+    # Plain loops, type() checks and inline comparisons (a helper is called only to refuse):
+    # this runs on every small HTTP inference request. JSON strings are str, never bytes.
+    max_id = limits.max_id_length
     rid = doc.get("id")
-    if rid is not None:
+    if type(rid) is str and len(rid) > max_id:
         _id("request id", rid, limits)
     params = doc.get("parameters")
-    if type(params) is dict and "sequence_id" in params:
-        _id("sequence_id", params["sequence_id"], limits)
+    if type(params) is dict:
+        sid = params.get("sequence_id")
+        if type(sid) is str and len(sid) > max_id:
+            _id("sequence_id", sid, limits)
     max_name = limits.max_name_length
     inputs = doc.get("inputs")
     if type(inputs) is list:
-        _count("input", len(inputs), limits)
+        if len(inputs) > limits.max_tensors:
+            _count("input", len(inputs), limits)
+        max_dims, max_elements = limits.max_dims, limits.max_elements
         for t in inputs:
             if type(t) is not dict:
                 continue
@@ -111,21 +117,24 @@ def check_json(part: bytes | bytearray | memoryview, limits: Limits) -> None:
             shape = t.get("shape")
             if type(shape) is not list:
                 continue
-            if len(shape) > limits.max_dims:
+            if len(shape) > max_dims:
                 _shape(name, [0] * len(shape), limits)
             elements = 1
             for d in shape:
                 if type(d) is not int or d <= 0:
                     break  # not a count (the codec / backend says so), or no elements
                 elements *= d
-                if elements > limits.max_elements:
+                if elements > max_elements:
                     _shape(name, shape, limits)
     outputs = doc.get("outputs")
     if type(outputs) is list:
-        _count("output", len(outputs), limits)
+        if len(outputs) > limits.max_tensors:
+            _count("output", len(outputs), limits)
         for t in outputs:
             if type(t) is dict:
-                _name(t.get("name"), limits)
+                name = t.get("name")
+                if type(name) is str and len(name) > max_name:
+                    _name(name, limits)
 
 
 def _packed_dims(value: memoryview, limits: Limits) -> list[int]:
