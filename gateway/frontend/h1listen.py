@@ -29,17 +29,16 @@ from collections.abc import Callable
 from typing import Any
 
 import httptools
-import numpy as np
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ..config.security import Limits
+from ..rawbody import READ_SIZE, RawBody
 from .h1direct import DirectExchange, DirectRoute
 
 __all__ = ["SWEEP_S", "limited_protocol"]
 
 SWEEP_S = 0.5
-READ_SIZE = 256 * 1024
 
 
 def _answer(status: int, reason: bytes, message: str) -> bytes:
@@ -54,7 +53,7 @@ Router = Callable[[str, str], DirectRoute | None]
 class _Reader(asyncio.BufferedProtocol):
     """What the transport sees of a connection's protocol: reads land in ``buffer`` and go
     to the protocol's data_received as a view of it — or, while the protocol reads a large
-    body past its parser (``raw_left``), into the protocol's own buffers; everything else is
+    body past its parser (``raw``), into that body's own buffers; everything else is
     passed on."""
 
     __slots__ = ("_buffer", "_protocol")
@@ -64,14 +63,14 @@ class _Reader(asyncio.BufferedProtocol):
         self._buffer = buffer
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        protocol = self._protocol
-        if protocol.raw_left:
-            return protocol.raw_buffer()
+        raw = self._protocol.raw
+        if raw is not None:
+            return raw.buffer()
         return self._buffer
 
     def buffer_updated(self, nbytes: int) -> None:
         protocol = self._protocol
-        if protocol.raw_left:
+        if protocol.raw is not None:
             protocol.raw_read(nbytes)
             return
         protocol.data_received(self._buffer[:nbytes])
@@ -89,10 +88,6 @@ class _Reader(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self._protocol.resume_writing()
-
-# Bytes a large request body is read into once it is read past the parser (see go_raw): a new
-# buffer when less than RAW_MIN of one is free.
-RAW_MIN = 64 * 1024
 
 # A request served directly whose declared body is at most this long is held until its
 # body is all here, then served from callbacks if it can be (h1direct.DirectExchange.serve).
@@ -164,12 +159,10 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
         _idle_since: float | None = None
         # A request served directly with a declared body over DEFER_MAX (streamed through):
         # its length, the body bytes the parser handed over, and once its body is read past
-        # the parser (go_raw), the bytes still to come and the free part of the buffer they
-        # are read into.
+        # the parser (go_raw), the rest of it.
         raw_length = 0
         _body_got = 0
-        raw_left = 0
-        _own: memoryview | None = None
+        raw: RawBody | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -290,26 +283,18 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
                 return
             left = self.raw_length - self._body_got
             if left > 0:
-                self.raw_left = left
-
-        def raw_buffer(self) -> memoryview:
-            own = self._own
-            if own is None or len(own) < RAW_MIN:
-                # Uninitialised memory (numpy.empty): nothing is filled before the read fills it.
-                own = self._own = np.empty(READ_SIZE, dtype=np.uint8).data.cast("B")
-            return own[: self.raw_left] if self.raw_left < len(own) else own
+                self.raw = RawBody(left)
 
         def raw_read(self, nbytes: int) -> None:
-            own = self._own
-            assert own is not None
-            self._own = own[nbytes:]
-            self.raw_left -= nbytes
+            raw = self.raw
+            assert raw is not None
+            chunk = raw.take(nbytes)
             self._body_at = self.loop.time()
             cycle = self.cycle
             assert isinstance(cycle, DirectExchange)
-            cycle.feed(own[:nbytes])
-            if not self.raw_left:
-                self._own = None
+            cycle.feed(chunk)  # (a view: the exchange keeps it as it is)
+            if not raw.left:
+                self.raw = None
                 self.raw_length = 0
                 self.parser = httptools.HttpRequestParser(self)  # (the old one stopped mid-body)
                 self.on_message_complete()

@@ -44,7 +44,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import httptools
-import numpy as np
+
+from ..rawbody import READ_SIZE, RawBody
 
 __all__ = ["FRESH_S", "BodyStream", "ConnectFailed", "ConnectionDropped", "H1ConnectionPool", "H1Response",
            "SourceStalled"]
@@ -170,14 +171,6 @@ class H1Response:
     body: bytes | bytearray | BodyStream
 
 
-# Bytes a connection reads from its socket at once: straight into one buffer its pool's
-# connections share (see _Connection.get_buffer).
-READ_SIZE = 256 * 1024
-# A raw body's buffer with less than this left free is not read into again (a new one is
-# taken): each read then brings at least this much, as the shared buffer's reads do.
-_RAW_MIN = 64 * 1024
-
-
 class _Connection(asyncio.BufferedProtocol):
     """One kept-alive HTTP/1.1 connection. A buffered protocol: the loop reads into the
     pool's one read buffer and the parser takes the bytes from there — a plain protocol gets
@@ -206,11 +199,10 @@ class _Connection(asyncio.BufferedProtocol):
         "_headers",
         "_loop",
         "_on_end",
-        "_own",
         "_parser",
         "_pos",
+        "_raw",
         "_raw_keep_alive",
-        "_raw_left",
         "_rbuf",
         "_stream",
         "_stream_min",
@@ -238,10 +230,9 @@ class _Connection(asyncio.BufferedProtocol):
         self._stream: BodyStream | None = None
         self._stream_min: int | None = None
         self._stream_unsized = False
-        # A streamed answer's body read past the parser (see the class text): bytes still to
-        # come, the free part of the buffer they are read into, and the answer's keep-alive.
-        self._raw_left = 0
-        self._own: memoryview | None = None
+        # A streamed answer's body read past the parser (see the class text): the rest of it,
+        # and the answer's keep-alive.
+        self._raw: RawBody | None = None
         self._raw_keep_alive = False
         self._body_got = 0  # body bytes of a streamed answer the parser handed over
         # The current exchange's deadline (loop time; 0: none) and the one timer that
@@ -270,12 +261,13 @@ class _Connection(asyncio.BufferedProtocol):
                 pass
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self._raw_left:
-            return self._raw_buffer()
+        raw = self._raw
+        if raw is not None:
+            return raw.buffer()
         return self._rbuf
 
     def buffer_updated(self, nbytes: int) -> None:
-        if self._raw_left:
+        if self._raw is not None:
             self._raw_read(nbytes)
             return
         self.data_received(self._rbuf[:nbytes])
@@ -285,33 +277,22 @@ class _Connection(asyncio.BufferedProtocol):
             # every byte read so far (it stops only at an error): the rest of the body is
             # counted, not parsed, from the next read on. This parser stops here; a new one
             # takes the next answer on this connection (_raw_done).
-            self._raw_left = stream.length - self._body_got
+            self._raw = RawBody(stream.length - self._body_got)
             self._raw_keep_alive = self._parser.should_keep_alive()
 
     # -- a streamed answer's body, read past the parser --------------------------------
-    def _raw_buffer(self) -> memoryview:
-        """Where the next read of a raw body goes: the rest of a buffer of the connection's
-        own (uninitialised: numpy.empty, no page-filling), never more than the body still to
-        come. Each read's bytes become one chunk of the stream and are never written over."""
-        own = self._own
-        if own is None or len(own) < _RAW_MIN:
-            own = self._own = np.empty(READ_SIZE, dtype=np.uint8).data.cast("B")
-        return own[: self._raw_left] if self._raw_left < len(own) else own
-
     def _raw_read(self, nbytes: int) -> None:
-        own = self._own
-        assert own is not None and self._stream is not None
+        raw = self._raw
+        assert raw is not None and self._stream is not None
         self._got_bytes = True
-        self._own = own[nbytes:]
-        self._raw_left -= nbytes
-        self._stream._push(own[:nbytes])
-        if not self._raw_left:
+        self._stream._push(raw.take(nbytes))
+        if not raw.left:
             self._raw_done()
 
     def _raw_done(self) -> None:
         """The raw body is complete: the answer ends as ``on_message_complete`` ends it, and
         the connection gets a new parser for its next answer (this one stopped mid-body)."""
-        self._own = None
+        self._raw = None
         self._parser = httptools.HttpResponseParser(self)
         self._complete = True
         self.keep_alive = self._raw_keep_alive
@@ -560,8 +541,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._got_bytes = False
         self._complete = False
         self.sent_all = True
-        self._raw_left = 0
-        self._own = None
+        self._raw = None
         self._body_got = 0
 
     def start(self, pending: _Pending, head: bytes, body: bytes | bytearray, stream_min: int | None) -> None:
