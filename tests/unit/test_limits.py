@@ -1,12 +1,15 @@
 """Hard limits below the network: the JSON check, the wire walk and the parsed fast path agree."""
 from __future__ import annotations
 
+import json
+
 import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway._pb import grpc_predict_v2_pb2 as pb
+from gateway.codec import limits as limits_module
 from gateway.codec.limits import check_json, check_names, check_pb, scan_checked
 from gateway.codec.wire import scan_infer_routing
 from gateway.config.security import Limits
@@ -122,6 +125,77 @@ def test_check_json():
         check_json(b'{"id": "\xff"}', SMALL)
     check_json(b"[1, 2]", SMALL)
     check_json(orjson.dumps({"inputs": [{"name": "I", "shape": [1] * 5}], "pad": "x" * 70000}), SMALL)  # > 64 KiB
+
+
+# JSON values of every kind, the members the check reads among them, of the right type or not.
+_scalar = st.none() | st.booleans() | st.integers(-(1 << 63), (1 << 63) - 1) | st.floats(allow_nan=False) | \
+    st.text("aé\"\\", max_size=12)
+_value = st.recursive(_scalar, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text("ab", max_size=3),
+                                                                                           inner, max_size=3),
+                      max_leaves=8)
+_tensor = st.dictionaries(st.sampled_from(["name", "shape", "data", "datatype", "parameters"]),
+                          _value | st.text("IN", max_size=10)
+                          | st.lists(st.sampled_from([0, -1, 1, 2, 10, 100, 1000, 1001, 1 << 33]), max_size=6),
+                          max_size=5)
+_request = st.dictionaries(
+    st.sampled_from(["id", "parameters", "inputs", "outputs", "other"]),
+    _value | st.text("r", max_size=12) | st.lists(_tensor | _value, max_size=5)
+    | st.dictionaries(st.sampled_from(["sequence_id", "x"]), _value | st.text("s", max_size=12), max_size=2),
+    max_size=5)
+# Requests of the spec's form (the typed decode takes them), with values on both sides of SMALL.
+_name = st.text("I", max_size=10)
+_dims = st.lists(st.sampled_from([0, -1, 1, 2, 10, 100, 1000, 1001, 1 << 33]), max_size=6)
+_typed = st.fixed_dictionaries({}, optional={
+    "id": st.text("r", max_size=12) | st.integers(0, 5),
+    "parameters": st.fixed_dictionaries({}, optional={"sequence_id": st.text("s", max_size=12) | st.integers(0, 9)}),
+    "inputs": st.lists(st.fixed_dictionaries({"name": _name, "shape": _dims}, optional={
+        "datatype": st.just("FP32"), "data": st.lists(st.floats(allow_nan=False), max_size=4)}), max_size=5),
+    "outputs": st.lists(st.fixed_dictionaries({"name": _name}), max_size=5),
+})
+
+
+def test_the_typed_decode_takes_requests_of_the_spec_form():
+    doc = {"id": "r", "parameters": {"sequence_id": 3},
+           "inputs": [{"name": "I", "shape": [2], "datatype": "FP32", "data": [1.5, 2.5]}], "outputs": [{"name": "O"}]}
+    request = limits_module._DECODE_CHECKED(json.dumps(doc).encode())
+    assert request.id == "r" and request.inputs[0].shape == [2] and request.outputs[0].name == "O"
+
+
+@settings(max_examples=600, deadline=None)
+@given(_typed | _request, st.booleans(), st.booleans())
+def test_typed_json_check_agrees_with_the_general_one(doc, ascii_only, duplicate):
+    """The typed decode (ASCII text, members of the spec's types) decides exactly as the
+    general path: the same limit refused, or none."""
+    data = json.dumps(doc, ensure_ascii=ascii_only).encode()
+    if duplicate and len(data) > 2:
+        # "inputs" given twice, the first over max_dims: both paths take the last one given.
+        data = b'{"inputs":[{"shape":[1,1,1,1,1,1]}],' + data[1:]
+
+    def outcome(fn):
+        try:
+            fn(data, SMALL)
+        except (LimitExceeded, InvalidRequest) as err:
+            return type(err), str(err)
+        return None
+
+    assert outcome(check_json) == outcome(limits_module._check_any)
+
+
+def test_typed_json_check_skips_to_the_general_path():
+    # Non-ASCII text: validated as UTF-8 by the general path (the typed decoder skips data unread).
+    with pytest.raises(InvalidRequest, match="not valid UTF-8"):
+        check_json(b'{"inputs": [{"name": "I", "data": ["\xff"]}]}', SMALL)
+    # A member of another type than the spec's: the general path skips what it cannot read.
+    with pytest.raises(LimitExceeded, match="max_dims"):
+        check_json(b'{"inputs": [1, {"name": "I", "shape": [1, 1, 1, 1, 1]}]}', SMALL)
+    # A dimension past 64 bits: the general path cannot read the number (left to the backend);
+    # the typed one can, and the shape is over max_elements.
+    with pytest.raises(LimitExceeded, match="max_elements"):
+        check_json(b'{"inputs": [{"name": "I", "shape": [123456789012345678901234567890]}]}', SMALL)
+    # A bytearray and a memoryview are checked as bytes are.
+    for part in (bytearray(b'{"id": "i' + b"i" * 10 + b'"}'), memoryview(b'{"id": "i' + b"i" * 10 + b'"}')):
+        with pytest.raises(LimitExceeded, match="max_id_length"):
+            check_json(part, SMALL)
 
 
 def test_names():
