@@ -348,7 +348,9 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             return HeadTooLarge(f"request headers too large: {len(headers)} headers, {head_bytes} "
                                 f"bytes (limits: max_header_count {max_header_count}, max_header_bytes "
                                 f"{max_header_bytes})")
-        if b"%" in raw_path and not _utf8_path(raw_path):
+        # (find, not `in`: a bytes `in` first tries its operand as an integer, and the TypeError
+        # it formats and drops costs more than the search.)
+        if raw_path.find(b"%") >= 0 and not _utf8_path(raw_path):
             # uvicorn decodes %-escapes with replacement characters: a model name would
             # reach a backend changed. Refused instead (a name is UTF-8 text).
             return InvalidRequest("the request path is not valid UTF-8 once %-decoded")
@@ -391,7 +393,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         out_headers = []
         for k, v in reply.headers.items():
             value = v.encode("latin-1")
-            if b"\r" in value or b"\n" in value:  # never relay a header that could split the answer
+            if value.find(b"\r") >= 0 or value.find(b"\n") >= 0:  # never relay a header that could split the answer
                 raise BadUpstreamResponse(f"backend header {k!r} holds a line break")
             out_headers.append((k.encode("latin-1"), value))
         body = reply.body
