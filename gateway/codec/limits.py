@@ -8,7 +8,9 @@ bits is refused as "too many elements", never wrapped around.
 """
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from math import prod
+from typing import Annotated, Any
 
 import msgspec
 import orjson
@@ -19,7 +21,7 @@ from ..config.security import Limits
 from ..errors import InvalidRequest, LimitExceeded
 from .wire import iter_fields, read_varint, scan_infer_routing
 
-__all__ = ["JSON_CHECK_MAX", "check_json", "check_names", "check_pb", "scan_checked"]
+__all__ = ["JSON_CHECK_MAX", "JsonCheck", "check_json", "check_names", "check_pb", "scan_checked"]
 
 _REQUEST = _pb.ModelInferRequest
 
@@ -76,98 +78,75 @@ def _id(what: str, value: object, limits: Limits) -> None:
                             f"({limits.max_id_length})")
 
 
-class _Tensor(msgspec.Struct):
-    name: Any = None
-    shape: Any = None
+class JsonCheck:
+    """The limits on the JSON part of an HTTP inference request (spec "Inference Request JSON
+    Object") for one ``Limits``, when the part is at most JSON_CHECK_MAX bytes: ``check(part)``
+    raises LimitExceeded (or InvalidRequest for text that is not UTF-8). Malformed JSON is left
+    to the path that reads it (it has its own error).
 
+    Built once per front end. The common case — ASCII text (nothing to validate as UTF-8) of
+    the spec's form, within every limit — is proven so by a msgspec decoder whose types carry
+    the limits (lengths of ids, names, tensor lists and shapes, each dimension from 1 to
+    ``max_elements``): it skips each tensor's ``data`` unread (no float object per element)
+    and checks the rest in C; what is left in Python is each shape's product. Anything else —
+    non-ASCII text, a member of another type, a value past a limit, malformed JSON — goes to
+    the general path (:func:`_check_any`: parsed whole by orjson and walked), which decides,
+    and names the limit. So both give the same answer by construction; a hypothesis test holds
+    them to it (tests/unit/test_limits.py)."""
 
-class _Output(msgspec.Struct):
-    name: Any = None
+    __slots__ = ("_decode", "_limits", "_max_elements")
 
+    def __init__(self, limits: Limits) -> None:
+        self._limits = limits
+        self._max_elements = limits.max_elements
+        ident = Annotated[str, msgspec.Meta(max_length=limits.max_id_length)]
+        name = Annotated[str, msgspec.Meta(max_length=limits.max_name_length)]
+        # ge=1: a 0 or a negative dimension goes to the general path, which multiplies up to it
+        # ([100, 100, 0] is refused there: past max_elements before the 0).
+        dim = Annotated[int, msgspec.Meta(ge=1, le=limits.max_elements)]
+        shape = Annotated[list[dim], msgspec.Meta(max_length=limits.max_dims)]
+        tensor = msgspec.defstruct("Tensor", [("name", name | None, None), ("shape", shape | None, None)])
+        output = msgspec.defstruct("Output", [("name", name | None, None)])
+        params = msgspec.defstruct("Parameters", [("sequence_id", ident | int | None, None)])
+        request = msgspec.defstruct("Request", [
+            ("id", ident | None, None),
+            ("parameters", params | None, None),
+            ("inputs", Annotated[list[tensor], msgspec.Meta(max_length=limits.max_tensors)] | None,  # type: ignore[valid-type]
+             None),
+            ("outputs", Annotated[list[output], msgspec.Meta(max_length=limits.max_tensors)] | None,  # type: ignore[valid-type]
+             None),
+        ])
+        self._decode: Callable[[bytes | bytearray], Any] = msgspec.json.Decoder(request).decode
 
-class _Request(msgspec.Struct):
-    """What the limits look at in a request's JSON (spec "Inference Request JSON Object").
-    Every other member — above all each input's ``data`` — is skipped by the decoder without a
-    Python object made of it (its syntax is still checked)."""
-
-    id: Any = None
-    parameters: Any = None
-    inputs: list[_Tensor] | None = None
-    outputs: list[_Output] | None = None
-
-
-# Stateless (a decoder holds its type only): one for the process.
-_DECODE_CHECKED = msgspec.json.Decoder(_Request).decode
+    def __call__(self, part: bytes | bytearray | memoryview) -> None:
+        if len(part) > JSON_CHECK_MAX:
+            return
+        if type(part) is not memoryview and part.isascii():
+            try:
+                request = self._decode(part)
+            except msgspec.DecodeError:  # (a ValidationError — a type, a limit — is one)
+                pass
+            else:
+                inputs = request.inputs
+                if inputs is None:
+                    return
+                max_elements = self._max_elements
+                for t in inputs:
+                    # (each dimension is at most max_elements and there are at most max_dims)
+                    if t.shape is not None and prod(t.shape) > max_elements:
+                        break  # the general path names it
+                else:
+                    return
+        _check_any(part, self._limits)
 
 
 def check_json(part: bytes | bytearray | memoryview, limits: Limits) -> None:
-    """The limits on the JSON part of an HTTP inference request (spec "Inference Request
-    JSON Object"), when it is at most JSON_CHECK_MAX bytes. Malformed JSON is left to the
-    path that reads it (it has its own error).
-
-    The common case — ASCII text (nothing to validate as UTF-8) whose members have the types
-    the spec gives them — is decoded into :class:`_Request`: the tensor data is skipped, not
-    turned into a float object per element (the whole parse was ~8 % of the gateway's
-    instructions on a small request). Anything else (non-ASCII text, a member of another
-    type, malformed JSON) takes the general path below, which decides exactly as before."""
-    if len(part) > JSON_CHECK_MAX:
-        return
-    if type(part) is not memoryview and part.isascii():
-        try:
-            request = _DECODE_CHECKED(part)
-        except msgspec.DecodeError:  # (ValidationError, a member of another type, is one)
-            pass
-        else:
-            _check_request(request, limits)
-            return
-    _check_any(part, limits)
-
-
-def _check_request(request: _Request, limits: Limits) -> None:
-    """check_json on the typed decode: the same checks as :func:`_check_any` makes."""
-    max_id = limits.max_id_length
-    rid = request.id
-    if type(rid) is str and len(rid) > max_id:
-        _id("request id", rid, limits)
-    params = request.parameters
-    if type(params) is dict:
-        sid = params.get("sequence_id")
-        if type(sid) is str and len(sid) > max_id:
-            _id("sequence_id", sid, limits)
-    max_name = limits.max_name_length
-    inputs = request.inputs
-    if inputs is not None:
-        if len(inputs) > limits.max_tensors:
-            _count("input", len(inputs), limits)
-        max_dims, max_elements = limits.max_dims, limits.max_elements
-        for t in inputs:
-            name = t.name
-            if type(name) is str and len(name) > max_name:
-                _name(name, limits)
-            shape = t.shape
-            if type(shape) is not list:
-                continue
-            if len(shape) > max_dims:
-                _shape(name, [0] * len(shape), limits)
-            elements = 1
-            for d in shape:
-                if type(d) is not int or d <= 0:
-                    break
-                elements *= d
-                if elements > max_elements:
-                    _shape(name, shape, limits)
-    outputs = request.outputs
-    if outputs is not None:
-        if len(outputs) > limits.max_tensors:
-            _count("output", len(outputs), limits)
-        for o in outputs:
-            name = o.name
-            if type(name) is str and len(name) > max_name:
-                _name(name, limits)
+    """:class:`JsonCheck` once (it builds a decoder: a front end keeps one instead)."""
+    JsonCheck(limits)(part)
 
 
 def _check_any(part: bytes | bytearray | memoryview, limits: Limits) -> None:
-    """check_json on JSON of any form: parsed whole, members of unexpected types skipped."""
+    """The limits on JSON of any form: parsed whole, members of unexpected types skipped."""
     try:
         doc: Any = orjson.loads(part)
     except orjson.JSONDecodeError as exc:

@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..budget import ByteBudget
 from ..codec.content import decode_content, is_count
 from ..codec.jsondepth import DepthScanner, InflatingDepthScanner, too_deep
-from ..codec.limits import check_json, check_names
+from ..codec.limits import JsonCheck, check_names
 from ..config.security import Limits
 from ..dataplane import ClientDisconnected, DataPlane, HttpReply, StreamedBody, is_streamed
 from ..errors import (
@@ -377,6 +377,8 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
 
     bytes_in = metrics.bytes_in("http") if metrics is not None else None
 
+    check_json = JsonCheck(limits)
+
     def check_whole(body: bytes | bytearray, encoding: str | None, ihcl: str | None) -> None:
         """The checks of a body read whole, before it goes anywhere."""
         # A compressed body is checked inflated (what the backend will parse).
@@ -384,7 +386,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         _header_length(ihcl, len(plain))
         head = json_part(plain, ihcl)
         check_depth(head, max_json_depth)
-        check_json(head, limits)  # hard limits: tensors, dims, elements, names, ids
+        check_json(head)  # hard limits: tensors, dims, elements, names, ids
 
     def reply_answer(reply: HttpReply) -> tuple[int, list[tuple[bytes, bytes]],
                                                    list[bytes | bytearray | memoryview], StreamedBody | None]:

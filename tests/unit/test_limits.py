@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from gateway._pb import grpc_predict_v2_pb2 as pb
 from gateway.codec import limits as limits_module
-from gateway.codec.limits import check_json, check_names, check_pb, scan_checked
+from gateway.codec.limits import JsonCheck, check_json, check_names, check_pb, scan_checked
 from gateway.codec.wire import scan_infer_routing
 from gateway.config.security import Limits
 from gateway.errors import InvalidRequest, LimitExceeded
@@ -154,10 +154,13 @@ _typed = st.fixed_dictionaries({}, optional={
 })
 
 
+_SMALL_CHECK = JsonCheck(SMALL)
+
+
 def test_the_typed_decode_takes_requests_of_the_spec_form():
     doc = {"id": "r", "parameters": {"sequence_id": 3},
            "inputs": [{"name": "I", "shape": [2], "datatype": "FP32", "data": [1.5, 2.5]}], "outputs": [{"name": "O"}]}
-    request = limits_module._DECODE_CHECKED(json.dumps(doc).encode())
+    request = JsonCheck(SMALL)._decode(json.dumps(doc).encode())
     assert request.id == "r" and request.inputs[0].shape == [2] and request.outputs[0].name == "O"
 
 
@@ -173,12 +176,12 @@ def test_typed_json_check_agrees_with_the_general_one(doc, ascii_only, duplicate
 
     def outcome(fn):
         try:
-            fn(data, SMALL)
+            fn(data)
         except (LimitExceeded, InvalidRequest) as err:
             return type(err), str(err)
         return None
 
-    assert outcome(check_json) == outcome(limits_module._check_any)
+    assert outcome(_SMALL_CHECK) == outcome(lambda part: limits_module._check_any(part, SMALL))
 
 
 def test_typed_json_check_skips_to_the_general_path():
@@ -188,10 +191,17 @@ def test_typed_json_check_skips_to_the_general_path():
     # A member of another type than the spec's: the general path skips what it cannot read.
     with pytest.raises(LimitExceeded, match="max_dims"):
         check_json(b'{"inputs": [1, {"name": "I", "shape": [1, 1, 1, 1, 1]}]}', SMALL)
-    # A dimension past 64 bits: the general path cannot read the number (left to the backend);
-    # the typed one can, and the shape is over max_elements.
+    # A dimension past 64 bits: over the typed decoder's bound, and a number orjson cannot read:
+    # malformed to the general path, left to the backend (as before the typed path existed).
+    check_json(b'{"inputs": [{"name": "I", "shape": [123456789012345678901234567890]}]}', SMALL)
+    # Past a limit: the general path names it.
     with pytest.raises(LimitExceeded, match="max_elements"):
-        check_json(b'{"inputs": [{"name": "I", "shape": [123456789012345678901234567890]}]}', SMALL)
+        check_json(b'{"inputs": [{"name": "I", "shape": [1001]}]}', SMALL)
+    with pytest.raises(LimitExceeded, match="max_elements"):
+        check_json(b'{"inputs": [{"name": "I", "shape": [40, 30]}]}', SMALL)
+    with pytest.raises(LimitExceeded, match="max_elements"):  # past the limit before the 0 is reached
+        check_json(b'{"inputs": [{"name": "I", "shape": [100, 100, 0]}]}', SMALL)
+    check_json(b'{"inputs": [{"name": "I", "shape": [0, 100, 100]}]}', SMALL)  # no elements: the backend's to judge
     # A bytearray and a memoryview are checked as bytes are.
     for part in (bytearray(b'{"id": "i' + b"i" * 10 + b'"}'), memoryview(b'{"id": "i' + b"i" * 10 + b'"}')):
         with pytest.raises(LimitExceeded, match="max_id_length"):
