@@ -130,7 +130,8 @@ class Health:
         if self.interval_s <= 0:
             raise ValueError("interval_s must be > 0")
         if not 0 < self.timeout_s <= self.interval_s * 10:
-            raise ValueError("timeout_s must be > 0")
+            raise ValueError(f"timeout_s must be > 0 and at most 10 × interval_s ({self.interval_s * 10:g}), "
+                             f"got {self.timeout_s:g}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,11 @@ def gw(refs, tmp_path_factory):
         "g": {"protocol": "grpc", "endpoints": [r.grpc_url for r in refs]},
     }
     routes = [{"model": "add_sub", "backend": "h"}, {"model": "identity_FP32", "backend": "g"}]
-    with GatewayProcess(gateway_config(backends, routes), tmp_path_factory.mktemp("gw-aff"), "gw-aff") as g:
+    # The counts below are exact: a health probe timing out on a loaded machine (the default 1 s)
+    # would take an endpoint out of the rotation for a moment and move a request (seen once in CI:
+    # [3, 2, 1] for six round-robin requests). Probes here wait long.
+    config = gateway_config(backends, routes, health={"interval_s": 1.0, "timeout_s": 10.0})
+    with GatewayProcess(config, tmp_path_factory.mktemp("gw-aff"), "gw-aff") as g:
         yield g
 
 
