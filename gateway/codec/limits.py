@@ -157,8 +157,8 @@ def _check_any(part: bytes | bytearray | memoryview, limits: Limits) -> None:
         return  # other malformed JSON: the path that reads it says so in its own words
     if type(doc) is not dict:
         return
-    # Plain loops, type() checks and inline comparisons (a helper is called only to refuse):
-    # this runs on every small HTTP inference request. JSON strings are str, never bytes.
+    # Plain loops, type() checks and inline comparisons (a helper is called only to refuse).
+    # JSON strings are str, never bytes.
     max_id = limits.max_id_length
     rid = doc.get("id")
     if type(rid) is str and len(rid) > max_id:

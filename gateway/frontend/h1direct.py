@@ -16,8 +16,8 @@ the server's task set), so it carries the attributes uvicorn's protocol reads of
 
 Body: chunks are kept as the parser hands them over (no copy) — or, for a large body read past
 the parser (h1listen.py ``go_raw``), as views of buffers nothing writes over again — until the
-handler takes them; reading pauses while more than ``_HIGH`` bytes wait. Answer: a head built once and written
-with the body in one ``writelines`` (one system call for a small answer).
+handler takes them; reading pauses while more than ``_HIGH`` bytes wait. Answer: a head built
+once and written with the body in one ``writelines`` (one system call for a small answer).
 """
 from __future__ import annotations
 
