@@ -15,6 +15,7 @@ import zlib
 import orjson
 
 from ..errors import InvalidRequest, PayloadTooLarge, Unsupported, UnsupportedEncoding
+from .jsondup import check_unique, members
 
 __all__ = [
     "HEADER_LENGTH",
@@ -167,9 +168,15 @@ def sequence_of_json(body: bytes | bytearray, header_length_value: str | None) -
             end = min(int(text), end)
     if body.find(_SEQUENCE, 0, end) < 0:
         return None
+    part = memoryview(body)[:end]
     try:
-        doc = orjson.loads(memoryview(body)[:end])
+        doc = orjson.loads(part)
     except orjson.JSONDecodeError:
         return None  # malformed: the backend will say so
-    params = doc.get("parameters") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict):
+        return None
+    # A repeated name would route by the last sequence_id while the backend reads the first
+    # (codec/jsondup.py): refused. (Bodies up to JSON_CHECK_MAX were refused by the limits check.)
+    check_unique(part, members(doc), "request")
+    params = doc.get("parameters")
     return sequence_key(params.get("sequence_id")) if isinstance(params, dict) else None

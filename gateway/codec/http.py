@@ -49,6 +49,7 @@ from .datatypes import (
     to_numpy,
     validate_tensor,
 )
+from .jsondup import check_unique, members
 from .jsonnum import bf16_to_float64, float64_to_bf16, float64_to_fp16, float_json, params_json
 
 __all__ = ["binary_policy", "decode_request", "decode_response", "encode_request", "encode_response"]
@@ -78,6 +79,8 @@ def _load_header(view: memoryview, header_length: int | None, what: str) -> tupl
             raise InvalidRequest(f"malformed JSON {what}: {exc}") from exc
     if not isinstance(doc, dict):
         raise InvalidRequest(f"the JSON {what} must be an object")
+    # A repeated member name is refused, not read as the last of its values (codec/jsondup.py).
+    check_unique(view[:hl], members(doc), what)
     return doc, hl
 
 

@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError as _DecodeError
 from .._pb import grpc_predict_v2_pb2 as _pb
 from ..config.security import Limits
 from ..errors import InvalidRequest, LimitExceeded
+from .jsondup import check_unique, members
 from .wire import iter_fields, read_varint, scan_infer_routing
 
 __all__ = ["JSON_CHECK_MAX", "JsonCheck", "check_json", "check_names", "check_pb", "scan_checked"]
@@ -29,6 +30,8 @@ _REQUEST = _pb.ModelInferRequest
 # request, and every binary-extension header). Larger ones are tensor data in JSON: their
 # element counts are bounded by their bytes, and the backend checks shapes against data.
 JSON_CHECK_MAX = 64 * 1024
+
+_NO_DATA = msgspec.Raw()  # a tensor without "data" (binary extension: the bytes follow the JSON)
 
 _VARINT, _LEN = 0, 2
 
@@ -81,63 +84,94 @@ def _id(what: str, value: object, limits: Limits) -> None:
 class JsonCheck:
     """The limits on the JSON part of an HTTP inference request (spec "Inference Request JSON
     Object") for one ``Limits``, when the part is at most JSON_CHECK_MAX bytes: ``check(part)``
-    raises LimitExceeded (or InvalidRequest for text that is not UTF-8). Malformed JSON is left
-    to the path that reads it (it has its own error).
+    raises LimitExceeded, or InvalidRequest for text that is not UTF-8 or an object that
+    repeats a member name (codec/jsondup.py: the check would judge one value and the backend
+    read another). Malformed JSON is left to the path that reads it (it has its own error).
 
     Built once per front end. The common case — ASCII text (nothing to validate as UTF-8) of
     the spec's form, within every limit — is proven so by a msgspec decoder whose types carry
     the limits (lengths of ids, names, tensor lists and shapes, each dimension from 1 to
     ``max_elements``): it skips each tensor's ``data`` unread (no float object per element)
-    and checks the rest in C; what is left in Python is each shape's product. Anything else —
+    and checks the rest in C; what is left in Python is each shape's product and the count of
+    members against the text's colons (no repeated name). Anything else —
     non-ASCII text, a member of another type, a value past a limit, malformed JSON — goes to
     the general path (:func:`_check_any`: parsed whole by orjson and walked), which decides,
     and names the limit. So both give the same answer by construction; a hypothesis test holds
     them to it (tests/unit/test_limits.py)."""
 
-    __slots__ = ("_decode", "_limits", "_max_elements")
+    __slots__ = ("_decode", "_limits", "_max_elements", "_max_id")
 
     def __init__(self, limits: Limits) -> None:
         self._limits = limits
         self._max_elements = limits.max_elements
+        self._max_id = limits.max_id_length
         ident = Annotated[str, msgspec.Meta(max_length=limits.max_id_length)]
         name = Annotated[str, msgspec.Meta(max_length=limits.max_name_length)]
         # ge=1: a 0 or a negative dimension goes to the general path, which multiplies up to it
         # ([100, 100, 0] is refused there: past max_elements before the 0).
         dim = Annotated[int, msgspec.Meta(ge=1, le=limits.max_elements)]
         shape = Annotated[list[dim], msgspec.Meta(max_length=limits.max_dims)]
-        tensor = msgspec.defstruct("Tensor", [("name", name | None, None), ("shape", shape | None, None)])
-        output = msgspec.defstruct("Output", [("name", name | None, None)])
-        params = msgspec.defstruct("Parameters", [("sequence_id", ident | int | None, None)])
+        params = dict[str, Any] | None
+        # Every member the spec gives each object is a field (data unread: a Raw slice), and no
+        # other is taken: the fields present are then all the members written, which the
+        # repeated-name proof counts (codec/jsondup.py).
+        strict = {"forbid_unknown_fields": True}
+        tensor = msgspec.defstruct("Tensor", [("name", name), ("shape", shape), ("datatype", str),
+                                              ("parameters", params, None), ("data", msgspec.Raw, _NO_DATA)],
+                                   **strict)  # type: ignore[arg-type]
+        output = msgspec.defstruct("Output", [("name", name), ("parameters", params, None)],
+                                   **strict)  # type: ignore[arg-type]
         request = msgspec.defstruct("Request", [
             ("id", ident | None, None),
-            ("parameters", params | None, None),
+            ("parameters", params, None),
             ("inputs", Annotated[list[tensor], msgspec.Meta(max_length=limits.max_tensors)] | None,  # type: ignore[valid-type]
              None),
             ("outputs", Annotated[list[output], msgspec.Meta(max_length=limits.max_tensors)] | None,  # type: ignore[valid-type]
              None),
-        ])
+        ], **strict)  # type: ignore[arg-type]
         self._decode: Callable[[bytes | bytearray], Any] = msgspec.json.Decoder(request).decode
 
     def __call__(self, part: bytes | bytearray | memoryview) -> None:
         if len(part) > JSON_CHECK_MAX:
             return
-        if type(part) is not memoryview and part.isascii():
-            try:
-                request = self._decode(part)
-            except msgspec.DecodeError:  # (a ValidationError — a type, a limit — is one)
-                pass
-            else:
-                inputs = request.inputs
-                if inputs is None:
-                    return
-                max_elements = self._max_elements
-                for t in inputs:
-                    # (each dimension is at most max_elements and there are at most max_dims)
-                    if t.shape is not None and prod(t.shape) > max_elements:
-                        break  # the general path names it
-                else:
-                    return
-        _check_any(part, self._limits)
+        if type(part) is memoryview or not part.isascii() or not self._proven(part):
+            _check_any(part, self._limits)
+
+    def _proven(self, part: bytes | bytearray) -> bool:
+        """Whether the typed decoder proves ``part`` within every limit, with no repeated
+        member name; False is "not proven", for the general path to decide."""
+        try:
+            request = self._decode(part)
+        except msgspec.DecodeError:  # (a ValidationError — a type, a limit — is one)
+            return False
+        # The members present, counted for the repeated-name proof (check_unique).
+        n = 0 if request.id is None else 1
+        params = request.parameters
+        if params is not None:
+            sid = params.get("sequence_id")
+            if type(sid) is str and len(sid) > self._max_id:
+                return False
+            n += 1 + len(params)
+        inputs = request.inputs
+        if inputs is not None:
+            n += 1
+            max_elements = self._max_elements
+            for t in inputs:
+                # (each dimension is at most max_elements and there are at most max_dims)
+                if prod(t.shape) > max_elements:
+                    return False  # the general path names it
+                n += 3 if t.data is _NO_DATA else 4  # name, shape, datatype (required), data
+                tp = t.parameters
+                if tp is not None:
+                    n += 1 + len(tp)
+        outputs = request.outputs
+        if outputs is not None:
+            n += 1 + len(outputs)
+            for o in outputs:
+                op = o.parameters
+                if op is not None:
+                    n += 1 + len(op)
+        return part.count(b":") == n
 
 
 def check_json(part: bytes | bytearray | memoryview, limits: Limits) -> None:
@@ -157,6 +191,7 @@ def _check_any(part: bytes | bytearray | memoryview, limits: Limits) -> None:
         return  # other malformed JSON: the path that reads it says so in its own words
     if type(doc) is not dict:
         return
+    check_unique(part, members(doc), "request")
     # Plain loops, type() checks and inline comparisons (a helper is called only to refuse).
     # JSON strings are str, never bytes.
     max_id = limits.max_id_length

@@ -396,3 +396,55 @@ def test_invalid_utf8_names_and_ids(gw, pool):
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "UTF-8" in err.value.details()
     still_serving(gw)
+
+
+def _add_sub_inputs(a: float, b: float) -> bytes:
+    """The inputs member of an add_sub request (two FP32 [4] tensors), as JSON text."""
+    return orjson.dumps([{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [a] * 4},
+                         {"name": "INPUT1", "datatype": "FP32", "shape": [4], "data": [b] * 4}])
+
+
+def test_triton_reads_the_first_of_repeated_names(triton):
+    """Why the gateway refuses repeated names: Triton (RapidJSON's FindMember) reads the first
+    of them, where orjson, msgspec and Python's json read the last."""
+    body = b'{"inputs":' + _add_sub_inputs(1, 1) + b',"inputs":' + _add_sub_inputs(5, 5) + b"}"
+    status, answer = post(triton.http_url, "/v2/models/add_sub/infer", body)
+    assert status == 200, answer
+    assert {o["name"]: o["data"] for o in answer["outputs"]}["OUTPUT0"] == [2.0] * 4  # 1 + 1: the first
+
+
+@pytest.mark.parametrize("pool", ["http", "grpc"], ids=["pass-through", "converting"])
+def test_repeated_member_names_are_refused(gw, pool):
+    """One request, two meanings: refused with 400 naming the member, on both paths — the
+    limits check would judge one value and the backend read another."""
+    over = orjson.dumps([{"name": "INPUT0", "datatype": "FP32", "shape": [1 << 40, 1 << 40], "data": [1.0]}])
+    cases = {
+        # the first (what Triton reads) past max_elements, the last (what a last-wins check sees) fine
+        "inputs": b'{"inputs":' + over + b',"inputs":' + _add_sub_inputs(1, 2) + b"}",
+        "shape": b'{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1000000000],"shape":[4],'
+                 b'"data":[1,1,1,1]},{"name":"INPUT1","datatype":"FP32","shape":[4],"data":[1,1,1,1]}]}',
+        "sequence_id": b'{"parameters":{"sequence_id":1,"sequence_id":2},"inputs":' + _add_sub_inputs(1, 2) + b"}",
+        "id": b'{"id":"a","id":"b","inputs":' + _add_sub_inputs(1, 2) + b"}",
+    }
+    for name, body in cases.items():
+        status, answer = post(gw.http_url, "/v2/models/add_sub/infer", body, {"x-pool": pool})
+        assert status == 400 and f"repeats the member name '{name}'" in answer["error"], (name, answer)
+    # Past the size the limits check parses (64 KiB of JSON): the converting path reads it, and refuses.
+    big = orjson.dumps([{"name": "INPUT0", "datatype": "FP32", "shape": [20000], "data": [1.5] * 20000}])
+    body = b'{"inputs":' + big + b',"inputs":' + _add_sub_inputs(1, 2) + b"}"
+    assert len(body) > 64 * 1024
+    status, answer = post(gw.http_url, "/v2/models/add_sub/infer", body, {"x-pool": "grpc"})
+    assert status == 400 and "repeats the member name 'inputs'" in answer["error"], answer
+    still_serving(gw)
+
+
+@pytest.mark.parametrize("pool", ["http", "grpc"], ids=["pass-through", "converting"])
+def test_colons_in_strings_are_not_repeats(gw, pool):
+    """The colon count that proves a request free of repeats is only a shortcut: a request
+    whose strings hold colons (an id, a parameter) is read again and answered as ever."""
+    body = (b'{"id":"urn:req:1","parameters":{"tag":"a:b"},"inputs":' + _add_sub_inputs(1.5, 2)
+            + b',"outputs":[{"name":"OUTPUT0"}]}')
+    status, answer = post(gw.http_url, "/v2/models/add_sub/infer", body, {"x-pool": pool})
+    assert status == 200, answer
+    assert answer["id"] == "urn:req:1"
+    assert answer["outputs"][0]["data"] == [3.5] * 4

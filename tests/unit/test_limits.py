@@ -171,7 +171,7 @@ def test_typed_json_check_agrees_with_the_general_one(doc, ascii_only, duplicate
     general path: the same limit refused, or none."""
     data = json.dumps(doc, ensure_ascii=ascii_only).encode()
     if duplicate and len(data) > 2:
-        # "inputs" given twice, the first over max_dims: both paths take the last one given.
+        # "inputs" given twice, the first over max_dims: both paths refuse the repeated name.
         data = b'{"inputs":[{"shape":[1,1,1,1,1,1]}],' + data[1:]
 
     def outcome(fn):
