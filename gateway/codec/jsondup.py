@@ -21,13 +21,16 @@ read again by a parser that sees every pair (:func:`_strict`), which decides.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidRequest
+from ..errors import GatewayError, InvalidRequest
 
-__all__ = ["check_unique", "colons", "members"]
+Fault = Callable[[str], GatewayError]
+
+__all__ = ["check_unique", "colons", "members", "refuse_repeats"]
 
 _COLON = 58
 
@@ -70,7 +73,14 @@ def check_unique(text: bytes | bytearray | memoryview, counted: int, what: str) 
     ``counted`` is at most the members ``text`` holds — the sizes of the objects its parse
     returned (:func:`members`), or fewer — never more, or a repeat could pass unseen."""
     if colons(text) != counted:
-        _strict(text, what)
+        _strict(text, what, InvalidRequest)
+
+
+def refuse_repeats(text: bytes | bytearray | memoryview, what: str, fault: Fault = InvalidRequest) -> None:
+    """Refuse ``text`` (``fault``) when one of its objects repeats a member name, read by the
+    strict parser at once: for small control-plane bodies (settings, model control, model
+    configuration), which are not counted."""
+    _strict(text, what, fault)
 
 
 class _Repeated(Exception):
@@ -91,13 +101,13 @@ def _unique(pairs: list[tuple[str, Any]]) -> None:
                 seen.add(name)
 
 
-def _strict(text: bytes | bytearray | memoryview, what: str) -> None:
+def _strict(text: bytes | bytearray | memoryview, what: str, fault: Fault) -> None:
     """Every (name, value) pair of every object, read by the standard library's parser."""
     try:
         json.loads(bytes(text) if isinstance(text, memoryview) else text, object_pairs_hook=_unique)
     except _Repeated as rep:
         shown = rep.name if len(rep.name) <= 64 else rep.name[:64] + "…"
-        raise InvalidRequest(
+        raise fault(
             f"{what} JSON repeats the member name {shown!r} within one object; names must be unique "
             "(RFC 8259 section 4: parsers disagree on which of the repeats counts)") from None
     except (ValueError, RecursionError):

@@ -32,6 +32,7 @@ from google.protobuf.message import DecodeError, Message
 from .._pb import model_config_pb2 as mc
 from .._pb import triton_extensions_pb2 as tx
 from ..errors import BadUpstreamResponse, GatewayError, InvalidRequest
+from .jsondup import refuse_repeats
 
 __all__ = [
     "config_from_json",
@@ -177,9 +178,12 @@ def message_from_json(cls: type[M], doc: Any, what: str, fault: Fault = InvalidR
 
 def _load(body: bytes | bytearray, what: str, fault: Fault) -> Any:
     try:
-        return orjson.loads(body)
+        doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise fault(f"{what} is not valid JSON: {exc}") from exc
+    # A repeated name: Triton reads the first, orjson kept the last (codec/jsondup.py).
+    refuse_repeats(body, what, fault)
+    return doc
 
 
 # -- model configuration ---------------------------------------------------------------------

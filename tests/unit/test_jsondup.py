@@ -159,3 +159,19 @@ def test_refused_exactly_when_some_object_repeats_a_name(doc, gap, escaped):
         assert repeats(doc) and "repeats the member name" in str(err), (text, err)
     else:
         assert not repeats(doc), text
+
+
+def test_triton_extension_bodies_refuse_a_repeat_as_the_side_that_sent_it():
+    from gateway.codec.triton import control_from_json, log_to_pb, trace_to_pb
+    from gateway.errors import BadUpstreamResponse
+
+    trace = b'{"trace_level":["TIMESTAMPS"],"trace_level":["OFF"]}'
+    with pytest.raises(InvalidRequest, match="trace settings JSON repeats the member name 'trace_level'"):
+        trace_to_pb(trace, "m", answer=False)
+    with pytest.raises(BadUpstreamResponse, match="'trace_level'"):  # a backend's answer: its fault
+        trace_to_pb(trace, "m", answer=True)
+    with pytest.raises(InvalidRequest, match="'log_info'"):
+        log_to_pb(b'{"log_info":true,"log_info":false}', answer=False)
+    with pytest.raises(InvalidRequest, match="'config'"):
+        control_from_json(b'{"parameters":{"config":"{}","config":"{\\"max_batch_size\\":8}"}}', "m", False)
+    trace_to_pb(b'{"trace_file":"/tmp/a:b","trace_level":["OFF"]}', "m", answer=False)  # a colon is no repeat
