@@ -8,9 +8,13 @@ listeners keep the certificate they have, and the next change is tried again. Op
 connections keep the certificate they were made with; only new handshakes see the new
 one, so nothing is dropped.
 
-- HTTP (uvicorn): the live ``ssl.SSLContext`` loads the new chain; OpenSSL copies a
-  context's certificate into each connection when it is made, so connections already
-  open are untouched.
+- HTTP (uvicorn): the new files go into a fresh ``ssl.SSLContext`` (made as uvicorn makes
+  its own), and every new handshake is moved onto it from the listener's context in the
+  ClientHello callback (``sni_callback``, which OpenSSL calls with or without SNI; setting
+  ``SSLObject.context`` there is ``SSL_set_SSL_CTX``): the new chain and the new trust
+  store. Loading into the live context instead could only *add* client CAs
+  (``load_verify_locations``): a replaced CA — one revoked after a compromise — stayed
+  trusted until a restart. Connections already open keep the context they were made with.
 - gRPC: ``grpc.dynamic_ssl_server_credentials`` asks :meth:`CertFiles.grpc_fetch` at each
   new handshake; it answers the new configuration once, after a change.
 """
@@ -20,6 +24,7 @@ import logging
 import os
 import ssl
 import threading
+from collections.abc import Callable
 
 import grpc
 
@@ -49,6 +54,7 @@ class CertFiles:
         self._loaded = self._signature()
         self._grpc_seen = self._loaded
         self._refused: Signature | None = None
+        self._http_current: ssl.SSLContext | None = None  # new HTTP handshakes move onto it
         self.reloads = 0
 
     def _signature(self) -> Signature:
@@ -80,23 +86,35 @@ class CertFiles:
         sig = self._signature()
         return sig != self._loaded and None not in sig[:2]
 
-    def reload_http(self, context: ssl.SSLContext) -> bool:
-        """Load changed files into the HTTP listener's live context; True when it did."""
+    def reload_http(self, context: ssl.SSLContext, fresh: Callable[[], ssl.SSLContext]) -> bool:
+        """Take changed files for the HTTP listener whose live context is ``context``:
+        ``fresh()`` makes a context from the files as they are now, and new handshakes move
+        onto it. True when it did."""
         with self._lock:
             if not self.changed():
                 return False
             sig = self._signature()
             if self._read() is None:
                 return False
-            context.load_cert_chain(self.tls.cert, self.tls.key)
-            if self.tls.client_ca is not None:
-                # Adds the new CA's certificates (OpenSSL cannot remove trusted ones from a
-                # live context): a replaced client CA is dropped at the next restart.
-                context.load_verify_locations(self.tls.client_ca)
+            try:
+                current = fresh()
+            except (OSError, ssl.SSLError, ValueError) as exc:  # (changed again since _read)
+                log.error("TLS files changed but cannot be used (%s); keeping the current certificate", exc)
+                return False
+            self._http_current = current
+            context.sni_callback = self._to_current
             self._loaded = sig
             self.reloads += 1
             log.info("TLS certificate reloaded from %s", self.tls.cert)
             return True
+
+    def _to_current(self, conn: ssl.SSLObject | ssl.SSLSocket, server_name: str | None,
+                    context: ssl.SSLContext) -> None:
+        """The listener context's ClientHello callback: the handshake goes on with the newest
+        files' context (its certificate, its client CAs)."""
+        current = self._http_current
+        if current is not None and current is not context:
+            conn.context = current
 
     def grpc_credentials(self) -> grpc.ServerCredentials:
         files = self._read()

@@ -144,14 +144,22 @@ class Listeners:
     _certs: CertFiles | None = None
     _cert_watch: asyncio.Task[None] | None = None
 
-    async def _watch_certs(self, context: ssl.SSLContext) -> None:
-        """Poll the TLS files once a second; a change goes into the HTTP listener's context
-        (gRPC asks CertFiles itself at each handshake)."""
+    async def _watch_certs(self, context: ssl.SSLContext, config: uvicorn.Config) -> None:
+        """Poll the TLS files once a second; a change goes to the HTTP listener's new
+        handshakes (gRPC asks CertFiles itself at each handshake)."""
         assert self._certs is not None
+
+        def fresh() -> ssl.SSLContext:
+            # As uvicorn made the listener's own (uvicorn.Config.load), from the files as they are now.
+            return uvicorn.config.create_ssl_context(
+                certfile=config.ssl_certfile, keyfile=config.ssl_keyfile,  # type: ignore[arg-type]
+                password=config.ssl_keyfile_password, ssl_version=config.ssl_version,
+                cert_reqs=config.ssl_cert_reqs, ca_certs=config.ssl_ca_certs, ciphers=config.ssl_ciphers)
+
         while True:
             await asyncio.sleep(1.0)
             try:
-                self._certs.reload_http(context)
+                self._certs.reload_http(context, fresh)
             except Exception:  # a bad rotation must not end the watch
                 log.exception("reloading the TLS certificate failed")
 
@@ -186,10 +194,10 @@ class Listeners:
                                  max_header_bytes=self.max_header_bytes, limits=self.limits)
             self.ports.http = await self._serve_http(app, bind_socket(http, reuse_port=self.reuse_port), self.tls,
                                                      self.limits)
-            context = self._servers[-1][0].config.ssl
-            if self.tls is not None and context is not None:
+            config = self._servers[-1][0].config
+            if self.tls is not None and config.ssl is not None:
                 self._certs = self._certs or CertFiles(self.tls)
-                self._cert_watch = asyncio.get_running_loop().create_task(self._watch_certs(context))
+                self._cert_watch = asyncio.get_running_loop().create_task(self._watch_certs(config.ssl, config))
         if grpc is not None:
             self._grpc = aio.server(options=server_options(self.max_message_bytes, reuse_port=self.reuse_port,
                                                            max_metadata_bytes=self.max_header_bytes,

@@ -294,3 +294,69 @@ def test_certificate_reloaded_without_dropping_connections(reference, pki, tmp_p
         channel.close()
     finally:
         gw.stop()
+
+
+def _pair(name: str, issuer_key, issuer: x509.Certificate | None, directory: Path, *, ca: bool = False):
+    """(key, certificate) written to directory/<name>.key and .crt; self-signed without an issuer."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _cert(name, issuer_key or key, issuer.subject if issuer else None, key, ca=ca)
+    (directory / f"{name}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (directory / f"{name}.key").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    return key, cert
+
+
+def test_replaced_client_ca_is_no_longer_trusted(reference, pki, tmp_path):
+    """The client CA file replaced by another CA's (a compromised CA revoked): new handshakes
+    on both listeners trust the new CA only — clients of the old one are refused at once,
+    without a restart; a connection opened before keeps working."""
+    live, other = tmp_path / "live", tmp_path / "other"
+    live.mkdir()
+    other.mkdir()
+    (live / "ca.crt").write_bytes(pki["ca"].read_bytes())
+    new_ca_key, new_ca = _pair("new-ca", None, None, other, ca=True)
+    _pair("new-client", new_ca_key, new_ca, other)
+    new_client = {**pki, "client": other / "new-client.crt", "client_key": other / "new-client.key"}
+    cfg = gateway_config({"ref": {"protocol": "http", "endpoints": [reference.http_url]}},
+                         [{"model": "*", "backend": "ref"}])
+    cfg["listen"]["tls"] = {"cert": str(pki["server"]), "key": str(pki["server_key"]),
+                            "client_ca": str(live / "ca.crt")}
+    gw = GatewayProcess(cfg, tmp_path, "gw-ca-rotate").start()
+    try:
+        assert _https(gw.http_url, "/v2/health/live", pki, client_cert=True)[0] == 200
+        with _grpc_client(gw.grpc_url, pki, client_cert=True) as c:
+            np.testing.assert_array_equal(_grpc_add_sub(c), [4, 6])
+        with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+            _https(gw.http_url, "/v2/health/live", new_client, client_cert=True)  # not trusted yet
+        ctx = ssl.create_default_context(cafile=str(pki["ca"]))
+        ctx.load_cert_chain(str(pki["client"]), str(pki["client_key"]))
+        host, port = gw.http_url.rsplit(":", 1)
+        kept = http.client.HTTPSConnection(host, int(port), context=ctx, timeout=10)
+        kept.request("GET", "/v2/health/live")
+        assert kept.getresponse().read() is not None
+
+        staged = tmp_path / "ca.crt.new"
+        staged.write_bytes(new_ca.public_bytes(serialization.Encoding.PEM))
+        staged.replace(live / "ca.crt")  # atomic, as a Secret's swap
+
+        def new_client_accepted() -> bool:
+            try:
+                return _https(gw.http_url, "/v2/health/live", new_client, client_cert=True)[0] == 200
+            except (ssl.SSLError, urllib.error.URLError, ConnectionError):
+                return False
+
+        wait_for(new_client_accepted, timeout=10, what="the new CA's client accepted over HTTP")
+        for _ in range(3):  # every new handshake, not one
+            with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+                _https(gw.http_url, "/v2/health/live", pki, client_cert=True)  # the old CA: refused
+        with _grpc_client(gw.grpc_url, new_client, client_cert=True) as c:
+            np.testing.assert_array_equal(_grpc_add_sub(c), [4, 6])
+        with _grpc_client(gw.grpc_url, pki, client_cert=True) as c:
+            with pytest.raises(InferenceServerException):
+                c.is_server_live()
+        kept.request("GET", "/v2/health/live")  # opened before: it keeps its handshake
+        assert kept.getresponse().status == 200
+        kept.close()
+        assert gw.proc.poll() is None
+    finally:
+        gw.stop()
