@@ -40,6 +40,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 from dataclasses import asdict, dataclass, field
@@ -84,6 +85,7 @@ class Tree:
     diff_sha256: str = ""  # of `git diff HEAD` (tracked changes), to tell runs on different edits apart
     worktree: bool = False  # materialised here: removed at the end
     gateway_file: str = ""
+    compiled: list[str] = field(default_factory=list)  # modules imported as built extensions (setup.py)
 
     def env(self) -> dict[str, str]:
         return dict(os.environ, PYTHONPATH=str(self.path))
@@ -94,7 +96,34 @@ def materialise(side: str, rev: str, root: Path) -> Tree:
     path = root / side
     log(f"{side}: git worktree add --detach {path} {rev} ({commit[:10]})")
     _git("worktree", "add", "--detach", str(path), commit)
+    build_extensions(side, path)
     return Tree(side, path, rev, worktree=True)
+
+
+def build_extensions(side: str, path: Path) -> None:
+    """Compile a checked-out tree's hot-path modules in place, as its install would (setup.py,
+    mypyc; revisions before it existed have none): a revision is measured as it ships."""
+    if not (path / "setup.py").exists():
+        return
+    log(f"{side}: compiling the tree's extensions (setup.py build_ext --inplace)")
+    done = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=path,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{side}: building the extensions failed:\n{done.stderr[-3000:]}")
+
+
+def extensions(path: Path) -> tuple[list[str], list[str]]:
+    """(compiled modules, those older than their source) under the tree's gateway/."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    built, stale = [], []
+    for ext in sorted((path / "gateway").rglob("*" + suffix)):
+        source = ext.with_name(ext.name[: -len(suffix)] + ".py")
+        if source.exists():
+            name = str(source.relative_to(path))
+            built.append(name)
+            if source.stat().st_mtime_ns > ext.stat().st_mtime_ns:
+                stale.append(name)
+    return built, stale
 
 
 def remove_worktree(tree: Tree) -> None:
@@ -116,11 +145,16 @@ def describe(tree: Tree) -> None:
     probe = subprocess.run([sys.executable, "-c", "import gateway; print(gateway.__file__)"], cwd=tree.path,
                            env=tree.env(), check=True, capture_output=True, text=True)
     tree.gateway_file = probe.stdout.strip()
+    tree.compiled, stale = extensions(tree.path)
+    if stale:
+        raise SystemExit(f"{tree.side}: compiled extensions older than their sources ({', '.join(stale)}): "
+                         "rebuild them (`pip install -e .` in that tree) or they are measured instead of the edits")
     if not Path(tree.gateway_file).resolve().is_relative_to(tree.path.resolve()):
         raise SystemExit(f"{tree.side}: `import gateway` with PYTHONPATH={tree.path} gave {tree.gateway_file}, "
                          "not the tree's copy")
     log(f"{tree.side}: {tree.path} at {tree.commit[:10]}"
-        f"{f' + {len(tree.dirty)} changed/untracked file(s)' if tree.dirty else ''}; gateway = {tree.gateway_file}")
+        f"{f' + {len(tree.dirty)} changed/untracked file(s)' if tree.dirty else ''}; gateway = {tree.gateway_file}; "
+        f"compiled: {', '.join(tree.compiled) or 'none'}")
 
 
 # --------------------------------------------------------------------------------------- gateways

@@ -6,12 +6,24 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import settings
 
+from tests.support.compiled import stale_extensions
 from tests.support.gateway import GatewayProcess, ReferenceServer, gateway_config
 from tests.support.procs import wait_for
 
 # No per-example deadline: the machine is shared and noisy; correctness is what is asserted here.
 settings.register_profile("oip", deadline=None)
 settings.load_profile("oip")
+
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # A compiled hot-path module older than its source would be imported instead of it: the
+    # run would test the code as it was (setup.py).
+    stale = stale_extensions()
+    if stale:
+        pytest.exit(f"compiled extensions older than their sources: {', '.join(stale)}; rebuild them with "
+                    "`.venv/bin/pip install -e .` (or run `bash scripts/test.sh`)", returncode=2)
+
 
 # Every model both test backends serve (tests/models/triton and gateway/demo).
 MODELS = ["add_sub", "string_reverse"]

@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from ..dataplane import ClientDisconnected
+from .incoming import body_chunks
 
 __all__ = ["DirectExchange", "DirectRoute", "Handler", "Now", "status_line"]
 
@@ -55,6 +56,12 @@ def status_line(code: int) -> bytes:
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _INTERNAL = (b'{"error":"internal gateway error"}')
+
+
+def _one(chunk: bytes | memoryview) -> bytes:
+    # A body read whole came through the parser: bytes. (Views come only from the listener's
+    # raw reads of bodies over DEFER_MAX, which are read as chunks(), never whole.)
+    return chunk if type(chunk) is bytes else bytes(chunk)
 
 
 class DirectExchange:
@@ -87,7 +94,7 @@ class DirectExchange:
         self.disconnected = False
         self.response_started = False
         self.response_complete = False
-        self._chunks: deque[bytes] = deque()
+        self._chunks: deque[bytes | memoryview] = deque()
         self._queued = 0
         self._waiter: asyncio.Future[None] | None = None
         self._chunked = False
@@ -103,7 +110,8 @@ class DirectExchange:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def feed(self, chunk: bytes) -> None:
+    def feed(self, chunk: bytes | memoryview) -> None:
+        # (a memoryview when the listener reads the body past the parser: RawBody)
         if self.response_complete:
             return  # an answer went out before the body was read (an early refusal): dropped
         self._chunks.append(chunk)
@@ -198,7 +206,7 @@ class DirectExchange:
     def whole(self) -> bytes:
         """The body, all of it here (a deferred request), kept until :meth:`taken`."""
         chunks = self._chunks
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return _one(chunks[0]) if len(chunks) == 1 else b"".join(chunks)
 
     def taken(self) -> None:
         """The body went to ``now``'s request: dropped here."""
@@ -208,7 +216,7 @@ class DirectExchange:
     async def body(self, limit: int, too_large: Callable[[], Exception]) -> bytes:
         """The whole body; ``too_large()`` is raised once more than ``limit`` bytes came."""
         size = 0
-        parts: list[bytes] = []
+        parts: list[bytes | memoryview] = []
         while True:
             if self._chunks:
                 for chunk in self._chunks:
@@ -219,24 +227,14 @@ class DirectExchange:
                 if size > limit:
                     raise too_large()
             if not self.more_body:
-                return parts[0] if len(parts) == 1 else b"".join(parts)
+                return _one(parts[0]) if len(parts) == 1 else b"".join(parts)
             if self.disconnected:
                 raise ClientDisconnected
             await self._wait()
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    def chunks(self) -> AsyncIterator[bytes | memoryview]:
         """The body chunk by chunk as it arrives."""
-        while True:
-            while self._chunks:
-                chunk = self._chunks.popleft()
-                if not self._chunks:
-                    self._taken()
-                yield chunk
-            if not self.more_body:
-                return
-            if self.disconnected:
-                raise ClientDisconnected
-            await self._wait()
+        return body_chunks(self)
 
     # -- answer -------------------------------------------------------------------------
     def _head(self, status: int, headers: Sequence[tuple[bytes, bytes]], length: int | None, close: bool) -> bytes:

@@ -11,8 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import urllib.parse
-import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -44,6 +43,8 @@ from ..observability.access import AccessRecord
 from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
 from .generate import build_generate, generate_target
 from .h1direct import DirectExchange, DirectRoute
+from .incoming import IncomingBody as _IncomingBody
+from .incoming import too_deep_message as _too_deep_message
 from .kinds import http_kind
 from .v1_http import build_v1_http_app
 
@@ -105,91 +106,7 @@ _INTERNAL = (500, orjson.dumps({"error": "internal gateway error"}), JSON)
 _LARGE = 1 << 20
 
 
-class _IncomingBody:
-    """:class:`gateway.dataplane.IncomingBody` over the body's chunks as they arrive."""
-
-    __slots__ = ("_budget", "_chunks", "_prefix", "_taken", "consumed", "length")
-
-    def __init__(self, chunks: AsyncIterator[bytes], length: int, budget: ByteBudget,
-                 depth: DepthScanner | InflatingDepthScanner | None = None, json_length: int | None = None) -> None:
-        self.length = length
-        self.consumed = False
-        self._chunks = _checked(chunks, length, depth, json_length)
-        self._prefix: list[bytes] = []  # chunks read by prefix(), replayed by every iteration
-        self._budget = budget
-        self._taken = 0
-
-    async def read(self) -> bytes | bytearray:
-        if not self._budget.take(self.length):
-            parts = [chunk async for chunk in self]
-            return b"".join(parts)
-        self._taken = self.length
-        buf = bytearray(self.length)  # one buffer of the declared size: no list beside a joined copy
-        view = memoryview(buf)
-        pos = 0
-        async for chunk in self:
-            view[pos : pos + len(chunk)] = chunk
-            pos += len(chunk)
-        return buf
-
-    def release(self) -> None:
-        """The request is over: its preallocation no longer counts against the budget."""
-        self._budget.give(self._taken)
-        self._taken = 0
-
-    async def prefix(self, n: int) -> bytes:
-        have = sum(map(len, self._prefix))
-        async for chunk in self._chunks:
-            self._prefix.append(chunk)
-            have += len(chunk)
-            if have >= n:
-                break
-        return b"".join(self._prefix)[:n]
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for chunk in self._prefix:
-            yield chunk
-        async for chunk in self._chunks:
-            self.consumed = True
-            yield chunk
-
-
-async def _checked(chunks: AsyncIterator[bytes], size: int, depth: DepthScanner | InflatingDepthScanner | None = None,
-                   json_length: int | None = None) -> AsyncIterator[bytes]:
-    """The body's chunks, checked against its declared size — and, with ``depth``, its JSON
-    part (the first ``json_length`` bytes, or all; a compressed body's inflated) against
-    the nesting limit, as it arrives: a body streamed to a backend never carries more than
-    the limit allows."""
-    pos = 0
-    json_end = size if json_length is None else json_length
-    async for chunk in chunks:
-        if isinstance(depth, InflatingDepthScanner):
-            try:
-                if depth.feed(chunk):
-                    raise InvalidRequest(_too_deep_message(depth.scanner.limit))
-            except zlib.error as exc:
-                raise InvalidRequest(f"cannot decompress the body: {exc}") from exc
-        elif depth is not None and pos < json_end:
-            part = chunk[: json_end - pos]
-            # The whole JSON part in the first chunk (a binary-extension header): one
-            # stateless check, which skips the scan when there are few brackets.
-            whole = pos == 0 and len(chunk) >= json_end
-            if too_deep(part, depth.limit) if whole else depth.feed(part):
-                raise InvalidRequest(_too_deep_message(depth.limit))
-        pos += len(chunk)
-        if pos > size:
-            raise InvalidRequest("request body is longer than its Content-Length")
-        yield chunk
-    if pos != size:
-        raise InvalidRequest("request body is shorter than its Content-Length")
-
-
 _ENCODINGS = frozenset({"", "identity", "gzip", "deflate"})
-
-
-def _too_deep_message(limit: int) -> str:
-    return (f"request JSON nests deeper than {limit} levels (max_json_depth): a V2 request nests no deeper "
-            "than its tensors have dimensions")
 
 
 def json_part(body: bytes | bytearray, json_length: str | None) -> bytes | bytearray | memoryview:

@@ -41,7 +41,7 @@ import ssl as ssl_module
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import httptools
 
@@ -84,8 +84,8 @@ class BodyStream:
     through ``map_error`` (set by the pool to its own error tree).
     """
 
-    _HIGH = 4 << 20
-    _LOW = 1 << 20
+    _HIGH: ClassVar[int] = 4 << 20  # (ClassVar: class constants, also when mypyc compiles this module)
+    _LOW: ClassVar[int] = 1 << 20
 
     __slots__ = ("_chunks", "_conn", "_error", "_finished", "_paused", "_queued", "_waiter", "length", "map_error")
 

@@ -124,6 +124,8 @@ def image(dockerd: Dockerd) -> Image:
     }
     build_image(dockerd, TAG, dockerfile=DOCKERFILE, build_args={
         "BASE_IMAGE": base,
+        # The debootstrapped base has no C compiler: the image gets the pure-Python modules.
+        "BUILD_IMAGE": base,
         "WHEELHOUSE": wheelhouse,
         "VERSION": labels["org.opencontainers.image.version"],
         "REVISION": labels["org.opencontainers.image.revision"],

@@ -440,19 +440,26 @@ async def test_source_body_is_streamed_with_backpressure():
     server, port = await serve(handler)
     pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2)
     conns = []
-    connect = pool._connect
+    # The pool's connections, recorded as the loop makes them (the pool's own methods cannot be
+    # replaced: setup.py may compile it).
+    loop = asyncio.get_running_loop()
+    create_connection = loop.create_connection
 
-    async def recording_connect():
-        conns.append(await connect())
-        return conns[-1]
+    async def recording(*args, **kwargs):
+        transport, protocol = await create_connection(*args, **kwargs)
+        conns.append(protocol)
+        return transport, protocol
 
-    pool._connect = recording_connect
-    source = Source(big)
-    call = asyncio.ensure_future(pool.request("POST", "/", body=source, timeout=20))
-    await wait_until(lambda: conns and conns[0].write_paused, "the socket's write buffer to fill")
-    seen.append(source.handed < len(big) >> 20 and not call.done())
-    reading.set()
-    r = await call
+    loop.create_connection = recording  # type: ignore[method-assign]
+    try:
+        source = Source(big)
+        call = asyncio.ensure_future(pool.request("POST", "/", body=source, timeout=20))
+        await wait_until(lambda: conns and conns[0].write_paused, "the socket's write buffer to fill")
+        seen.append(source.handed < len(big) >> 20 and not call.done())
+        reading.set()
+        r = await call
+    finally:
+        del loop.create_connection
     assert seen == [True] and r.body[:16] == big[-16:] and len(r.body) == len(big)
     pool.close()
     server.close()

@@ -1,0 +1,47 @@
+"""The hot-path modules setup.py compiles with mypyc: which they are, whether the checkout's
+extensions are what is imported, and whether one is older than its source (an edit not yet
+rebuilt — the extension would shadow it: Python imports ``h1.*.so`` before ``h1.py``)."""
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import sysconfig
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def compiled_sources() -> list[Path]:
+    """setup.py's COMPILED, read without running setup.py."""
+    tree = ast.parse((REPO / "setup.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "COMPILED" for t in node.targets):
+            return [REPO / p for p in ast.literal_eval(node.value)]
+    raise AssertionError("setup.py has no COMPILED list")
+
+
+def extension_of(source: Path) -> Path | None:
+    """The built extension of ``source`` in the checkout, if there is one."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    path = source.with_name(source.stem + suffix)
+    return path if path.exists() else None
+
+
+def stale_extensions() -> list[str]:
+    """Extensions under gateway/ older than their source."""
+    out = []
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    for ext in (REPO / "gateway").rglob("*" + suffix):
+        source = ext.with_name(ext.name[: -len(suffix)] + ".py")
+        if source.exists() and source.stat().st_mtime_ns > ext.stat().st_mtime_ns:
+            out.append(str(source.relative_to(REPO)))
+    return out
+
+
+def compiling_expected() -> bool:
+    """Whether setup.py compiles here (a C compiler, OIP_GATEWAY_COMPILE not 0)."""
+    if os.environ.get("OIP_GATEWAY_COMPILE", "1") == "0":
+        return False
+    cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
+    return shutil.which(cc) is not None
