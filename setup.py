@@ -20,6 +20,7 @@ from setuptools.command.build_ext import build_ext
 COMPILED = [
     "gateway/upstream/h1.py",
     "gateway/frontend/h1direct.py",
+    "gateway/frontend/http.py",
     "gateway/codec/content.py",
     "gateway/codec/jsondup.py",
 ]

@@ -8,6 +8,7 @@ logged and becomes a plain 500 with no traceback.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import urllib.parse
@@ -46,6 +47,7 @@ from .h1direct import DirectExchange, DirectRoute
 from .incoming import IncomingBody as _IncomingBody
 from .incoming import too_deep_message as _too_deep_message
 from .kinds import http_kind
+from .shims import endpoint_function, handler_function
 from .v1_http import build_v1_http_app
 
 __all__ = ["HttpApp", "build_http_app", "error_response"]
@@ -212,31 +214,34 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
     access = metrics.access if metrics is not None else None
     long_path = limits.max_name_length + 16
 
-    def endpoint(api: str, handler: Callable[[Request, str, str], Awaitable[Response]]):
-        async def run(request: Request) -> Response:
-            start = time.perf_counter()
-            params = request.path_params
-            model = params.get("model", "")
-            version = params.get("version", "")
-            record = access.begin(request.headers.get("x-request-id")) if access is not None else None
-            try:
-                response = await handler(request, model, version)
-            except GatewayError as err:
-                response = error_response(err)
-                if record is not None and not isinstance(err, UpstreamError):
-                    record.reason = err.message
-            except Exception:
-                log.exception("unhandled error in %s", api)
-                response = Response(_INTERNAL[1], _INTERNAL[0], media_type=_INTERNAL[2])
-            if metrics is not None:
-                if record is not None:
-                    record.bytes_out = len(response.body)
-                label = route_label(model, version) if model else SERVER_LEVEL
-                metrics.observe("http", api, label, response.status_code, time.perf_counter() - start,
-                                model, version, record)
-            return response
+    # The route table's handlers are closures one level deep and take their parameters by
+    # functools.partial: mypyc (setup.py) loses an async function nested two levels deep.
+    async def run_endpoint(api: str, handler: Callable[[Request, str, str], Awaitable[Response]],
+                           request: Request) -> Response:
+        start = time.perf_counter()
+        params = request.path_params
+        model = params.get("model", "")
+        version = params.get("version", "")
+        record = access.begin(request.headers.get("x-request-id")) if access is not None else None
+        try:
+            response = await handler(request, model, version)
+        except GatewayError as err:
+            response = error_response(err)
+            if record is not None and not isinstance(err, UpstreamError):
+                record.reason = err.message
+        except Exception:
+            log.exception("unhandled error in %s", api)
+            response = Response(_INTERNAL[1], _INTERNAL[0], media_type=_INTERNAL[2])
+        if metrics is not None:
+            if record is not None:
+                record.bytes_out = len(response.body)
+            label = route_label(model, version) if model else SERVER_LEVEL
+            metrics.observe("http", api, label, response.status_code, time.perf_counter() - start,
+                            model, version, record)
+        return response
 
-        return run
+    def endpoint(api: str, handler: Callable[[Request, str, str], Awaitable[Response]]) -> Callable[..., Any]:
+        return endpoint_function(functools.partial(run_endpoint, api, handler))
 
     async def live(request: Request, model: str, version: str) -> Response:
         return Response(status_code=200 if plane.server_live() else 400)
@@ -512,44 +517,44 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         ready = isinstance(doc, dict) and doc.get("ready") is True
         return _json([e.as_json() for e in await index(ready)])
 
-    def model_control(action: str):
-        async def handler(request: Request, model: str, version: str) -> Response:
-            control = getattr(plane, "repository_http", None)
-            if control is None:
-                raise Unsupported("this server has no model control")
-            body = await request.body()
-            check_depth(body, max_json_depth)  # relayed as it came to a same-protocol pool
-            headers = {k.lower(): v for k, v in request.headers.items()}
-            reply = await control(action, model, body, headers)
-            content = reply.body if isinstance(reply.body, (bytes, bytearray)) else b""
-            return Response(content, reply.status, media_type=reply.headers.get("content-type", JSON))
+    async def model_control_handler(action: str, request: Request, model: str, version: str) -> Response:
+        control = getattr(plane, "repository_http", None)
+        if control is None:
+            raise Unsupported("this server has no model control")
+        body = await request.body()
+        check_depth(body, max_json_depth)  # relayed as it came to a same-protocol pool
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        reply = await control(action, model, body, headers)
+        content = reply.body if isinstance(reply.body, (bytes, bytearray)) else b""
+        return Response(content, reply.status, media_type=reply.headers.get("content-type", JSON))
 
-        return handler
+    def model_control(action: str) -> Callable[[Request, str, str], Awaitable[Response]]:
+        return functools.partial(model_control_handler, action)
 
-    def settings(kind: str):
-        # Triton's trace (server-wide or per model) and log settings: GET reads, POST changes.
-        async def handler(request: Request, model: str, version: str) -> Response:
-            change = getattr(plane, "settings", None)
-            if change is None:
-                raise Unsupported(f"this server has no {kind} settings")
-            body = (await request.body() or b"{}") if request.method == "POST" else None
-            if body is not None:
-                check_depth(body, max_json_depth)
-            answer = await change(kind, model, ("json", body), body is not None)
-            return Response(answer, 200, media_type=JSON)
+    # Triton's trace (server-wide or per model) and log settings: GET reads, POST changes.
+    async def settings_handler(kind: str, request: Request, model: str, version: str) -> Response:
+        change = getattr(plane, "settings", None)
+        if change is None:
+            raise Unsupported(f"this server has no {kind} settings")
+        body = (await request.body() or b"{}") if request.method == "POST" else None
+        if body is not None:
+            check_depth(body, max_json_depth)
+        answer = await change(kind, model, ("json", body), body is not None)
+        return Response(answer, 200, media_type=JSON)
 
-        return handler
+    def settings(kind: str) -> Callable[[Request, str, str], Awaitable[Response]]:
+        return functools.partial(settings_handler, kind)
 
     async def shared_memory(request: Request, model: str, version: str) -> Response:
         raise Unsupported(SHARED_MEMORY_REFUSAL)
 
-    def extension(what: str):
-        async def handler(request: Request, model: str, version: str) -> Response:
-            reply = await plane.model_extension_http(model, version, what)
-            body = reply.body if isinstance(reply.body, (bytes, bytearray)) else b"".join(reply.body)  # type: ignore[arg-type]
-            return Response(body, reply.status, media_type=reply.headers.get("content-type", JSON))
+    async def extension_handler(what: str, request: Request, model: str, version: str) -> Response:
+        reply = await plane.model_extension_http(model, version, what)
+        body = reply.body if isinstance(reply.body, (bytes, bytearray)) else b"".join(reply.body)  # type: ignore[arg-type]
+        return Response(body, reply.status, media_type=reply.headers.get("content-type", JSON))
 
-        return handler
+    def extension(what: str) -> Callable[[Request, str, str], Awaitable[Response]]:
+        return functools.partial(extension_handler, what)
 
     m = "/v2/models/{model}"
     mv = "/v2/models/{model}/versions/{version}"
@@ -594,7 +599,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         return Response(orjson.dumps({"error": f"{detail}: {request.method} {request.url.path}"}), status,
                         media_type=JSON)
 
-    rest = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    rest = Starlette(routes=routes, exception_handlers={HTTPException: handler_function(http_error)})
 
     # Triton's generate extension (frontend/generate.py): any method, so others get its 405.
     generate = build_generate(plane, metrics, max_message_bytes=max_message_bytes, route_label=route_label,
