@@ -40,7 +40,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import threading
 from dataclasses import asdict, dataclass, field
@@ -51,6 +50,7 @@ from typing import Any
 
 import yaml
 
+from tests.support.compiled import extensions
 from tests.support.procs import terminate, wait_for
 from tests.support.triton import TritonServer
 
@@ -110,20 +110,6 @@ def build_extensions(side: str, path: Path) -> None:
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{side}: building the extensions failed:\n{done.stderr[-3000:]}")
-
-
-def extensions(path: Path) -> tuple[list[str], list[str]]:
-    """(compiled modules, those older than their source) under the tree's gateway/."""
-    suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    built, stale = [], []
-    for ext in sorted((path / "gateway").rglob("*" + suffix)):
-        source = ext.with_name(ext.name[: -len(suffix)] + ".py")
-        if source.exists():
-            name = str(source.relative_to(path))
-            built.append(name)
-            if source.stat().st_mtime_ns > ext.stat().st_mtime_ns:
-                stale.append(name)
-    return built, stale
 
 
 def remove_worktree(tree: Tree) -> None:

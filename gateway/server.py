@@ -144,10 +144,11 @@ class Listeners:
     _certs: CertFiles | None = None
     _cert_watch: asyncio.Task[None] | None = None
 
-    async def _watch_certs(self, context: ssl.SSLContext, config: uvicorn.Config) -> None:
-        """Poll the TLS files once a second; a change goes to the HTTP listener's new
-        handshakes (gRPC asks CertFiles itself at each handshake)."""
-        assert self._certs is not None
+    async def _watch_certs(self, config: uvicorn.Config) -> None:
+        """Poll the TLS files once a second; a change goes to the new handshakes of the HTTP
+        listener whose uvicorn config is ``config`` (gRPC asks CertFiles itself at each handshake)."""
+        assert self._certs is not None and config.ssl is not None
+        context = config.ssl
 
         def fresh() -> ssl.SSLContext:
             # As uvicorn made the listener's own (uvicorn.Config.load), from the files as they are now.
@@ -197,7 +198,7 @@ class Listeners:
             config = self._servers[-1][0].config
             if self.tls is not None and config.ssl is not None:
                 self._certs = self._certs or CertFiles(self.tls)
-                self._cert_watch = asyncio.get_running_loop().create_task(self._watch_certs(config.ssl, config))
+                self._cert_watch = asyncio.get_running_loop().create_task(self._watch_certs(config))
         if grpc is not None:
             self._grpc = aio.server(options=server_options(self.max_message_bytes, reuse_port=self.reuse_port,
                                                            max_metadata_bytes=self.max_header_bytes,

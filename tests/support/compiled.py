@@ -28,15 +28,24 @@ def extension_of(source: Path) -> Path | None:
     return path if path.exists() else None
 
 
+def extensions(root: Path = REPO) -> tuple[list[str], list[str]]:
+    """(compiled modules, those older than their source) under ``root``/gateway/, as paths
+    relative to ``root``."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    built, stale = [], []
+    for ext in sorted((root / "gateway").rglob("*" + suffix)):
+        source = ext.with_name(ext.name[: -len(suffix)] + ".py")
+        if source.exists():
+            name = str(source.relative_to(root))
+            built.append(name)
+            if source.stat().st_mtime_ns > ext.stat().st_mtime_ns:
+                stale.append(name)
+    return built, stale
+
+
 def stale_extensions() -> list[str]:
     """Extensions under gateway/ older than their source."""
-    out = []
-    suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    for ext in (REPO / "gateway").rglob("*" + suffix):
-        source = ext.with_name(ext.name[: -len(suffix)] + ".py")
-        if source.exists() and source.stat().st_mtime_ns > ext.stat().st_mtime_ns:
-            out.append(str(source.relative_to(REPO)))
-    return out
+    return extensions()[1]
 
 
 def compiling_expected() -> bool:
