@@ -23,6 +23,8 @@ COMPILED = [
     "gateway/frontend/http.py",
     "gateway/codec/content.py",
     "gateway/codec/jsondup.py",
+    "gateway/codec/grpcscan.py",
+    "gateway/frontend/grpcunary.py",
 ]
 
 

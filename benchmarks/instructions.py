@@ -40,6 +40,7 @@ from .ab import REPO, Tree, _resolve_after, describe, materialise, remove_worktr
 __all__ = ["count", "main"]
 
 _COLLECTED = re.compile(r"Collected : (\d+)")
+GRPC = "grpc_small"  # benchmarks/inproc_grpc.py: a third side, grpcio's bare pass-through (the floor)
 
 
 def _shim(tree: Tree, root: Path) -> Path:
@@ -69,9 +70,9 @@ def _check_imports(tree: Tree, shim: Path) -> None:
 
 
 def _run(tree: Tree, shim: Path, only: str, requests: int, body: str, concurrency: int) -> int:
-    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-m",
-           "benchmarks.inproc", "--only", only, "--requests", str(requests), "--batches", "1",
-           "--concurrency", str(concurrency), "--body", body]
+    harness = ["benchmarks.inproc_grpc"] if body == GRPC else ["benchmarks.inproc", "--body", body]
+    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-m", *harness,
+           "--only", only, "--requests", str(requests), "--batches", "1", "--concurrency", str(concurrency)]
     proc = subprocess.run(cmd, cwd=shim, env=_env(tree, shim), capture_output=True, text=True, timeout=1800)
     found = _COLLECTED.findall(proc.stderr)
     if proc.returncode != 0 or not found:
@@ -87,11 +88,13 @@ def count(tree: Tree, root: Path, body: str, concurrency: int, requests: tuple[i
     low, high = requests
     out: dict[str, float] = {}
     with ThreadPoolExecutor(2) as pool:  # (two cores: the two counts of one side at once)
-        for only in ("via", "direct"):
+        for only in ("via", "direct", "floor") if body == GRPC else ("via", "direct"):
             a, b = pool.map(_run, (tree, tree), (shim, shim), (only, only), (low, high), (body, body),
                             (concurrency, concurrency))
             out[only] = (b - a) / (high - low)
     out["gateway"] = out["via"] - out["direct"]
+    if "floor" in out:
+        out["own"] = out["via"] - out["floor"]  # the gateway's code on top of grpcio's pass-through
     return out
 
 
@@ -99,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", help="a git revision to compare with (optional)")
     parser.add_argument("--after", default=str(REPO), help="a directory or revision (default: this checkout)")
-    parser.add_argument("--body", choices=("small", "1m", "16m"), default="small")
+    parser.add_argument("--body", choices=("small", "1m", "16m", GRPC), default="small",
+                        help=f"{GRPC}: benchmarks/inproc_grpc.py, which also counts grpcio's bare pass-through")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--requests", default="500,2500", help="the two request counts (default 500,2500)")
     args = parser.parse_args(argv)
@@ -123,11 +127,14 @@ def main(argv: list[str] | None = None) -> int:
                     remove_worktree(tree)
     print(f"\nInstructions per request ({args.body}, c={args.concurrency}, callgrind, "
           f"{low} → {high} requests):\n")
-    print("| tree | revision | through the gateway | direct | gateway |")
-    print("|---|---|--:|--:|--:|")
+    floor = args.body == GRPC
+    extra_head = " floor | gateway − floor |" if floor else ""
+    print("| tree | revision | through the gateway | direct | gateway |" + extra_head)
+    print("|---|---|--:|--:|--:|" + ("--:|--:|" if floor else ""))
     for tree, r in results:
         rev = tree.commit[:10] + (" + changes" if tree.dirty else "")
-        print(f"| {tree.side} | {rev} | {r['via']:,.0f} | {r['direct']:,.0f} | {r['gateway']:,.0f} |")
+        extra = f" {r['floor'] - r['direct']:,.0f} | {r['own']:,.0f} |" if floor else ""
+        print(f"| {tree.side} | {rev} | {r['via']:,.0f} | {r['direct']:,.0f} | {r['gateway']:,.0f} |{extra}")
     if len(results) == 2:
         before, after = results[0][1]["gateway"], results[1][1]["gateway"]
         print(f"\ngateway after ÷ before: {after / before:.3f}")

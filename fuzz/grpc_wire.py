@@ -32,7 +32,7 @@ with instrumented(__name__ == "__main__", ("gateway",)):
     from gateway.codec import convert
     from gateway.codec import grpc as grpc_codec
     from gateway.codec import http as http_codec
-    from gateway.codec.limits import PARSE_MAX, scan_checked
+    from gateway.codec.grpcscan import PARSE_MAX, scan_checked
     from gateway.codec.wire import scan_infer_routing, scan_name_version, settings_change
     from gateway.config.security import Limits
     from gateway.errors import GatewayError, InvalidRequest, LimitExceeded

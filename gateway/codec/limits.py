@@ -14,17 +14,14 @@ from typing import Annotated, Any
 
 import msgspec
 import orjson
-from google.protobuf.message import DecodeError as _DecodeError
 
-from .._pb import grpc_predict_v2_pb2 as _pb
 from ..config.security import Limits
 from ..errors import InvalidRequest, LimitExceeded
 from .jsondup import check_unique, members
-from .wire import iter_fields, read_varint, scan_infer_routing
+from .wire import iter_fields, read_varint
 
-__all__ = ["JSON_CHECK_MAX", "JsonCheck", "check_json", "check_names", "check_pb", "scan_checked"]
-
-_REQUEST = _pb.ModelInferRequest
+__all__ = ["JSON_CHECK_MAX", "JsonCheck", "check_json", "check_names", "check_pb", "limit_count", "limit_id",
+           "limit_name", "limit_shape"]
 
 # JSON parts up to this size are parsed for the check (a few microseconds for a typical
 # request, and every binary-extension header). Larger ones are tensor data in JSON: their
@@ -50,7 +47,7 @@ def check_names(model: str, version: str, limits: Limits) -> None:
                             f"({limits.max_name_length})")
 
 
-def _shape(name: object, dims: list[int], limits: Limits) -> None:
+def limit_shape(name: object, dims: list[int], limits: Limits) -> None:
     if len(dims) > limits.max_dims:
         raise LimitExceeded(f"tensor {_shown(name)} has {len(dims)} dimensions, over limits.max_dims "
                             f"({limits.max_dims})")
@@ -64,18 +61,18 @@ def _shape(name: object, dims: list[int], limits: Limits) -> None:
                                 f"(limits.max_elements): {dims[:8]}{'…' if len(dims) > 8 else ''}")
 
 
-def _count(what: str, n: int, limits: Limits) -> None:
+def limit_count(what: str, n: int, limits: Limits) -> None:
     if n > limits.max_tensors:
         raise LimitExceeded(f"request has {n} {what} tensors, over limits.max_tensors ({limits.max_tensors})")
 
 
-def _name(name: object, limits: Limits) -> None:
+def limit_name(name: object, limits: Limits) -> None:
     if isinstance(name, (str, bytes, memoryview)) and len(name) > limits.max_name_length:
         raise LimitExceeded(f"tensor name of {len(name)} characters is over limits.max_name_length "
                             f"({limits.max_name_length})")
 
 
-def _id(what: str, value: object, limits: Limits) -> None:
+def limit_id(what: str, value: object, limits: Limits) -> None:
     if isinstance(value, (str, bytes, memoryview)) and len(value) > limits.max_id_length:
         raise LimitExceeded(f"{what} of {len(value)} characters is over limits.max_id_length "
                             f"({limits.max_id_length})")
@@ -197,45 +194,45 @@ def _check_any(part: bytes | bytearray | memoryview, limits: Limits) -> None:
     max_id = limits.max_id_length
     rid = doc.get("id")
     if type(rid) is str and len(rid) > max_id:
-        _id("request id", rid, limits)
+        limit_id("request id", rid, limits)
     params = doc.get("parameters")
     if type(params) is dict:
         sid = params.get("sequence_id")
         if type(sid) is str and len(sid) > max_id:
-            _id("sequence_id", sid, limits)
+            limit_id("sequence_id", sid, limits)
     max_name = limits.max_name_length
     inputs = doc.get("inputs")
     if type(inputs) is list:
         if len(inputs) > limits.max_tensors:
-            _count("input", len(inputs), limits)
+            limit_count("input", len(inputs), limits)
         max_dims, max_elements = limits.max_dims, limits.max_elements
         for t in inputs:
             if type(t) is not dict:
                 continue
             name = t.get("name")
             if type(name) is str and len(name) > max_name:
-                _name(name, limits)
+                limit_name(name, limits)
             shape = t.get("shape")
             if type(shape) is not list:
                 continue
             if len(shape) > max_dims:
-                _shape(name, [0] * len(shape), limits)
+                limit_shape(name, [0] * len(shape), limits)
             elements = 1
             for d in shape:
                 if type(d) is not int or d <= 0:
                     break  # not a count (the codec / backend says so), or no elements
                 elements *= d
                 if elements > max_elements:
-                    _shape(name, shape, limits)
+                    limit_shape(name, shape, limits)
     outputs = doc.get("outputs")
     if type(outputs) is list:
         if len(outputs) > limits.max_tensors:
-            _count("output", len(outputs), limits)
+            limit_count("output", len(outputs), limits)
         for t in outputs:
             if type(t) is dict:
                 name = t.get("name")
                 if type(name) is str and len(name) > max_name:
-                    _name(name, limits)
+                    limit_name(name, limits)
 
 
 def _packed_dims(value: memoryview, limits: Limits) -> list[int]:
@@ -263,9 +260,9 @@ def _input_pb(view: memoryview, limits: Limits) -> None:
             dims.append(d - (1 << 64) if d >= 1 << 63 else d)
         if len(dims) > limits.max_dims:
             break
-    _name(name, limits)
+    limit_name(name, limits)
     shown = bytes(name).decode("utf-8", "replace") if isinstance(name, memoryview) else name
-    _shape(shown, dims, limits)
+    limit_shape(shown, dims, limits)
 
 
 def check_pb(message: bytes | memoryview, limits: Limits) -> None:
@@ -279,77 +276,17 @@ def check_pb(message: bytes | memoryview, limits: Limits) -> None:
                 continue
             if fnum == 5:
                 inputs += 1
-                _count("input", inputs, limits)
+                limit_count("input", inputs, limits)
                 _input_pb(value, limits)  # type: ignore[arg-type]
             elif fnum == 6:
                 outputs += 1
-                _count("output", outputs, limits)
+                limit_count("output", outputs, limits)
                 for f, w, v in iter_fields(value):  # type: ignore[arg-type]
                     if f == 1 and w == _LEN:
-                        _name(v, limits)
+                        limit_name(v, limits)
             elif fnum == 3:
-                _id("request id", value, limits)
+                limit_id("request id", value, limits)
     except LimitExceeded:
         raise
     except InvalidRequest:
         return  # malformed: the path that parses it says so in its own words
-
-
-# Messages up to this size are parsed by protobuf's C parser (upb) for the routing fields and
-# the limits in one step — a few microseconds, a third of walking the wire in Python; larger
-# ones (tensors) are walked, which skips their contents without copying them.
-PARSE_MAX = 64 * 1024
-
-
-def _sequence(param: Any) -> str | None:
-    """ModelInferRequest.parameters["sequence_id"] as scan_infer_routing reads it."""
-    which = param.WhichOneof("parameter_choice")
-    if which in ("int64_param", "uint64_param"):
-        number = getattr(param, which)
-        return str(number) if number else None
-    if which == "string_param":
-        return param.string_param or None
-    return None
-
-
-def scan_checked(message: bytes, limits: Limits) -> tuple[str, str, str | None]:
-    """(model_name, model_version, sequence_id) of a serialized ModelInferRequest, after
-    checking its limits: scan_infer_routing + check_pb, in one step for small messages."""
-    if len(message) <= PARSE_MAX:
-        try:
-            req = _REQUEST.FromString(message)
-        except _DecodeError:
-            # Not a ModelInferRequest protobuf can read — a string field that is not UTF-8 (an
-            # id, a tensor name), a truncated field: refused here, clearly, instead of being
-            # handed to a backend whose parser fails it with INTERNAL. The walk names the
-            # routing fields' own faults first.
-            scan_infer_routing(message)
-            raise InvalidRequest("malformed ModelInferRequest: protobuf cannot parse it (a string field that "
-                                 "is not valid UTF-8, or a field cut short)") from None
-        else:
-            inputs = req.inputs
-            _count("input", len(inputs), limits)
-            for t in inputs:
-                _name(t.name, limits)
-                shape = t.shape
-                if len(shape) > limits.max_dims or len(shape) > 1:
-                    _shape(t.name, list(shape), limits)
-                elif shape and shape[0] > limits.max_elements:
-                    _shape(t.name, [shape[0]], limits)
-            outputs = req.outputs
-            if outputs:
-                _count("output", len(outputs), limits)
-                for o in outputs:
-                    _name(o.name, limits)
-            _id("request id", req.id, limits)
-            sequence = None
-            if req.parameters:
-                param = req.parameters.get("sequence_id")
-                if param is not None:
-                    sequence = _sequence(param)
-                    if isinstance(sequence, str) and param.WhichOneof("parameter_choice") == "string_param":
-                        _id("sequence_id", sequence, limits)
-            return req.model_name, req.model_version, sequence
-    model, version, sequence = scan_infer_routing(message)
-    check_pb(message, limits)
-    return model, version, sequence

@@ -17,7 +17,8 @@ import grpc
 from grpc import aio
 
 from .._pb import grpc_predict_v2_pb2 as pb
-from ..codec.limits import check_names, scan_checked
+from ..codec.grpcscan import scan_checked
+from ..codec.limits import check_names
 from ..codec.repository import encode_index_pb, index_request_ready
 from ..codec.wire import scan_infer_routing, scan_name_version, settings_change
 from ..config.security import Limits
@@ -25,6 +26,7 @@ from ..dataplane import DataPlane
 from ..errors import SHARED_MEMORY_REFUSAL, GatewayError, InvalidRequest, Unsupported, UpstreamError
 from ..observability.access import AccessRecord
 from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
+from .grpcunary import Infer, Seen, Unary, grpc_trailers
 from .kinds import GRPC_KINDS, admit_grpc
 
 __all__ = ["SERVICE", "build_grpc_handler", "grpc_trailers", "server_options"]
@@ -77,28 +79,6 @@ def _metadata_message(d: dict[str, Any]) -> pb.ModelMetadataResponse:
     )
 
 
-def grpc_trailers(err: GatewayError) -> tuple[tuple[str, str], ...]:
-    """A load refusal's retry hint: Retry-After's gRPC spellings (grpc-retry-pushback-ms is
-    what gRPC's own retry policy reads)."""
-    if err.retry_after is None:
-        return ()
-    return (("retry-after", str(err.retry_after)), ("grpc-retry-pushback-ms", str(err.retry_after * 1000)))
-
-
-class _Seen:
-    """What a call is about, as far as it is known: route label, model, version."""
-
-    __slots__ = ("label", "model", "version")
-
-    def __init__(self) -> None:
-        self.label: RouteLabel = SERVER_LEVEL
-        self.model = ""
-        self.version = ""
-
-    def note(self, label: RouteLabel, model: str, version: str) -> None:
-        self.label, self.model, self.version = label, model, version
-
-
 def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
                        limits: Limits = DEFAULT_LIMITS) -> grpc.GenericRpcHandler:
     route_label: Callable[[str, str], RouteLabel] = getattr(plane, "route_label", lambda m, v: UNROUTED)
@@ -126,75 +106,34 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
                 metrics.refused("grpc", err)
             raise
 
-    def wrap(api: str, fn: Callable[[Any, aio.ServicerContext, _Seen], Awaitable[Any]]):
-        async def run(request: Any, context: aio.ServicerContext) -> Any:
-            start = time.perf_counter()
-            code = "OK"
-            # Filled by the handler as soon as it knows the model: a failed call is then
-            # still counted under its route and pool.
-            seen = _Seen()
-            record = begin(context, request)
-            try:
-                result = await fn(request, context, seen)
-                if record is not None and isinstance(result, bytes):
-                    record.bytes_out = len(result)
-                return result
-            except GatewayError as err:
-                code = err.grpc_code
-                if record is not None and not isinstance(err, UpstreamError):
-                    record.reason = err.message
-                await context.abort(grpc.StatusCode[err.grpc_code], err.message, grpc_trailers(err))
-            except aio.AbortError:
-                raise
-            except Exception:
-                code = "INTERNAL"
-                log.exception("unhandled error in %s", api)
-                await context.abort(grpc.StatusCode.INTERNAL, "internal gateway error")
-            finally:
-                if metrics is not None:
-                    if seen.model:  # after the call: the pool it went to (a split's side, a header route)
-                        seen.label = route_label(seen.model, seen.version)
-                    metrics.observe("grpc", api, seen.label, code, time.perf_counter() - start, seen.model,
-                                    seen.version, record)
+    def wrap(api: str, fn: Callable[[Any, aio.ServicerContext, Seen], Awaitable[Any]]):
+        return Unary(api, fn, route_label, metrics, begin if access is not None else None).run
 
-        return run
-
-    async def server_live(req: pb.ServerLiveRequest, ctx: aio.ServicerContext, seen: _Seen):
+    async def server_live(req: pb.ServerLiveRequest, ctx: aio.ServicerContext, seen: Seen):
         return pb.ServerLiveResponse(live=plane.server_live())
 
-    async def server_ready(req: pb.ServerReadyRequest, ctx: aio.ServicerContext, seen: _Seen):
+    async def server_ready(req: pb.ServerReadyRequest, ctx: aio.ServicerContext, seen: Seen):
         return pb.ServerReadyResponse(ready=plane.server_ready())
 
-    async def server_metadata(req: pb.ServerMetadataRequest, ctx: aio.ServicerContext, seen: _Seen):
+    async def server_metadata(req: pb.ServerMetadataRequest, ctx: aio.ServicerContext, seen: Seen):
         admit(ctx, "ServerMetadata")
         return pb.ServerMetadataResponse(**plane.server_metadata())
 
-    async def model_ready(req: pb.ModelReadyRequest, ctx: aio.ServicerContext, seen: _Seen):
+    async def model_ready(req: pb.ModelReadyRequest, ctx: aio.ServicerContext, seen: Seen):
         if not req.name:
             raise InvalidRequest("ModelReadyRequest.name is required")
-        seen.note(route_label(req.name, req.version), req.name, req.version)
+        seen.note(req.name, req.version)
         admit(ctx, "ModelReady", req.name, req.version)
         return pb.ModelReadyResponse(ready=await plane.model_ready(req.name, req.version))
 
-    async def model_metadata(req: pb.ModelMetadataRequest, ctx: aio.ServicerContext, seen: _Seen):
+    async def model_metadata(req: pb.ModelMetadataRequest, ctx: aio.ServicerContext, seen: Seen):
         if not req.name:
             raise InvalidRequest("ModelMetadataRequest.name is required")
-        seen.note(route_label(req.name, req.version), req.name, req.version)
+        seen.note(req.name, req.version)
         admit(ctx, "ModelMetadata", req.name, req.version)
         return _metadata_message(await plane.model_metadata(req.name, req.version))
 
-    bytes_in = metrics.bytes_in("grpc") if metrics is not None else None
-
-    async def model_infer(message: bytes, ctx: aio.ServicerContext, seen: _Seen):
-        model, version, sequence = scan_checked(message, limits)  # routing fields + hard limits
-        if not model:
-            raise InvalidRequest("ModelInferRequest.model_name is required")
-        if bytes_in is not None:
-            bytes_in.observe(len(message))
-        seen.note(route_label(model, version), model, version)
-        admit(ctx, "ModelInfer", model, version)
-        return await plane.infer_grpc(message, model, version, ctx.time_remaining(), sequence,
-                                      tuple(ctx.invocation_metadata() or ()))
+    model_infer = Infer(plane, limits, metrics.bytes_in("grpc") if metrics is not None else None, admit)
 
     async def model_stream_infer(requests: AsyncIterator[bytes], ctx: aio.ServicerContext) -> AsyncIterator[bytes]:
         """Triton's ModelStreamInfer (not in the KServe proto; tritonclient's
@@ -258,18 +197,18 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
     def extension(rpc: str):
         # ModelConfigRequest and ModelStatisticsRequest carry name and version in
         # fields 1 and 2, as ModelInferRequest does: the same wire scan finds them.
-        async def handler(message: bytes, ctx: aio.ServicerContext, seen: _Seen):
+        async def handler(message: bytes, ctx: aio.ServicerContext, seen: Seen):
             model, version, _ = scan_infer_routing(message)
             if not model and rpc != "ModelStatistics":  # no name: every model's statistics
                 raise InvalidRequest(f"{rpc}Request.name is required: the gateway routes by model")
             if model:
-                seen.note(route_label(model, version), model, version)
+                seen.note(model, version)
             admit(ctx, rpc, model, version)
             return await plane.model_extension_grpc(rpc, message, model, version, ctx.time_remaining())
 
         return handler
 
-    async def repository_index(message: bytes, ctx: aio.ServicerContext, seen: _Seen):
+    async def repository_index(message: bytes, ctx: aio.ServicerContext, seen: Seen):
         index = getattr(plane, "repository_index", None)
         if index is None:
             raise Unsupported("this server has no repository index")
@@ -277,14 +216,14 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
         return encode_index_pb(await index(index_request_ready(message)))
 
     def model_control(rpc: str):
-        async def handler(message: bytes, ctx: aio.ServicerContext, seen: _Seen):
+        async def handler(message: bytes, ctx: aio.ServicerContext, seen: Seen):
             control = getattr(plane, "repository_grpc", None)
             if control is None:
                 raise Unsupported("this server has no model control")
             _, model = scan_name_version(message)  # RepositoryModel{Load,Unload}Request: model_name is field 2
             if not model:
                 raise InvalidRequest(f"{rpc}Request.model_name is required: the gateway routes by model")
-            seen.note(route_label(model, ""), model, "")
+            seen.note(model, "")
             admit(ctx, rpc, model)
             return await control(rpc, model, message, ctx.time_remaining(), tuple(ctx.invocation_metadata() or ()))
 
@@ -292,19 +231,19 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
 
     def settings(kind: str):
         # Triton's TraceSetting (model_name: field 2; none: server-wide) and LogSettings.
-        async def handler(message: bytes, ctx: aio.ServicerContext, seen: _Seen):
+        async def handler(message: bytes, ctx: aio.ServicerContext, seen: Seen):
             change = getattr(plane, "settings", None)
             if change is None:
                 raise Unsupported(f"this server has no {kind} settings")
             model = scan_name_version(message)[1] if kind == "trace" else ""
             if model:
-                seen.note(route_label(model, ""), model, "")
+                seen.note(model, "")
             admit(ctx, "TraceSetting" if kind == "trace" else "LogSettings", model)
             return await change(kind, model, ("pb", message), settings_change(message))
 
         return handler
 
-    async def shared_memory(message: bytes, ctx: aio.ServicerContext, seen: _Seen):
+    async def shared_memory(message: bytes, ctx: aio.ServicerContext, seen: Seen):
         raise Unsupported(SHARED_MEMORY_REFUSAL)
 
     def typed(fn, req_type, resp_type):

@@ -43,7 +43,7 @@ class Match:
 
 
 class RouteTable:
-    __slots__ = ("_cache", "_cache_max", "_exact", "_globs")
+    __slots__ = ("_cache", "_cache_max", "_exact", "_globs", "by_headers")
 
     def __init__(self, routes: tuple[Route, ...], *, cache_max: int = 4096) -> None:
         self._exact: dict[str, list[tuple[str | None, Match]]] = {}
@@ -60,6 +60,8 @@ class RouteTable:
         # pure function, bounded so that clients sending random names cannot grow it.
         self._cache: dict[tuple[str, str], tuple[Match, ...]] = {}
         self._cache_max = cache_max
+        # Some route asks for request headers: only then does resolve need them.
+        self.by_headers = any(r.headers for r in routes)
 
     @property
     def exact_models(self) -> list[tuple[str, str | None]]:

@@ -8,7 +8,8 @@ request is converted (``codec/convert.py``).
 """
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import grpc
@@ -134,15 +135,19 @@ class GrpcPool(Pool[GrpcEndpoint]):
     # -- one call on one endpoint --------------------------------------------------------
     async def _call(self, ep: GrpcEndpoint, pick: Callable[[GrpcEndpoint], aio.UnaryUnaryMultiCallable],
                     request: Any, timeout: float | None, metadata: Sequence[tuple[str, str]] | None = None,
-                    model: str = "", version: str = "") -> Any:
+                    model: str = "", version: str = "", refusing: bool = False) -> Any:
         """Raises Refused on UNAVAILABLE: the endpoint could not be reached (or went away
-        before answering), so the request may go to another one."""
+        before answering), so the request may go to another one. ``refusing``: a NOT_FOUND or
+        INVALID_ARGUMENT answer is the endpoint's refusal too (it may lack the model another has)."""
         tmo = self.backend.timeout_s if timeout is None else min(timeout, self.backend.timeout_s)
         ep._inflight += 1
         try:
             return await pick(ep)(request, timeout=tmo, metadata=metadata or None)
         except aio.AioRpcError as exc:
-            raise self._mapped(ep, exc, tmo, model, version) from exc
+            error = self._mapped(ep, exc, tmo, model, version)
+            if refusing and isinstance(error, UpstreamError) and error.grpc_code in ("NOT_FOUND", "INVALID_ARGUMENT"):
+                error = self.refusal(ep, model, version, error, True)
+            raise error from exc
         finally:
             ep._inflight -= 1
 
@@ -163,18 +168,15 @@ class GrpcPool(Pool[GrpcEndpoint]):
         # The backend's own error: relay its code and message unchanged.
         return UpstreamError(exc.details() or code.name, grpc_code=code.name)
 
-    async def _unary(self, model: str, version: str, affinity: str | None,
-                     pick: Callable[[GrpcEndpoint], aio.UnaryUnaryMultiCallable], request: Any,
-                     timeout: float | None, metadata: Sequence[tuple[str, str]] = ()) -> Any:
-        async def send(ep: GrpcEndpoint) -> Any:
-            try:
-                return await self._call(ep, pick, request, timeout, metadata, model, version)
-            except UpstreamError as err:
-                if err.grpc_code not in ("NOT_FOUND", "INVALID_ARGUMENT"):
-                    raise
-                raise self.refusal(ep, model, version, err, True) from None
-
-        return await self.attempt(model, version, affinity, send)
+    def _unary(self, model: str, version: str, affinity: str | None,
+               pick: Callable[[GrpcEndpoint], aio.UnaryUnaryMultiCallable], request: Any,
+               timeout: float | None, metadata: Sequence[tuple[str, str]] = ()) -> Coroutine[Any, Any, Any]:
+        # (A plain function handing back attempt's coroutine, and _call bound with partial, not
+        # wrapped: each coroutine between the front end and grpc's call is work on every
+        # inference, once when it starts and again when the answer resumes it.)
+        send = partial(self._call, pick=pick, request=request, timeout=timeout, metadata=metadata, model=model,
+                       version=version, refusing=True)
+        return self.attempt(model, version, affinity, send)
 
     # -- health checker ------------------------------------------------------------------
     async def check_live(self, ep: GrpcEndpoint, timeout: float) -> bool:
@@ -268,10 +270,10 @@ class GrpcPool(Pool[GrpcEndpoint]):
         return HttpReply(200, b"", {})  # Triton's HTTP answer to a load / unload that worked
 
     # -- inference -----------------------------------------------------------------------
-    async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
-                         affinity: str | None, metadata: tuple[tuple[str, str], ...]) -> bytes:
+    def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
+                   affinity: str | None, metadata: tuple[tuple[str, str], ...]) -> Coroutine[Any, Any, bytes]:
         """Pass-through: the serialized request out, the serialized response back."""
-        return await self._unary(model, version, affinity, lambda e: e.infer, message, timeout, metadata)
+        return self._unary(model, version, affinity, lambda e: e.infer, message, timeout, metadata)
 
     async def infer_http(self, model: str, version: str, body: bytes | bytearray | IncomingBody,
                          headers: Mapping[str, str],

@@ -1,0 +1,121 @@
+"""The frame of the gRPC front end's unary RPCs (frontend/grpc.py builds them): timing,
+metrics, the access record and the one mapping of GatewayError to a gRPC status; and the
+ModelInfer handler itself.
+
+Compiled with mypyc where the install has a C compiler (setup.py): every gRPC inference runs
+through it, and grpcio's own work is the floor the gateway is measured against (the load
+benchmark's "× floor"), so the gateway's Python on top of it is what is left to shrink.
+Compiled coroutine functions are coroutine functions to ``inspect``, so grpc awaits
+``Unary.run`` as it would a Python ``async def``.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from ..codec.grpcscan import InferScan
+from ..config.security import Limits
+from ..dataplane import DataPlane
+from ..errors import GatewayError, InvalidRequest, UpstreamError
+from ..observability.access import AccessRecord
+from ..observability.metrics import SERVER_LEVEL, Metrics, Observer, RouteLabel
+
+__all__ = ["Infer", "Seen", "Unary", "grpc_trailers"]
+
+log = logging.getLogger("oip_gateway.grpc")
+
+
+def grpc_trailers(err: GatewayError) -> tuple[tuple[str, str], ...]:
+    """A load refusal's retry hint: Retry-After's gRPC spellings (grpc-retry-pushback-ms is
+    what gRPC's own retry policy reads)."""
+    if err.retry_after is None:
+        return ()
+    return (("retry-after", str(err.retry_after)), ("grpc-retry-pushback-ms", str(err.retry_after * 1000)))
+
+
+class Seen:
+    """What a call is about, as far as it is known: model and version (its route label is
+    looked up when the call ends: the pool it went to)."""
+
+    def __init__(self) -> None:
+        self.model = ""
+        self.version = ""
+
+    def note(self, model: str, version: str) -> None:
+        self.model = model
+        self.version = version
+
+
+class Unary:
+    """One unary RPC: ``fn(request, context, seen)`` answers it; ``run`` is grpc's handler."""
+
+    def __init__(self, api: str, fn: Callable[[Any, Any, Seen], Awaitable[Any]],
+                 route_label: Callable[[str, str], RouteLabel], metrics: Metrics | None,
+                 begin: Callable[[Any, Any], AccessRecord | None] | None) -> None:
+        self.api = api
+        self.fn = fn
+        self.route_label = route_label
+        self.metrics = metrics
+        self.begin = begin  # None: no access log
+
+    async def run(self, request: Any, context: Any) -> Any:
+        start = time.perf_counter()
+        code = "OK"
+        # Filled by the handler as soon as it knows the model: a failed call is then
+        # still counted under its route and pool.
+        seen = Seen()
+        record = self.begin(context, request) if self.begin is not None else None
+        try:
+            result = await self.fn(request, context, seen)
+            if record is not None and isinstance(result, bytes):
+                record.bytes_out = len(result)
+            return result
+        except GatewayError as err:
+            code = err.grpc_code
+            if record is not None and not isinstance(err, UpstreamError):
+                record.reason = err.message
+            await context.abort(grpc.StatusCode[err.grpc_code], err.message, grpc_trailers(err))
+        except aio.AbortError:
+            raise
+        except Exception:
+            code = "INTERNAL"
+            log.exception("unhandled error in %s", self.api)
+            await context.abort(grpc.StatusCode.INTERNAL, "internal gateway error")
+        finally:
+            metrics = self.metrics
+            if metrics is not None:
+                # After the call: the pool it went to (a split's side, a header route).
+                label = self.route_label(seen.model, seen.version) if seen.model else SERVER_LEVEL
+                metrics.observe("grpc", self.api, label, code, time.perf_counter() - start, seen.model,
+                                seen.version, record)
+        return None  # not reached: abort raises
+
+
+class Infer:
+    """ModelInfer (spec "Inference", GRPC): the request's routing fields and hard limits read
+    from its bytes, which go to the data plane unparsed. Hands back the data plane's
+    coroutine rather than awaiting it: one coroutine less per call."""
+
+    def __init__(self, plane: DataPlane, limits: Limits, bytes_in: Observer | None,
+                 admit: Callable[[Any, str, str, str], None]) -> None:
+        self.plane = plane
+        self.scan = InferScan(limits)
+        self.bytes_in = bytes_in
+        self.admit = admit
+
+    def __call__(self, message: bytes, ctx: Any, seen: Seen) -> Awaitable[bytes]:
+        model, version, sequence = self.scan.scan(message)  # routing fields + hard limits
+        if not model:
+            raise InvalidRequest("ModelInferRequest.model_name is required")
+        if self.bytes_in is not None:
+            self.bytes_in.observe(len(message))
+        seen.note(model, version)
+        self.admit(ctx, "ModelInfer", model, version)
+        metadata = ctx.invocation_metadata()
+        return self.plane.infer_grpc(message, model, version, ctx.time_remaining(), sequence,
+                                     tuple(metadata) if metadata else ())
