@@ -33,6 +33,7 @@ import orjson
 import uvloop
 
 from gateway.config.loader import parse_config
+from gateway.malloc import tune_malloc
 from gateway.server import Gateway
 
 from .workloads import _binary, _json_small
@@ -47,6 +48,7 @@ SMALL_ANSWER = (b'{"id":"bench","model_name":"add_sub","model_version":"1","outp
 READY = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
 NO_INDEX = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
 BODIES = ("small", "1m", "16m")
+MAX_MESSAGE_BYTES = 64 << 20
 
 
 def _answer(body: str) -> bytes:
@@ -184,7 +186,7 @@ async def measure(requests: int, batches: int, concurrency: int, profile: bool,
         "listen": {"http": "127.0.0.1:0", "grpc": None, "metrics": None},
         "backends": {"triton": {"protocol": "http", "endpoints": [f"127.0.0.1:{backend_port}"], "timeout_s": 300}},
         "routes": [{"model": "add_sub", "backend": "triton"}, {"model": "identity_UINT8", "backend": "triton"}],
-        "max_message_bytes": 64 << 20,
+        "max_message_bytes": MAX_MESSAGE_BYTES,
         "health": {"interval_s": 5.0, "timeout_s": 2.0},
     })
     gateway = Gateway(config)
@@ -246,6 +248,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="run only the batches through the gateway (or only those direct), after a fixed "
                              "warm-up (benchmarks/instructions.py)")
     args = parser.parse_args(argv)
+    # The allocator as `oip-gateway serve` sets it up (gateway/malloc.py): without it each large
+    # body's buffers are fresh pages the kernel faults in, which the gateway never pays.
+    tune_malloc(MAX_MESSAGE_BYTES)
     result = uvloop.run(measure(args.requests, args.batches, args.concurrency, args.profile, args.body, args.only))
     print(f"{args.body} c={args.concurrency}: direct {result['direct_us']:.1f} µs/req (client + backend), "
           f"through the gateway {result['via_us']:.1f}: gateway {result['gateway_us']:.1f} µs per request "

@@ -36,6 +36,7 @@ from gateway.config.loader import parse_config
 from gateway.config.schema import DEFAULT_MAX_MESSAGE_BYTES
 from gateway.config.security import Limits
 from gateway.frontend.grpc import server_options
+from gateway.malloc import tune_malloc
 from gateway.server import Gateway
 from gateway.upstream.grpc import channel_options
 
@@ -158,6 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--only", choices=SIDES, help="run only this side, after a fixed warm-up")
     args = parser.parse_args(argv)
+    tune_malloc(DEFAULT_MAX_MESSAGE_BYTES)  # the allocator as `oip-gateway serve` sets it up (gateway/malloc.py)
     result = uvloop.run(measure(args.requests, args.batches, args.concurrency, args.only))
     text = ", ".join(f"{k[:-3]} {v:.1f}" for k, v in result.items())
     if args.only is None:
