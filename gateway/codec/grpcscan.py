@@ -161,8 +161,12 @@ class InferScan:
         return routing
 
     def _text(self, buf: bytes, start: int, stop: int, limit: int) -> bool:
-        """A string field: UTF-8, and at most ``limit`` characters (bytes bound them)."""
-        return _utf8(buf, start, stop) and (stop - start <= limit or _chars(buf, start, stop) <= limit)
+        """A string field: UTF-8, and at most ``limit`` characters (bytes bound them; past 4 bytes
+        a character, it is too long whatever it holds — not read at all, however large)."""
+        n = stop - start
+        if n > 4 * limit:
+            return False
+        return _utf8(buf, start, stop) and (n <= limit or _chars(buf, start, stop) <= limit)
 
     def _walked(self, buf: bytes) -> tuple[str, str] | None:
         """(model_name, model_version) of a request the walk vouches for; None: the exact path decides."""

@@ -199,3 +199,15 @@ def test_the_walk_reads_what_protobuf_reads():
             + _field(15, b"\xff") + _field(7, b"\xff\xfe"))  # unknown and bytes fields: not text
     req = pb.ModelInferRequest.FromString(data)
     assert InferScan(Limits())._walked(data) == (req.model_name, req.model_version) == ("mødel", "é")
+
+
+def test_an_oversized_string_is_refused_by_its_length_alone():
+    """An id of 4 × max_id_length bytes and more is too long whatever its bytes: the walk does not
+    read it (an attacker's megabytes of id cost nothing), and the exact path names the limit."""
+    limits = Limits(max_id_length=8)
+    data = pb.ModelInferRequest(model_name="m", id="a" * 33).SerializeToString()
+    assert InferScan(limits)._walked(data) is None
+    with pytest.raises(LimitExceeded, match="max_id_length"):
+        scan_checked(data, limits)
+    for ok in ("é" * 8, "𝄞" * 8):  # 16 and 32 bytes: within 8 characters
+        assert scan_checked(pb.ModelInferRequest(model_name="m", id=ok).SerializeToString(), limits)[0] == "m"
