@@ -82,6 +82,24 @@ def _skip(buf: bytes, pos: int, end: int, wtype: int) -> int:
     return pos if pos <= end else _FAIL
 
 
+def _field(buf: bytes, pos: int, end: int) -> tuple[int, int, int, int]:
+    """(field number, wire type, start, stop) of the field at ``pos``: its value is
+    buf[start:stop] (a length-delimited field's payload, or a varint / fixed-width value as
+    written) and ``stop`` is where the next field begins; field number -1 for a malformed field,
+    or a tag protobuf refuses (field number 0, or past 2^29 - 1)."""
+    key, pos = _varint(buf, pos, end)
+    if pos == _FAIL or key < 8 or key > _MAX_KEY:
+        return -1, 0, 0, 0
+    wtype = key & 7
+    if wtype != _LEN:
+        stop = _skip(buf, pos, end, wtype)
+        return (key >> 3, wtype, pos, stop) if stop != _FAIL else (-1, 0, 0, 0)
+    length, pos = _varint(buf, pos, end)
+    if pos == _FAIL or pos + length > end:
+        return -1, 0, 0, 0
+    return key >> 3, wtype, pos, pos + length
+
+
 def _utf8(buf: bytes, start: int, stop: int) -> bool:
     """buf[start:stop] is UTF-8 as upb validates it (Python's strict decoder refuses what upb
     does: overlong forms, surrogates, code points past U+10FFFF)."""
@@ -175,38 +193,30 @@ class InferScan:
         model_at = model_end = version_at = version_end = 0
         inputs = outputs = 0
         while pos < end:
-            key, pos = _varint(buf, pos, end)
-            if pos == _FAIL or key < 8 or key > _MAX_KEY:
+            fnum, wtype, start, pos = _field(buf, pos, end)
+            if fnum < 0:
                 return None
-            fnum, wtype = key >> 3, key & 7
             if wtype != _LEN:  # (a known field with another wire type is an unknown field to protobuf)
-                pos = _skip(buf, pos, end, wtype)
-                if pos == _FAIL:
-                    return None
                 continue
-            length, pos = _varint(buf, pos, end)
-            stop = pos + length
-            if pos == _FAIL or stop > end:
-                return None
             if fnum == 1 or fnum == 2 or fnum == 3:
                 # Each occurrence is parsed (and validated) by protobuf; the last one wins.
-                if not self._text(buf, pos, stop, self.max_id if fnum == 3 else stop - pos):
+                if not self._text(buf, start, pos, self.max_id if fnum == 3 else pos - start):
                     return None
                 if fnum == 1:
-                    model_at, model_end = pos, stop
+                    model_at, model_end = start, pos
                 elif fnum == 2:
-                    version_at, version_end = pos, stop
+                    version_at, version_end = start, pos
             elif fnum == 4:
                 return None  # parameters
             elif fnum == 5:
                 inputs += 1
-                if inputs > self.max_tensors or not self._input(buf, pos, stop):
+                if inputs > self.max_tensors or not self._input(buf, start, pos):
                     return None
             elif fnum == 6:
                 outputs += 1
-                if outputs > self.max_tensors or not self._output(buf, pos, stop):
+                if outputs > self.max_tensors or not self._output(buf, start, pos):
                     return None
-            pos = stop  # (7, raw_input_contents, and unknown fields: bytes, unread)
+            # (7, raw_input_contents, and unknown fields: bytes, unread)
         return buf[model_at:model_end].decode("utf-8"), buf[version_at:version_end].decode("utf-8")
 
     def _input(self, buf: bytes, pos: int, end: int) -> bool:
@@ -215,61 +225,35 @@ class InferScan:
         typed contents (5)."""
         shape = _Shape(self.max_elements)
         while pos < end:
-            key, pos = _varint(buf, pos, end)
-            if pos == _FAIL or key < 8 or key > _MAX_KEY:
+            fnum, wtype, start, pos = _field(buf, pos, end)
+            if fnum < 0:
                 return False
-            fnum, wtype = key >> 3, key & 7
             if fnum == 3 and wtype == _VARINT:
-                d, pos = _varint(buf, pos, end)
-                if pos == _FAIL:
-                    return False
-                shape.add(d)
+                shape.add(_varint(buf, start, pos)[0])
+            elif wtype != _LEN:
                 continue
-            if wtype != _LEN:
-                pos = _skip(buf, pos, end, wtype)
-                if pos == _FAIL:
-                    return False
-                continue
-            length, pos = _varint(buf, pos, end)
-            stop = pos + length
-            if pos == _FAIL or stop > end:
-                return False
-            if fnum == 1 or fnum == 2:
-                if not self._text(buf, pos, stop, self.max_name if fnum == 1 else length):
+            elif fnum == 1 or fnum == 2:
+                if not self._text(buf, start, pos, self.max_name if fnum == 1 else pos - start):
                     return False
             elif fnum == 3:
-                while pos < stop:
-                    d, pos = _varint(buf, pos, stop)
-                    if pos == _FAIL:
+                while start < pos:
+                    d, start = _varint(buf, start, pos)
+                    if start == _FAIL:
                         return False
                     shape.add(d)
             elif fnum == 4 or fnum == 5:
                 return False
-            pos = stop
         return not shape.over and shape.ndims <= self.max_dims
 
     def _output(self, buf: bytes, pos: int, end: int) -> bool:
         """One InferRequestedOutputTensor at buf[pos:end] is vouched for: its name (1) UTF-8 and
         within max_name_length, no parameters (2)."""
         while pos < end:
-            key, pos = _varint(buf, pos, end)
-            if pos == _FAIL or key < 8 or key > _MAX_KEY:
+            fnum, wtype, start, pos = _field(buf, pos, end)
+            if fnum < 0:
                 return False
-            fnum, wtype = key >> 3, key & 7
-            if wtype != _LEN:
-                pos = _skip(buf, pos, end, wtype)
-                if pos == _FAIL:
-                    return False
-                continue
-            length, pos = _varint(buf, pos, end)
-            stop = pos + length
-            if pos == _FAIL or stop > end:
-                return False
-            if fnum == 1 and not self._text(buf, pos, stop, self.max_name):
-                return False
-            if fnum == 2:
-                return False
-            pos = stop
+            if wtype == _LEN and (fnum == 2 or (fnum == 1 and not self._text(buf, start, pos, self.max_name))):
+                return False  # (2, parameters: left to the exact path)
         return True
 
 

@@ -211,3 +211,26 @@ def test_an_oversized_string_is_refused_by_its_length_alone():
         scan_checked(data, limits)
     for ok in ("é" * 8, "𝄞" * 8):  # 16 and 32 bytes: within 8 characters
         assert scan_checked(pb.ModelInferRequest(model_name="m", id=ok).SerializeToString(), limits)[0] == "m"
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+@pytest.mark.parametrize("dims, refused", [((1 << 40, 1 << 40), True), ((2,) * 7, True), ((4, 4), False)])
+def test_a_shape_written_unpacked_is_read_as_protobuf_reads_it(dims, refused):
+    """Protobuf takes a repeated int64 packed or one varint per element (field 3, wire type 0);
+    the walk counts both."""
+    tensor = _field(1, b"IN") + b"".join(b"\x18" + _varint(d) for d in dims)
+    data = _field(1, b"m") + _field(5, tensor)
+    assert list(pb.ModelInferRequest.FromString(data).inputs[0].shape) == list(dims)
+    if refused:
+        with pytest.raises(LimitExceeded):
+            scan_checked(data, Limits(max_dims=6))
+    else:
+        assert InferScan(Limits(max_dims=6))._walked(data) == ("m", "")
