@@ -32,9 +32,9 @@ __all__ = ["PARSE_MAX", "InferScan", "scan_checked"]
 
 _REQUEST: Any = _pb.ModelInferRequest
 
-# Messages up to this size are parsed by protobuf's C parser (upb) first, so one that is not a
-# ModelInferRequest protobuf can read (a string field that is not UTF-8, a field cut short) is
-# refused here, clearly, instead of being handed to a backend whose parser fails it with
+# The exact path parses messages up to this size with protobuf's C parser (upb), so one that is
+# not a ModelInferRequest protobuf can read (a string field that is not UTF-8, a field cut short)
+# is refused here, clearly, instead of being handed to a backend whose parser fails it with
 # INTERNAL. Larger ones (tensors) are only walked: their contents are skipped, not copied.
 PARSE_MAX: Final = 64 * 1024
 
@@ -64,24 +64,6 @@ def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
     return 0, _FAIL
 
 
-def _skip(buf: bytes, pos: int, end: int, wtype: int) -> int:
-    """The position after a field's value of ``wtype`` at ``pos``; _FAIL when malformed."""
-    if wtype == _VARINT:
-        return _varint(buf, pos, end)[1]
-    if wtype == _I64:
-        pos += 8
-    elif wtype == _I32:
-        pos += 4
-    elif wtype == _LEN:
-        length, pos = _varint(buf, pos, end)
-        if pos == _FAIL:
-            return _FAIL
-        pos += length
-    else:
-        return _FAIL
-    return pos if pos <= end else _FAIL
-
-
 def _field(buf: bytes, pos: int, end: int) -> tuple[int, int, int, int]:
     """(field number, wire type, start, stop) of the field at ``pos``: its value is
     buf[start:stop] (a length-delimited field's payload, or a varint / fixed-width value as
@@ -91,13 +73,21 @@ def _field(buf: bytes, pos: int, end: int) -> tuple[int, int, int, int]:
     if pos == _FAIL or key < 8 or key > _MAX_KEY:
         return -1, 0, 0, 0
     wtype = key & 7
-    if wtype != _LEN:
-        stop = _skip(buf, pos, end, wtype)
-        return (key >> 3, wtype, pos, stop) if stop != _FAIL else (-1, 0, 0, 0)
-    length, pos = _varint(buf, pos, end)
-    if pos == _FAIL or pos + length > end:
+    start = pos
+    if wtype == _VARINT:
+        pos = _varint(buf, pos, end)[1]
+    elif wtype == _I64:
+        pos += 8
+    elif wtype == _I32:
+        pos += 4
+    elif wtype == _LEN:
+        length, start = _varint(buf, pos, end)
+        pos = start + length if start != _FAIL else _FAIL
+    else:
+        pos = _FAIL  # groups (3, 4) and the unused 6, 7: left to the exact path
+    if pos == _FAIL or pos > end:
         return -1, 0, 0, 0
-    return key >> 3, wtype, pos, pos + length
+    return key >> 3, wtype, start, pos
 
 
 def _utf8(buf: bytes, start: int, stop: int) -> bool:

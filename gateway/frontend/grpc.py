@@ -8,7 +8,6 @@ once, to the status code each GatewayError carries.
 """
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -17,21 +16,20 @@ import grpc
 from grpc import aio
 
 from .._pb import grpc_predict_v2_pb2 as pb
-from ..codec.grpcscan import scan_checked
+from ..codec.grpcscan import InferScan
 from ..codec.limits import check_names
 from ..codec.repository import encode_index_pb, index_request_ready
 from ..codec.wire import scan_infer_routing, scan_name_version, settings_change
 from ..config.security import Limits
 from ..dataplane import DataPlane
-from ..errors import SHARED_MEMORY_REFUSAL, GatewayError, InvalidRequest, Unsupported, UpstreamError
+from ..errors import SHARED_MEMORY_REFUSAL, GatewayError, InvalidRequest, Unsupported
 from ..observability.access import AccessRecord
 from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
-from .grpcunary import Infer, Seen, Unary, grpc_trailers
+from .grpcunary import Infer, Seen, Unary, abort_with, failure_code, grpc_trailers
 from .kinds import GRPC_KINDS, admit_grpc
 
 __all__ = ["SERVICE", "build_grpc_handler", "grpc_trailers", "server_options"]
 
-log = logging.getLogger("oip_gateway.grpc")
 
 SERVICE = "inference.GRPCInferenceService"
 DEFAULT_LIMITS = Limits()
@@ -133,7 +131,8 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
         admit(ctx, "ModelMetadata", req.name, req.version)
         return _metadata_message(await plane.model_metadata(req.name, req.version))
 
-    model_infer = Infer(plane, limits, metrics.bytes_in("grpc") if metrics is not None else None, admit)
+    scan = InferScan(limits)  # routing fields + hard limits of every ModelInferRequest
+    model_infer = Infer(plane, scan, metrics.bytes_in("grpc") if metrics is not None else None, admit)
 
     async def model_stream_infer(requests: AsyncIterator[bytes], ctx: aio.ServicerContext) -> AsyncIterator[bytes]:
         """Triton's ModelStreamInfer (not in the KServe proto; tritonclient's
@@ -141,17 +140,15 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
         to the gRPC pool the first request routes to."""
         start = time.perf_counter()
         code = "OK"
-        label: RouteLabel = SERVER_LEVEL
         model = version = ""
         record = begin(ctx, b"")
         try:
             first = await anext(aiter(requests), None)
             if first is None:
                 return  # the client closed the stream without a request
-            model, version, sequence = scan_checked(first, limits)
+            model, version, sequence = scan.scan(first)
             if not model:
                 raise InvalidRequest("ModelInferRequest.model_name is required")
-            label = route_label(model, version)
             admit(ctx, "ModelStreamInfer", model, version)
             metadata = tuple(ctx.invocation_metadata() or ())
             refused: list[GatewayError] = []
@@ -162,7 +159,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
                 # stream then ends with the refusal's status.
                 async for message in rest:
                     try:
-                        m, v, _ = scan_checked(message, limits)
+                        m, v, _ = scan.scan(message)
                         admit(ctx, "ModelStreamInfer", m, v)
                     except GatewayError as err:
                         refused.append(err)
@@ -176,21 +173,14 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
                 yield answer
             if refused:
                 raise refused[0]
-        except GatewayError as err:
-            code = err.grpc_code
-            if record is not None and not isinstance(err, UpstreamError):
-                record.reason = err.message
-            await ctx.abort(grpc.StatusCode[err.grpc_code], err.message, grpc_trailers(err))
         except aio.AbortError:
             raise
-        except Exception:
-            code = "INTERNAL"
-            log.exception("unhandled error in stream_infer")
-            await ctx.abort(grpc.StatusCode.INTERNAL, "internal gateway error")
+        except Exception as exc:
+            code = failure_code(exc)
+            await abort_with(ctx, exc, record, "stream_infer")
         finally:
             if metrics is not None:
-                if model:
-                    label = route_label(model, version)
+                label = route_label(model, version) if model else SERVER_LEVEL  # (the pool it went to)
                 metrics.observe("grpc", "stream_infer", label, code, time.perf_counter() - start, model, version,
                                 record)
 

@@ -19,13 +19,12 @@ import grpc
 from grpc import aio
 
 from ..codec.grpcscan import InferScan
-from ..config.security import Limits
 from ..dataplane import DataPlane
 from ..errors import GatewayError, InvalidRequest, UpstreamError
 from ..observability.access import AccessRecord
 from ..observability.metrics import SERVER_LEVEL, Metrics, Observer, RouteLabel
 
-__all__ = ["Infer", "Seen", "Unary", "grpc_trailers"]
+__all__ = ["Infer", "Seen", "Unary", "abort_with", "failure_code", "grpc_trailers"]
 
 log = logging.getLogger("oip_gateway.grpc")
 
@@ -36,6 +35,24 @@ def grpc_trailers(err: GatewayError) -> tuple[tuple[str, str], ...]:
     if err.retry_after is None:
         return ()
     return (("retry-after", str(err.retry_after)), ("grpc-retry-pushback-ms", str(err.retry_after * 1000)))
+
+
+def failure_code(exc: Exception) -> str:
+    """The gRPC status a call that failed with ``exc`` ends with (its metrics' ``code``)."""
+    return exc.grpc_code if isinstance(exc, GatewayError) else "INTERNAL"
+
+
+async def abort_with(context: Any, exc: Exception, record: AccessRecord | None, api: str) -> None:
+    """The one mapping of a failed call to its gRPC status: a GatewayError's own code, message
+    and retry hint (its message is the access record's reason, unless it is the backend's);
+    anything else INTERNAL, logged with its traceback. Aborts the call: raises AbortError."""
+    if isinstance(exc, GatewayError):
+        if record is not None and not isinstance(exc, UpstreamError):
+            record.reason = exc.message
+        await context.abort(grpc.StatusCode[exc.grpc_code], exc.message, grpc_trailers(exc))
+    else:
+        log.error("unhandled error in %s", api, exc_info=exc)
+        await context.abort(grpc.StatusCode.INTERNAL, "internal gateway error")
 
 
 class Seen:
@@ -75,17 +92,11 @@ class Unary:
             if record is not None and isinstance(result, bytes):
                 record.bytes_out = len(result)
             return result
-        except GatewayError as err:
-            code = err.grpc_code
-            if record is not None and not isinstance(err, UpstreamError):
-                record.reason = err.message
-            await context.abort(grpc.StatusCode[err.grpc_code], err.message, grpc_trailers(err))
         except aio.AbortError:
             raise
-        except Exception:
-            code = "INTERNAL"
-            log.exception("unhandled error in %s", self.api)
-            await context.abort(grpc.StatusCode.INTERNAL, "internal gateway error")
+        except Exception as exc:
+            code = failure_code(exc)
+            await abort_with(context, exc, record, self.api)
         finally:
             metrics = self.metrics
             if metrics is not None:
@@ -101,10 +112,10 @@ class Infer:
     from its bytes, which go to the data plane unparsed. Hands back the data plane's
     coroutine rather than awaiting it: one coroutine less per call."""
 
-    def __init__(self, plane: DataPlane, limits: Limits, bytes_in: Observer | None,
+    def __init__(self, plane: DataPlane, scan: InferScan, bytes_in: Observer | None,
                  admit: Callable[[Any, str, str, str], None]) -> None:
         self.plane = plane
-        self.scan = InferScan(limits)
+        self.scan = scan
         self.bytes_in = bytes_in
         self.admit = admit
 
