@@ -11,7 +11,8 @@ nothing else — no routing, no parsing, no metrics, no access log, no metadata 
 
 Same server options (``gateway.frontend.grpc.server_options``) and channel options
 (``gateway.upstream.grpc.channel_options``) as the gateway with its default limits, one
-process, uvloop as ``gateway.cli`` installs it. The gateway's CPU per request on gRPC
+process, uvloop as ``gateway.cli`` installs it, and grpc's socket engine as the gateway chooses
+it (gateway/grpcengine.py: the ``gateway`` package is imported before ``grpc``). The gateway's CPU per request on gRPC
 workloads divided by this one's is how much its own code costs on top of grpcio.
 
 Binds ``--port`` (default 0) on 127.0.0.1 and writes the bound port to ``--port-file``.
@@ -24,6 +25,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from gateway import grpcengine  # noqa: F401  (first: it chooses grpc's socket engine before grpc loads)
+
+# isort: split
 import grpc
 from grpc import aio
 

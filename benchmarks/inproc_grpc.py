@@ -27,6 +27,9 @@ import gc
 import resource
 import time
 
+from gateway import grpcengine  # noqa: F401  (first: it chooses grpc's socket engine before grpc loads)
+
+# isort: split
 import grpc
 import uvloop
 from grpc import aio

@@ -20,6 +20,7 @@ from . import __version__
 from .config import DEFAULT_MAX_MESSAGE_BYTES, HostPort, load_config
 from .config.loader import read_config
 from .errors import ConfigError, ListenError
+from .grpcengine import grpc_engine
 from .malloc import tune_malloc
 from .memlimit import memory_limit
 
@@ -112,6 +113,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     workers = args.workers or config.workers
     tune_malloc(config.max_message_bytes)
+    log.info("%s", grpc_engine())
     _install_uvloop()
     if workers > 1:
         from .supervisor import supervise

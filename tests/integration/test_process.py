@@ -7,10 +7,12 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from gateway.grpcengine import ENGINE_OFF
 from tests.support.clients import In, Out, infer, metadata, readiness
 from tests.support.gateway import GatewayProcess, _PortFileProcess, gateway_config
 from tests.support.procs import listening_ports, wait_for
@@ -47,6 +49,10 @@ def test_two_workers_share_both_ports(reference, tmp_path):
             # Each worker listens on the same HTTP and gRPC ports itself (SO_REUSEPORT).
             ports = listening_ports(pid, include_children=False)
             assert {gw.ports["http"], gw.ports["grpc"]} <= ports, (pid, ports)
+            # Each worker started with grpc's socket engine chosen (gateway/grpcengine.py):
+            # its environment from its start, before grpc loaded in it.
+            assert f"GRPC_EXPERIMENTS={ENGINE_OFF}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert "EventEngine off" in gw.log_tail(200)
         wait_for(lambda: readiness("http", gw.http_url, "add_sub")[1], timeout=20, what="ready")
         for _ in range(20):  # new connections each time: the kernel spreads them over both workers
             add_sub_ok("http", gw.http_url)

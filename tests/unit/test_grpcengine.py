@@ -1,0 +1,69 @@
+"""grpc's socket engine is chosen before grpc loads, and an explicit choice wins
+(gateway/grpcengine.py; its effect on CPU per call is the load benchmark's to show)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from gateway.grpcengine import ENGINE_OFF, choose_grpc_engine, grpc_engine
+
+# What a process sees once it has imported the gateway and then grpc, as the gateway's own
+# modules do: the variable grpc's core reads when it starts.
+CODE = "import gateway, grpc, os; print(os.environ.get('GRPC_EXPERIMENTS', '<unset>'))"
+
+
+def run(env_extra: dict[str, str], code: str = CODE) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("GRPC_EXPERIMENTS", "OIP_GATEWAY_GRPC_EVENT_ENGINE")}
+    env.update(env_extra)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_set_when_unset():
+    env: dict[str, str] = {}
+    assert choose_grpc_engine(env, loaded=False) is True
+    assert env == {"GRPC_EXPERIMENTS": ENGINE_OFF}
+    assert "EventEngine off" in grpc_engine(env)
+
+
+def test_explicit_setting_and_opt_out_win():
+    env = {"GRPC_EXPERIMENTS": "event_engine_client"}
+    assert choose_grpc_engine(env, loaded=False) is False
+    assert env == {"GRPC_EXPERIMENTS": "event_engine_client"}
+    assert "GRPC_EXPERIMENTS=event_engine_client" in grpc_engine(env)
+    env = {"OIP_GATEWAY_GRPC_EVENT_ENGINE": "1"}
+    assert choose_grpc_engine(env, loaded=False) is False
+    assert "GRPC_EXPERIMENTS" not in env
+    assert "default" in grpc_engine(env)
+
+
+def test_not_set_once_grpc_is_loaded():
+    # grpc read its configuration when it was imported: a later setting would be a lie.
+    env: dict[str, str] = {}
+    assert choose_grpc_engine(env, loaded=True) is False
+    assert env == {}
+
+
+def test_importing_the_gateway_sets_it_before_grpc_loads():
+    assert run({}) == ENGINE_OFF
+    assert run({"GRPC_EXPERIMENTS": "-event_engine_listener"}) == "-event_engine_listener"
+    assert run({"OIP_GATEWAY_GRPC_EVENT_ENGINE": "1"}) == "<unset>"
+    # grpc first, the gateway after: nothing is set (grpc would not read it).
+    assert run({}, "import grpc, gateway, os; print(os.environ.get('GRPC_EXPERIMENTS', '<unset>'))") == "<unset>"
+
+
+def test_grpc_accepts_the_setting_silently():
+    # A name grpc does not know is logged as an error at its start ("Unknown experiment"):
+    # the two the gateway turns off must be known to the installed grpcio.
+    code = ("import gateway, asyncio\nfrom grpc import aio\n"
+            "async def main():\n"
+            "    server = aio.server(); server.add_insecure_port('127.0.0.1:0'); await server.start()\n"
+            "    await server.stop(None)\n"
+            "asyncio.run(main())\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("GRPC_EXPERIMENTS", "OIP_GATEWAY_GRPC_EVENT_ENGINE")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert "experiment" not in (out.stdout + out.stderr).lower(), out.stderr
+    bogus = subprocess.run([sys.executable, "-c", code], env=dict(env, GRPC_EXPERIMENTS="-no_such_experiment_x"),
+                           capture_output=True, text=True, check=True)
+    assert "no_such_experiment_x" in bogus.stderr  # (the check above can see grpc's complaint)
