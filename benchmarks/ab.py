@@ -50,6 +50,7 @@ from typing import Any
 
 import yaml
 
+from gateway.grpcengine import unchosen
 from tests.support.compiled import extensions
 from tests.support.procs import terminate, wait_for
 from tests.support.triton import TritonServer
@@ -88,7 +89,9 @@ class Tree:
     compiled: list[str] = field(default_factory=list)  # modules imported as built extensions (setup.py)
 
     def env(self) -> dict[str, str]:
-        return dict(os.environ, PYTHONPATH=str(self.path))
+        # Without this harness's own grpc engine choice (gateway/grpcengine.py): each tree's
+        # gateway makes its own (or none, before it existed).
+        return dict(unchosen(dict(os.environ)), PYTHONPATH=str(self.path))
 
 
 def materialise(side: str, rev: str, root: Path) -> Tree:

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from gateway import grpcengine  # noqa: F401  (first: it chooses grpc's socket engine before grpc loads)
+import gateway as _gateway_package  # noqa: F401  (first: it chooses grpc's socket engine before grpc loads)
 
 # isort: split
 import grpc

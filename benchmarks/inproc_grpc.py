@@ -27,7 +27,7 @@ import gc
 import resource
 import time
 
-from gateway import grpcengine  # noqa: F401  (first: it chooses grpc's socket engine before grpc loads)
+import gateway as _gateway_package  # noqa: F401  (first: it chooses grpc's socket engine before grpc loads)
 
 # isort: split
 import grpc

@@ -35,6 +35,8 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from gateway.grpcengine import unchosen
+
 from .ab import REPO, Tree, _resolve_after, describe, materialise, remove_worktree
 
 __all__ = ["count", "main"]
@@ -55,7 +57,8 @@ def _shim(tree: Tree, root: Path) -> Path:
 
 
 def _env(tree: Tree, shim: Path) -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=f"{shim}{os.pathsep}{tree.path}")
+    # (each tree's gateway chooses grpc's socket engine for itself: gateway/grpcengine.py)
+    return dict(unchosen(dict(os.environ)), PYTHONPATH=f"{shim}{os.pathsep}{tree.path}")
 
 
 def _check_imports(tree: Tree, shim: Path) -> None:

@@ -22,9 +22,12 @@ import os
 import sys
 from collections.abc import MutableMapping
 
-__all__ = ["ENGINE_OFF", "choose_grpc_engine", "grpc_engine"]
+__all__ = ["CHOSEN", "ENGINE_OFF", "choose_grpc_engine", "grpc_engine", "unchosen"]
 
 ENGINE_OFF = "-event_engine_client,-event_engine_listener"
+# Set beside it: the value is the gateway's choice, not the user's (a process started from this
+# one inherits both; a benchmark comparing two trees drops them so each tree chooses for itself).
+CHOSEN = "OIP_GATEWAY_GRPC_ENGINE_CHOSEN"
 
 
 def choose_grpc_engine(environ: MutableMapping[str, str] | None = None, loaded: bool | None = None) -> bool:
@@ -37,7 +40,15 @@ def choose_grpc_engine(environ: MutableMapping[str, str] | None = None, loaded: 
     if loaded or "GRPC_EXPERIMENTS" in env or env.get("OIP_GATEWAY_GRPC_EVENT_ENGINE", "0") == "1":
         return False
     env["GRPC_EXPERIMENTS"] = ENGINE_OFF
+    env[CHOSEN] = "1"
     return True
+
+
+def unchosen(environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` without the gateway's own choice (an explicit one stays)."""
+    if environ.get(CHOSEN) == "1":
+        return {k: v for k, v in environ.items() if k not in (CHOSEN, "GRPC_EXPERIMENTS")}
+    return environ
 
 
 def grpc_engine(environ: MutableMapping[str, str] | None = None) -> str:

@@ -91,7 +91,7 @@ def _asgi_app(prealloc: bool, parts: bool, sink: bool = False):
 
 async def _serve(mode: str, port_file: Path) -> None:
     if mode.startswith("grpc-"):
-        from gateway import grpcengine  # noqa: F401  (first: grpc's socket engine as the gateway chooses it)
+        import gateway as _gateway_package  # noqa: F401  (first: grpc's socket engine as the gateway chooses it)
 
         # isort: split
         import grpc

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from gateway.grpcengine import ENGINE_OFF, choose_grpc_engine, grpc_engine
+from gateway.grpcengine import CHOSEN, ENGINE_OFF, choose_grpc_engine, grpc_engine, unchosen
 
 # What a process sees once it has imported the gateway and then grpc, as the gateway's own
 # modules do: the variable grpc's core reads when it starts.
@@ -14,7 +14,7 @@ CODE = "import gateway, grpc, os; print(os.environ.get('GRPC_EXPERIMENTS', '<uns
 
 
 def run(env_extra: dict[str, str], code: str = CODE) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("GRPC_EXPERIMENTS", "OIP_GATEWAY_GRPC_EVENT_ENGINE")}
+    env = {k: v for k, v in unchosen(dict(os.environ)).items() if k != "OIP_GATEWAY_GRPC_EVENT_ENGINE"}
     env.update(env_extra)
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           check=True).stdout.strip()
@@ -23,8 +23,13 @@ def run(env_extra: dict[str, str], code: str = CODE) -> str:
 def test_set_when_unset():
     env: dict[str, str] = {}
     assert choose_grpc_engine(env, loaded=False) is True
-    assert env == {"GRPC_EXPERIMENTS": ENGINE_OFF}
+    assert env == {"GRPC_EXPERIMENTS": ENGINE_OFF, CHOSEN: "1"}
     assert "EventEngine off" in grpc_engine(env)
+    # A process started from this one inherits the choice as made (not as the user's)...
+    assert choose_grpc_engine(dict(env), loaded=False) is False
+    # ... and a harness comparing trees can take it back, so each tree chooses for itself.
+    assert unchosen(dict(env, PATH="/bin")) == {"PATH": "/bin"}
+    assert unchosen({"GRPC_EXPERIMENTS": "x", "PATH": "/bin"}) == {"GRPC_EXPERIMENTS": "x", "PATH": "/bin"}
 
 
 def test_explicit_setting_and_opt_out_win():
@@ -61,7 +66,7 @@ def test_grpc_accepts_the_setting_silently():
             "    server = aio.server(); server.add_insecure_port('127.0.0.1:0'); await server.start()\n"
             "    await server.stop(None)\n"
             "asyncio.run(main())\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("GRPC_EXPERIMENTS", "OIP_GATEWAY_GRPC_EVENT_ENGINE")}
+    env = {k: v for k, v in unchosen(dict(os.environ)).items() if k != "OIP_GATEWAY_GRPC_EVENT_ENGINE"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert "experiment" not in (out.stdout + out.stderr).lower(), out.stderr
     bogus = subprocess.run([sys.executable, "-c", code], env=dict(env, GRPC_EXPERIMENTS="-no_such_experiment_x"),
