@@ -103,10 +103,26 @@ def run_duration(base: float, cap: float, concurrency: int, rps_estimate: float 
     return min(cap, max(base, 2.5 * concurrency / rps_estimate))
 
 
+def backend_alive(pid: int) -> bool:
+    """Whether the backend process is still running (not gone, not a zombie)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
 def run_matrix(workloads: list[Workload], targets: list[Target], backend_pid: int, bodies, concurrency: list[int],
                *, rounds: int, duration: float, max_duration: float, warmup: float, loadgen: str,
                runs: list[dict]) -> None:
     for wl in workloads:
+        if not backend_alive(backend_pid):
+            # Every target would fail its verification for one reason: say it. (Seen once: Triton
+            # 2.51 segfaulted — its gRPC server races a cancelled inference against its completion,
+            # triton-inference-server issues 7368 and 8034 — at the end of a c=64 measurement, as
+            # h2load's streams went away.)
+            raise RuntimeError(f"the backend (pid {backend_pid}) exited before {wl.name}: see its log "
+                               "(tritonserver.log in the scratch directory)")
         body, headers = bodies[wl.name]
         live = []
         for t in targets:
