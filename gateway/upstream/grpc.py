@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from functools import partial
+from operator import attrgetter
 from typing import Any
 
 import grpc
@@ -41,6 +42,9 @@ METHOD_PREFIX = "/inference.GRPCInferenceService/"
 # grpc_service.proto / model_config.proto, which the V2 spec does not define).
 RAW_RPCS = ("ModelConfig", "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
             "TraceSetting", "LogSettings")
+
+# An endpoint's ModelInfer callable: attrgetter is C, where a lambda is a Python frame per call.
+_INFER: Callable[[GrpcEndpoint], aio.UnaryUnaryMultiCallable] = attrgetter("infer")
 
 
 # Unary RPCs other than ModelInfer: (request type, response type).
@@ -273,7 +277,7 @@ class GrpcPool(Pool[GrpcEndpoint]):
     def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
                    affinity: str | None, metadata: tuple[tuple[str, str], ...]) -> Coroutine[Any, Any, bytes]:
         """Pass-through: the serialized request out, the serialized response back."""
-        return self._unary(model, version, affinity, lambda e: e.infer, message, timeout, metadata)
+        return self._unary(model, version, affinity, _INFER, message, timeout, metadata)
 
     async def infer_http(self, model: str, version: str, body: bytes | bytearray | IncomingBody,
                          headers: Mapping[str, str],
@@ -286,7 +290,7 @@ class GrpcPool(Pool[GrpcEndpoint]):
         del body  # the HTTP body is not needed while the backend works
         trace = tuple((k, v) for k in forwarded if k not in _FRAMING and (v := headers.get(k)) is not None)
         try:
-            answer = await self._unary(model, version, affinity, lambda e: e.infer, message, None, trace)
+            answer = await self._unary(model, version, affinity, _INFER, message, None, trace)
         except UpstreamError as err:
             if err.grpc_code == "INVALID_ARGUMENT" and err.message == version_refusal(version):
                 # Triton's HTTP route takes only digits: its answer to this version is a 404.
