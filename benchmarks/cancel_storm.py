@@ -11,9 +11,9 @@ directly would). After each burst the run checks that Triton is still running; i
 first burst that killed it and prints the end of Triton's log.
 
 Why: Triton 2.51 (pytriton 0.7.0) races a cancelled inference against its completion in its gRPC
-server and can segfault (triton-inference-server issues 7368, 8034). Seen in session 12: twice in
-~770 bursts through two workers with the gateway's grpc engine choice (gateway/grpcengine.py),
-never in 950 with ``OIP_GATEWAY_GRPC_EVENT_ENGINE=1`` (README, "Known backend issue"). Run it with
+server and can segfault (triton-inference-server issues 7368, 8034). Seen in session 12: 3 times
+in ~1,090 bursts through two workers with ``OIP_GATEWAY_GRPC_EVENT_ENGINE=0`` (the grpc engine
+choice, gateway/grpcengine.py), never in 1,350 without — why that choice is opt-in. Run it with
 and without that variable to compare. Needs h2load (nghttp2-client).
 """
 from __future__ import annotations

@@ -11,10 +11,17 @@ machine through benchmarks/grpc_floor.py (a bare grpc.aio pass-through, small Mo
 call 13-15 → 7-9, CPU per call 285-318 → 221-254 µs, calls per second +20-35 %. Both are
 needed (each alone: about -8 %); the gateway is a server and a client of gRPC on every call.
 
+Opt-in: ``OIP_GATEWAY_GRPC_EVENT_ENGINE=0`` turns the two experiments off; unset (or ``1``),
+grpc's own default runs. Why not by default: Triton 2.51 (pytriton 0.7.0) segfaults when a gRPC
+inference is cancelled as it completes (its gRPC server's race, triton-inference-server issues
+7368, 8034), and with the experiments off, bursts of 64 abandoned calls through two workers
+crashed it 3 times in ~1,090 bursts against 0 in 1,350 with grpc's default
+(benchmarks/cancel_storm.py). A front door must not make a backend it fronts fall over more
+often; with a Triton that has the fix, the CPU is worth taking.
+
 grpc reads ``GRPC_EXPERIMENTS`` once, when its core starts — while ``grpc`` is imported — so
 this must run before anything imports it (set later, it is silently not used). An explicit
-``GRPC_EXPERIMENTS`` is left alone, and ``OIP_GATEWAY_GRPC_EVENT_ENGINE=1`` keeps grpc's own
-default. No grpc import here.
+``GRPC_EXPERIMENTS`` is left alone. No grpc import here.
 """
 from __future__ import annotations
 
@@ -31,13 +38,13 @@ CHOSEN = "OIP_GATEWAY_GRPC_ENGINE_CHOSEN"
 
 
 def choose_grpc_engine(environ: MutableMapping[str, str] | None = None, loaded: bool | None = None) -> bool:
-    """Turn grpc's EventEngine off for listeners and channels unless told not to; return
-    whether this call set it. ``loaded``: whether grpc is already imported (then nothing is
-    set: it would not be read)."""
+    """Turn grpc's EventEngine off for listeners and channels when asked to
+    (``OIP_GATEWAY_GRPC_EVENT_ENGINE=0``); return whether this call set it. ``loaded``: whether
+    grpc is already imported (then nothing is set: it would not be read)."""
     env = os.environ if environ is None else environ
     if loaded is None:
         loaded = "grpc" in sys.modules
-    if loaded or "GRPC_EXPERIMENTS" in env or env.get("OIP_GATEWAY_GRPC_EVENT_ENGINE", "0") == "1":
+    if loaded or "GRPC_EXPERIMENTS" in env or env.get("OIP_GATEWAY_GRPC_EVENT_ENGINE", "1") != "0":
         return False
     env["GRPC_EXPERIMENTS"] = ENGINE_OFF
     env[CHOSEN] = "1"

@@ -42,7 +42,8 @@ def add_sub_ok(kind: str, url: str) -> None:
 def test_two_workers_share_both_ports(reference, tmp_path):
     backends = {"ref": {"protocol": "grpc", "endpoints": [reference.grpc_url]}}
     cfg = gateway_config(backends, [{"model": "add_sub", "backend": "ref"}, {"model": "*", "backend": "ref"}])
-    with GatewayProcess(cfg, tmp_path, "gw-workers", workers=2) as gw:
+    # (With grpc's socket engine chosen: it must reach each worker before grpc loads there.)
+    with GatewayProcess(cfg, tmp_path, "gw-workers", workers=2, env={"OIP_GATEWAY_GRPC_EVENT_ENGINE": "0"}) as gw:
         workers = children(gw.proc.pid)
         assert len(workers) == 2
         for pid in workers:

@@ -1,5 +1,6 @@
-"""grpc's socket engine is chosen before grpc loads, and an explicit choice wins
-(gateway/grpcengine.py; its effect on CPU per call is the load benchmark's to show)."""
+"""grpc's socket engine is chosen before grpc loads when asked for (OIP_GATEWAY_GRPC_EVENT_ENGINE=0),
+and an explicit GRPC_EXPERIMENTS wins (gateway/grpcengine.py; its effect on CPU per call is the load
+benchmark's to show)."""
 from __future__ import annotations
 
 import os
@@ -20,42 +21,49 @@ def run(env_extra: dict[str, str], code: str = CODE) -> str:
                           check=True).stdout.strip()
 
 
-def test_set_when_unset():
+def test_grpc_default_unless_asked():
     env: dict[str, str] = {}
+    assert choose_grpc_engine(env, loaded=False) is False
+    assert env == {}
+    assert "default" in grpc_engine(env)
+    env = {"OIP_GATEWAY_GRPC_EVENT_ENGINE": "1"}
+    assert choose_grpc_engine(env, loaded=False) is False
+    assert "GRPC_EXPERIMENTS" not in env
+
+
+def test_set_when_asked():
+    env: dict[str, str] = {"OIP_GATEWAY_GRPC_EVENT_ENGINE": "0"}
     assert choose_grpc_engine(env, loaded=False) is True
-    assert env == {"GRPC_EXPERIMENTS": ENGINE_OFF, CHOSEN: "1"}
+    assert env == {"OIP_GATEWAY_GRPC_EVENT_ENGINE": "0", "GRPC_EXPERIMENTS": ENGINE_OFF, CHOSEN: "1"}
     assert "EventEngine off" in grpc_engine(env)
     # A process started from this one inherits the choice as made (not as the user's)...
     assert choose_grpc_engine(dict(env), loaded=False) is False
     # ... and a harness comparing trees can take it back, so each tree chooses for itself.
-    assert unchosen(dict(env, PATH="/bin")) == {"PATH": "/bin"}
+    assert unchosen(dict(env, PATH="/bin")) == {"OIP_GATEWAY_GRPC_EVENT_ENGINE": "0", "PATH": "/bin"}
     assert unchosen({"GRPC_EXPERIMENTS": "x", "PATH": "/bin"}) == {"GRPC_EXPERIMENTS": "x", "PATH": "/bin"}
 
 
-def test_explicit_setting_and_opt_out_win():
-    env = {"GRPC_EXPERIMENTS": "event_engine_client"}
+def test_explicit_setting_wins():
+    env = {"GRPC_EXPERIMENTS": "event_engine_client", "OIP_GATEWAY_GRPC_EVENT_ENGINE": "0"}
     assert choose_grpc_engine(env, loaded=False) is False
-    assert env == {"GRPC_EXPERIMENTS": "event_engine_client"}
+    assert env["GRPC_EXPERIMENTS"] == "event_engine_client"
     assert "GRPC_EXPERIMENTS=event_engine_client" in grpc_engine(env)
-    env = {"OIP_GATEWAY_GRPC_EVENT_ENGINE": "1"}
-    assert choose_grpc_engine(env, loaded=False) is False
-    assert "GRPC_EXPERIMENTS" not in env
-    assert "default" in grpc_engine(env)
 
 
 def test_not_set_once_grpc_is_loaded():
     # grpc read its configuration when it was imported: a later setting would be a lie.
-    env: dict[str, str] = {}
+    env: dict[str, str] = {"OIP_GATEWAY_GRPC_EVENT_ENGINE": "0"}
     assert choose_grpc_engine(env, loaded=True) is False
-    assert env == {}
+    assert "GRPC_EXPERIMENTS" not in env
 
 
 def test_importing_the_gateway_sets_it_before_grpc_loads():
-    assert run({}) == ENGINE_OFF
-    assert run({"GRPC_EXPERIMENTS": "-event_engine_listener"}) == "-event_engine_listener"
-    assert run({"OIP_GATEWAY_GRPC_EVENT_ENGINE": "1"}) == "<unset>"
+    off = {"OIP_GATEWAY_GRPC_EVENT_ENGINE": "0"}
+    assert run(off) == ENGINE_OFF
+    assert run(dict(off, GRPC_EXPERIMENTS="-event_engine_listener")) == "-event_engine_listener"
+    assert run({}) == "<unset>"
     # grpc first, the gateway after: nothing is set (grpc would not read it).
-    assert run({}, "import grpc, gateway, os; print(os.environ.get('GRPC_EXPERIMENTS', '<unset>'))") == "<unset>"
+    assert run(off, "import grpc, gateway, os; print(os.environ.get('GRPC_EXPERIMENTS', '<unset>'))") == "<unset>"
 
 
 def test_grpc_accepts_the_setting_silently():
@@ -67,6 +75,7 @@ def test_grpc_accepts_the_setting_silently():
             "    await server.stop(None)\n"
             "asyncio.run(main())\n")
     env = {k: v for k, v in unchosen(dict(os.environ)).items() if k != "OIP_GATEWAY_GRPC_EVENT_ENGINE"}
+    env["OIP_GATEWAY_GRPC_EVENT_ENGINE"] = "0"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert "experiment" not in (out.stdout + out.stderr).lower(), out.stderr
     bogus = subprocess.run([sys.executable, "-c", code], env=dict(env, GRPC_EXPERIMENTS="-no_such_experiment_x"),
