@@ -30,13 +30,7 @@ def pick_headers(pairs: Mapping[str, str] | Sequence[tuple[str, str]],
     """The entries of ``pairs`` (a lower-cased header mapping or gRPC metadata) named in ``names``."""
     # (gRPC metadata is a tuple: told apart before the ABC check, which costs more than the rest.)
     items = pairs if type(pairs) is tuple else pairs.items() if isinstance(pairs, Mapping) else pairs
-    # (A plain loop, not a generator or comprehension — each is a frame of its own in Python
-    # 3.11: this runs on every gRPC inference, and seldom finds anything.)
-    picked: list[tuple[str, str]] = []
-    for k, v in items:
-        if k in names and isinstance(v, str):
-            picked.append((k, v))
-    return tuple(picked) if picked else ()
+    return tuple((k, v) for k, v in items if k in names and isinstance(v, str))
 
 
 class ClientDisconnected(Exception):

@@ -154,20 +154,19 @@ class Admission:
     def enter(self, n: int) -> None:
         # One request is always admitted when none is in flight: a limit below the message
         # size (a small pod) bounds concurrency, it does not refuse a request forever.
-        # (ByteBudget.take inlined: a call less on every inference.)
         budget = self.budget
-        used = budget.used
-        if budget.limit and used + n > budget.limit and used:
-            raise Overloaded(f"gateway overloaded: {used} bytes of requests in flight, {n} more "
-                             f"would pass max_inflight_bytes ({budget.limit}); retry later")
-        budget.used = used + n  # (alone, admitted though larger than the limit)
+        if not budget.take(n):
+            if budget.used:
+                raise Overloaded(f"gateway overloaded: {budget.used} bytes of requests in flight, {n} more "
+                                 f"would pass max_inflight_bytes ({budget.limit}); retry later")
+            budget.used += n  # alone: admitted though larger than the limit
         if n >= self.LARGE:
             self.large_at = time.monotonic()
         if self.gauge is not None:
             self.gauge.set(self.budget.used)
 
     def leave(self, n: int) -> None:
-        self.budget.used -= n
+        self.budget.give(n)
         if n >= self.LARGE:
             self.large_at = time.monotonic()
         if self.gauge is not None:

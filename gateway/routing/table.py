@@ -75,7 +75,7 @@ class RouteTable:
         entries = self._exact.get(model)
         if entries is not None:
             for want, match in entries:
-                if (want is None or want == version) and (not match.headers or match.takes(headers)):
+                if (want is None or want == version) and match.takes(headers):
                     return match
             raise ModelNotFound(f"Request for unknown model: '{model}' version {version or '(none)'} is not routed")
         key = (model, version)
@@ -87,7 +87,7 @@ class RouteTable:
                 self._cache.clear()
             self._cache[key] = hits
         for match in hits:
-            if not match.headers or match.takes(headers):
+            if match.takes(headers):
                 return match
         raise ModelNotFound(f"Request for unknown model: '{model}' is not routed")
 
