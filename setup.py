@@ -24,6 +24,7 @@ COMPILED = [
     "gateway/codec/content.py",
     "gateway/codec/jsondup.py",
     "gateway/codec/grpcscan.py",
+    "gateway/codec/jsonscan.py",
     "gateway/frontend/grpcunary.py",
 ]
 

@@ -18,7 +18,9 @@ Checks (any other exception, or a FuzzBug, is a bug):
   and routes (codec/wire.py) to the same model, version and sequence as the HTTP body;
 - the request re-encoded as HTTP (binary and JSON) decodes to the same tensors;
 - too_deep (codec/jsondepth.py) agrees with the depth of what Python's json module parses,
-  and with DepthScanner fed in chunks and InflatingDepthScanner fed the compressed body;
+  and with JsonScanner (codec/jsonscan.py) fed in chunks and InflatingScanner fed the
+  compressed body; the skeleton is the same however the text is chunked or compressed, and
+  parses to the document with its "data" arrays emptied;
 - sequence_of_json (pass-through affinity) never raises, and agrees with the decoded request.
 """
 from __future__ import annotations
@@ -37,7 +39,8 @@ with instrumented(__name__ == "__main__", ("gateway",), exclude=("gateway.codec.
     from gateway.codec import content, convert
     from gateway.codec import grpc as grpc_codec
     from gateway.codec import http as http_codec
-    from gateway.codec.jsondepth import DepthScanner, InflatingDepthScanner, too_deep
+    from gateway.codec.jsondepth import InflatingScanner, too_deep
+    from gateway.codec.jsonscan import JsonScanner, skeleton
     from gateway.codec.wire import scan_infer_routing
     from gateway.errors import GatewayError, InvalidRequest
 
@@ -77,19 +80,32 @@ def _shape(data: bytes) -> tuple[int, int, bytes, str | None]:
     return flags, extra, body, text.decode("latin-1") if sep else None
 
 
+def _emptied(value: Any) -> Any:
+    """The document a skeleton parses to: every member named "data" holding an array, emptied."""
+    if isinstance(value, dict):
+        return {k: [] if k == "data" and isinstance(v, list) else _emptied(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_emptied(v) for v in value]
+    return value
+
+
 def _check_depth(jpart: bytes, limit: int, chunk: int) -> bool:
     whole = too_deep(jpart, limit)
     chunk = max(chunk, len(jpart) // _MAX_FEEDS + 1)
-    scanner = DepthScanner(limit)
+    scanner = JsonScanner(limit, True)
     for i in range(0, len(jpart), chunk):
         scanner.feed(jpart[i : i + chunk])
-    check(scanner.exceeded == whole, f"DepthScanner in chunks of {chunk} says {scanner.exceeded}, too_deep {whole}")
+    check(scanner.exceeded == whole, f"JsonScanner in chunks of {chunk} says {scanner.exceeded}, too_deep {whole}")
+    if not whole:
+        check(scanner.skeleton() == skeleton(jpart), f"the skeleton in chunks of {chunk} differs from the whole's")
     try:
         doc = json.loads(jpart.decode("utf-8"))
     except (ValueError, RecursionError):
         return whole  # not JSON: no reference answer (the backend refuses it)
     depth = json_depth(doc)
     check(whole == (depth > limit), f"too_deep says {whole} for depth {depth}, limit {limit}")
+    if not whole and b"\\" not in jpart:  # (a key spelled with escapes is kept whole: larger, not wrong)
+        check(json.loads(scanner.skeleton()) == _emptied(doc), "the skeleton is not the document without its data")
     return whole
 
 
@@ -158,11 +174,13 @@ def one_input(data: bytes) -> None:
     limit, chunk = (extra & 15) + 1, (extra >> 4) + 1
     deep = _check_depth(jpart, limit, chunk)
     if coding in (1, 2):
-        inflating = InflatingDepthScanner(limit, headers["content-encoding"], hl)
+        inflating = InflatingScanner(JsonScanner(limit, True), headers["content-encoding"], hl)
         step = max(chunk, len(body) // _MAX_FEEDS + 1)
         for i in range(0, len(body), step):
             inflating.feed(body[i : i + step])
-        check(inflating.exceeded == deep, f"InflatingDepthScanner says {inflating.exceeded}, too_deep {deep}")
+        check(inflating.exceeded == deep, f"InflatingScanner says {inflating.exceeded}, too_deep {deep}")
+        if not deep:
+            check(inflating.scanner.skeleton() == skeleton(jpart), "the inflated skeleton differs from the plain one")
 
     content.sequence_of_json(plain, ihcl)  # pass-through affinity: returns, never raises
     if flags & 4:

@@ -176,7 +176,8 @@ def sequence_of_json(body: bytes | bytearray, header_length_value: str | None) -
     if not isinstance(doc, dict):
         return None
     # A repeated name would route by the last sequence_id while the backend reads the first
-    # (codec/jsondup.py): refused. (Bodies up to JSON_CHECK_MAX were refused by the limits check.)
+    # (codec/jsondup.py): refused. (A body read whole was refused already by the limits check;
+    # a streamed one is checked there once its JSON part has gone by — after it is routed.)
     check_unique(part, members(doc), "request")
     params = doc.get("parameters")
     return sequence_key(params.get("sequence_id")) if isinstance(params, dict) else None

@@ -18,14 +18,15 @@ import orjson
 from ..config.security import Limits
 from ..errors import InvalidRequest, LimitExceeded
 from .jsondup import check_unique, members
+from .jsonscan import skeleton
 from .wire import iter_fields, read_varint
 
 __all__ = ["JSON_CHECK_MAX", "JsonCheck", "check_json", "check_names", "check_pb", "limit_count", "limit_id",
            "limit_name", "limit_shape"]
 
-# JSON parts up to this size are parsed for the check (a few microseconds for a typical
-# request, and every binary-extension header). Larger ones are tensor data in JSON: their
-# element counts are bounded by their bytes, and the backend checks shapes against data.
+# JSON parts up to this size are checked as they are (a few microseconds for a typical
+# request, and every binary-extension header); a larger one is checked on its skeleton
+# (codec/jsonscan.py: the text without its tensors' data), which is what the limits read.
 JSON_CHECK_MAX = 64 * 1024
 
 _NO_DATA = msgspec.Raw()  # a tensor without "data" (binary extension: the bytes follow the JSON)
@@ -80,8 +81,8 @@ def limit_id(what: str, value: object, limits: Limits) -> None:
 
 class JsonCheck:
     """The limits on the JSON part of an HTTP inference request (spec "Inference Request JSON
-    Object") for one ``Limits``, when the part is at most JSON_CHECK_MAX bytes: ``check(part)``
-    raises LimitExceeded, or InvalidRequest for text that is not UTF-8 or an object that
+    Object") for one ``Limits``, of any size (over JSON_CHECK_MAX bytes, its skeleton):
+    ``check(part)`` raises LimitExceeded, or InvalidRequest for text that is not UTF-8 or an object that
     repeats a member name (codec/jsondup.py: the check would judge one value and the backend
     read another). Malformed JSON is left to the path that reads it (it has its own error).
 
@@ -130,9 +131,16 @@ class JsonCheck:
 
     def __call__(self, part: bytes | bytearray | memoryview) -> None:
         if len(part) > JSON_CHECK_MAX:
-            return
-        if type(part) is memoryview or not part.isascii() or not self._proven(part):
-            _check_any(part, self._limits)
+            # However large the data, the limits are on the rest: padding a request past a
+            # size does not take it past its limits.
+            part = skeleton(part if type(part) is bytes else bytes(part))
+        self.check(part)
+
+    def check(self, text: bytes | bytearray | memoryview) -> None:
+        """The limits on a request's JSON text — or its skeleton, which reads the same to them
+        (a streamed body's, built as it arrives: frontend/incoming.py)."""
+        if type(text) is memoryview or not text.isascii() or not self._proven(text):
+            _check_any(text, self._limits)
 
     def _proven(self, part: bytes | bytearray) -> bool:
         """Whether the typed decoder proves ``part`` within every limit, with no repeated

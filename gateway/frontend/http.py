@@ -25,7 +25,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..budget import ByteBudget
 from ..codec.content import decode_content, is_count
-from ..codec.jsondepth import DepthScanner, InflatingDepthScanner, too_deep
+from ..codec.jsondepth import InflatingScanner, too_deep
+from ..codec.jsonscan import JsonScanner
 from ..codec.limits import JsonCheck, check_names
 from ..config.security import Limits
 from ..dataplane import ClientDisconnected, DataPlane, HttpReply, StreamedBody, is_streamed
@@ -385,12 +386,11 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             if declared is not None and is_count(declared) and int(declared) > _LARGE:
                 # Inference-Header-Content-Length counts inflated bytes of a compressed body.
                 json_length = _header_length(ihcl, max_message_bytes if compressed else int(declared))
-                depth: DepthScanner | InflatingDepthScanner | None = None
-                if max_json_depth:
-                    depth = InflatingDepthScanner(max_json_depth, coding, json_length) if compressed \
-                        else DepthScanner(max_json_depth)
-                incoming = _IncomingBody(ex.chunks(), int(declared), budget, depth,
-                                         None if compressed else json_length)
+                # The JSON part's depth and limits, checked as it streams by (frontend/incoming.py).
+                scanner = JsonScanner(max_json_depth or -1, True)  # (0: no depth limit)
+                scan = InflatingScanner(scanner, coding, json_length) if compressed else scanner
+                incoming = _IncomingBody(ex.chunks(), int(declared), budget, scan,
+                                         None if compressed else json_length, check_json.check)
                 body: bytes | _IncomingBody = incoming
                 size = int(declared)
             else:

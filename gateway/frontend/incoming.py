@@ -1,5 +1,5 @@
 """A request body still arriving, as the data plane reads it (:class:`gateway.dataplane.IncomingBody`):
-checked against its declared length and the JSON nesting limit as it comes.
+checked against its declared length, the JSON nesting limit and the per-request limits as it comes.
 
 Its own module because its iterators are async generators, which mypyc does not compile:
 setup.py compiles frontend/h1direct.py (whose ``chunks()`` is :func:`body_chunks`) and may
@@ -8,11 +8,12 @@ compile frontend/http.py one day.
 from __future__ import annotations
 
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from ..budget import ByteBudget
-from ..codec.jsondepth import DepthScanner, InflatingDepthScanner, too_deep
+from ..codec.jsondepth import InflatingScanner
+from ..codec.jsonscan import JsonScanner
 from ..dataplane import ClientDisconnected
 from ..errors import InvalidRequest
 
@@ -28,10 +29,11 @@ class IncomingBody:
     __slots__ = ("_budget", "_chunks", "_prefix", "_taken", "consumed", "length")
 
     def __init__(self, chunks: AsyncIterator[bytes | memoryview], length: int, budget: ByteBudget,
-                 depth: DepthScanner | InflatingDepthScanner | None = None, json_length: int | None = None) -> None:
+                 scan: JsonScanner | InflatingScanner | None = None, json_length: int | None = None,
+                 check: Callable[[bytes], None] | None = None) -> None:
         self.length = length
         self.consumed = False
-        self._chunks = _checked(chunks, length, depth, json_length)
+        self._chunks = _checked(chunks, length, scan, json_length, check)
         self._prefix: list[bytes | memoryview] = []  # chunks read by prefix(), replayed by every iteration
         self._budget = budget
         self._taken = 0
@@ -72,29 +74,37 @@ class IncomingBody:
 
 
 async def _checked(chunks: AsyncIterator[bytes | memoryview], size: int,
-                   depth: DepthScanner | InflatingDepthScanner | None = None,
-                   json_length: int | None = None) -> AsyncIterator[bytes | memoryview]:
-    """The body's chunks, checked against its declared size — and, with ``depth``, its JSON
+                   scan: JsonScanner | InflatingScanner | None = None,
+                   json_length: int | None = None,
+                   check: Callable[[bytes], None] | None = None) -> AsyncIterator[bytes | memoryview]:
+    """The body's chunks, checked against its declared size — and, with ``scan``, its JSON
     part (the first ``json_length`` bytes, or all; a compressed body's inflated) against
-    the nesting limit, as it arrives: a body streamed to a backend never carries more than
-    the limit allows."""
+    the nesting limit as it arrives, and, with ``check`` too, the part's skeleton against the
+    per-request limits (codec/limits.py) before the chunk that ends the part goes on: a body
+    streamed to a backend never carries more than the limits allow, and one that does is cut
+    short there (the backend never has the whole of it)."""
     pos = 0
     json_end = size if json_length is None else json_length
+    unchecked = check is not None
     async for chunk in chunks:
-        if isinstance(depth, InflatingDepthScanner):
+        end = pos + len(chunk)
+        if isinstance(scan, InflatingScanner):
             try:
-                if depth.feed(chunk):
-                    raise InvalidRequest(too_deep_message(depth.scanner.limit))
+                if scan.feed(chunk):
+                    raise InvalidRequest(too_deep_message(scan.scanner.limit))
             except zlib.error as exc:
                 raise InvalidRequest(f"cannot decompress the body: {exc}") from exc
-        elif depth is not None and pos < json_end:
+            if check is not None and unchecked and (scan.done or end >= size):
+                unchecked = False
+                check(scan.scanner.skeleton())
+        elif scan is not None and pos < json_end:
             part = chunk[: json_end - pos]
-            # The whole JSON part in the first chunk (a binary-extension header): one
-            # stateless check, which skips the scan when there are few brackets.
-            whole = pos == 0 and len(chunk) >= json_end
-            if too_deep(part, depth.limit) if whole else depth.feed(part):
-                raise InvalidRequest(too_deep_message(depth.limit))
-        pos += len(chunk)
+            if scan.feed(part if type(part) is bytes else bytes(part)):
+                raise InvalidRequest(too_deep_message(scan.limit))
+            if check is not None and unchecked and end >= json_end:
+                unchecked = False
+                check(scan.skeleton())
+        pos = end
         if pos > size:
             raise InvalidRequest("request body is longer than its Content-Length")
         yield chunk

@@ -117,6 +117,41 @@ def test_json_request_over_a_limit(gw, pool, limit):
     assert status == 400 and f"limits.{limit}" in answer["error"], answer
 
 
+@pytest.mark.parametrize("size", ["padded", "streamed", "streamed-gzip"])
+@pytest.mark.parametrize("pool", ["http", "grpc"], ids=["pass-through", "converting"])
+@pytest.mark.parametrize("limit", sorted(HOSTILE_JSON))
+def test_a_large_json_request_is_held_to_the_same_limits(gw, pool, limit, size):
+    """However much data the tensors carry — read whole (over 64 KiB) or streamed to the
+    backend as it arrives (over 1 MiB, compressed or not) — the limits are checked on the
+    rest of the request (codec/jsonscan.py): a request is not taken past them by its size."""
+    import gzip
+
+    doc = orjson.loads(orjson.dumps(HOSTILE_JSON[limit]))
+    doc["inputs"][0]["data"] = np.random.default_rng(7).random(10_000 if size == "padded" else 200_000).tolist()
+    body = orjson.dumps(doc)
+    headers = {"x-pool": pool}
+    if size == "streamed-gzip":
+        body = gzip.compress(body, compresslevel=1)
+        headers["content-encoding"] = "gzip"
+    assert (len(body) > 1 << 20) == size.startswith("streamed"), len(body)
+    status, answer = post(gw.http_url, "/v2/models/add_sub/infer", body, headers)
+    assert status == 400 and f"limits.{limit}" in answer["error"], answer
+    if size != "padded" and limit == "max_tensors":
+        assert httpclient.InferenceServerClient(gw.http_url).is_server_live()
+        still_serving(gw)
+
+
+def test_a_large_json_request_within_the_limits_passes(gw):
+    a = np.arange(300_000, dtype=np.float32)
+    for pool in ("http", "grpc"):
+        body = orjson.dumps({"id": "big", "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, a.size],
+                                                      "data": a.tolist()}]})
+        assert len(body) > 1 << 20
+        status, answer = post(gw.http_url, "/v2/models/identity_FP32/infer", body, {"x-pool": pool})
+        assert status == 200, answer
+        assert answer["id"] == "big" and answer["outputs"][0]["data"] == a.tolist()
+
+
 def test_binary_extension_header_over_a_limit(gw):
     header = orjson.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1 << 62, 8],
                                        "parameters": {"binary_data_size": 8}}]})

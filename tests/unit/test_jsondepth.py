@@ -1,4 +1,4 @@
-"""codec/jsondepth.py: JSON nesting depth without parsing, whole or in chunks, equal to a
+"""codec/jsondepth.py and codec/jsonscan.py: JSON nesting depth without parsing, whole or in chunks, equal to a
 byte-by-byte reference on any text (brackets in strings, escaped quotes, chunk edges)."""
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.codec.jsondepth import DepthScanner, too_deep
+from gateway.codec.jsondepth import InflatingScanner, too_deep
+from gateway.codec.jsonscan import JsonScanner
 
 
 def reference_max_depth(text: bytes) -> int:
@@ -48,7 +49,7 @@ def test_never_below_the_reference_and_chunks_change_nothing(text, limit, cuts):
         assert whole
     if b"\\" not in text:
         assert whole == (reference_max_depth(text) > limit)
-    scanner = DepthScanner(limit)
+    scanner = JsonScanner(limit, False)
     pos = 0
     for size in cuts:
         scanner.feed(text[pos:pos + size])
@@ -79,7 +80,6 @@ def test_the_crashing_body_and_a_legitimate_one():
 def test_inflating_scanner_equals_the_plain_one(text, limit, form, step):
     import zlib
 
-    from gateway.codec.jsondepth import InflatingDepthScanner
     if form == "gzip":
         data, coding = __import__("gzip").compress(text), "gzip"
     elif form == "zlib":
@@ -87,23 +87,24 @@ def test_inflating_scanner_equals_the_plain_one(text, limit, form, step):
     else:
         c = zlib.compressobj(wbits=-zlib.MAX_WBITS)
         data, coding = c.compress(text) + c.flush(), "deflate"
-    plain = DepthScanner(limit)
+    plain = JsonScanner(limit, True)
     plain.feed(text)
-    inflating = InflatingDepthScanner(limit, coding, None)
+    inflating = InflatingScanner(JsonScanner(limit, True), coding, None)
     for i in range(0, len(data), step):
         inflating.feed(data[i:i + step])
     assert inflating.exceeded == plain.exceeded
+    if not plain.exceeded:  # (a scan past its limit stops where it is)
+        assert inflating.scanner.skeleton() == plain.skeleton()
 
 
 def test_inflating_scanner_stops_at_the_json_part():
     import gzip
 
-    from gateway.codec.jsondepth import InflatingDepthScanner
     header = b'{"inputs": []}'
     body = gzip.compress(header + b"[" * 10_000)  # binary bytes that look like brackets
-    s = InflatingDepthScanner(4, "gzip", len(header))
+    s = InflatingScanner(JsonScanner(4, True), "gzip", len(header))
     s.feed(body)
-    assert not s.exceeded
-    s = InflatingDepthScanner(4, "gzip", None)
+    assert not s.exceeded and s.done and s.scanner.skeleton() == header
+    s = InflatingScanner(JsonScanner(4, True), "gzip", None)
     s.feed(body)
     assert s.exceeded

@@ -125,7 +125,14 @@ def test_check_json():
     with pytest.raises(InvalidRequest, match="not valid UTF-8"):
         check_json(b'{"id": "\xff"}', SMALL)
     check_json(b"[1, 2]", SMALL)
-    check_json(orjson.dumps({"inputs": [{"name": "I", "shape": [1] * 5}], "pad": "x" * 70000}), SMALL)  # > 64 KiB
+    # Over 64 KiB the skeleton is checked (codec/jsonscan.py): padding takes no request past a limit.
+    with pytest.raises(LimitExceeded, match="limits.max_dims"):
+        check_json(orjson.dumps({"inputs": [{"name": "I", "shape": [1] * 5}], "pad": "x" * 70000}), SMALL)
+    with pytest.raises(LimitExceeded, match="limits.max_tensors"):
+        check_json(orjson.dumps({"inputs": [{"name": "I", "shape": [1], "datatype": "FP32", "data": [1.0] * 20000}]
+                                 * 4}), SMALL)
+    check_json(orjson.dumps({"inputs": [{"name": "I", "shape": [1000], "datatype": "FP32", "data": [1.5] * 1000}]
+                             * 3, "id": " " * 10}) + b" " * 70000, SMALL)
 
 
 # JSON values of every kind, the members the check reads among them, of the right type or not.
