@@ -8,7 +8,8 @@ request is converted (``codec/convert.py``).
 """
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from functools import partial
 from operator import attrgetter
 from typing import Any
@@ -32,6 +33,8 @@ from ..codec.triton import (
 from ..config.schema import Backend, BackendTls, HostPort
 from ..dataplane import HttpReply, IncomingBody
 from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable, UpstreamError, UpstreamTimeout
+from .grpcdirect import DirectUnary
+from .grpcdirect import supported as direct_supported
 from .pool import TRITON_GRPC_PREFIX, Endpoint, Pool, Refused, is_not_ready_message
 
 __all__ = ["METHOD_PREFIX", "RAW_RPCS", "GrpcEndpoint", "GrpcPool", "channel_options"]
@@ -43,8 +46,11 @@ METHOD_PREFIX = "/inference.GRPCInferenceService/"
 RAW_RPCS = ("ModelConfig", "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
             "TraceSetting", "LogSettings")
 
+# A unary call on an endpoint: a grpc.aio multi-callable, or a DirectUnary (ModelInfer).
+_Rpc = Callable[..., Awaitable[Any]]
+
 # An endpoint's ModelInfer callable: attrgetter is C, where a lambda is a Python frame per call.
-_INFER: Callable[[GrpcEndpoint], aio.UnaryUnaryMultiCallable] = attrgetter("infer")
+_INFER: Callable[[GrpcEndpoint], _Rpc] = attrgetter("infer")
 
 
 # Unary RPCs other than ModelInfer: (request type, response type).
@@ -89,7 +95,7 @@ def _credentials(tls: BackendTls) -> grpc.ChannelCredentials:
 
 
 class GrpcEndpoint(Endpoint):
-    __slots__ = ("_grace", "_inflight", "channel", "infer", "raw", "stream", "typed")
+    __slots__ = ("_drained", "_grace", "_inflight", "channel", "infer", "raw", "stream", "typed")
 
     def __init__(self, address: HostPort, backend: Backend) -> None:
         super().__init__(address)
@@ -101,7 +107,10 @@ class GrpcEndpoint(Endpoint):
             extra = [("grpc.ssl_target_name_override", tls.server_name)] if tls.server_name else []
             ch = aio.secure_channel(str(address), _credentials(tls), options=opts + extra)
         self.channel = ch
-        self.infer = ch.unary_unary(METHOD_PREFIX + "ModelInfer")
+        # ModelInfer, every inference: grpc's call object awaited in the caller's task (grpcdirect.py).
+        infer = METHOD_PREFIX + "ModelInfer"
+        self.infer: _Rpc = DirectUnary(ch, infer) if direct_supported(ch) \
+            else ch.unary_unary(infer)
         self.stream = ch.stream_stream(METHOD_PREFIX + "ModelStreamInfer")
         self.typed = {
             name: ch.unary_unary(METHOD_PREFIX + name, request_serializer=req.SerializeToString,
@@ -111,14 +120,29 @@ class GrpcEndpoint(Endpoint):
         self.raw = {name: ch.unary_unary(METHOD_PREFIX + name) for name in RAW_RPCS}
         self._inflight = 0  # calls and open streams on this endpoint now
         self._grace = backend.timeout_s
+        self._drained: asyncio.Event | None = None  # set when _inflight reaches 0, while closing
 
     @property
     def inflight(self) -> int:
         return self._inflight
 
     async def close(self) -> None:
-        # Calls in flight finish (bounded by their own timeouts) before the channel goes.
+        # Calls in flight finish (bounded by their own timeouts) before the channel goes. The
+        # channel's own grace covers only the calls it made itself (not DirectUnary's): the
+        # endpoint waits for its own count first.
+        if self._inflight:
+            self._drained = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._drained.wait(), self._grace)
+            except TimeoutError:
+                pass
         await self.channel.close(grace=None if self._inflight == 0 else self._grace)
+
+    def left(self) -> None:
+        """A call or stream on this endpoint has ended."""
+        self._inflight -= 1
+        if self._drained is not None and self._inflight == 0:
+            self._drained.set()
 
 
 class GrpcPool(Pool[GrpcEndpoint]):
@@ -137,7 +161,7 @@ class GrpcPool(Pool[GrpcEndpoint]):
         return GrpcEndpoint(address, self.backend)
 
     # -- one call on one endpoint --------------------------------------------------------
-    async def _call(self, ep: GrpcEndpoint, pick: Callable[[GrpcEndpoint], aio.UnaryUnaryMultiCallable],
+    async def _call(self, ep: GrpcEndpoint, pick: Callable[[GrpcEndpoint], _Rpc],
                     request: Any, timeout: float | None, metadata: Sequence[tuple[str, str]] | None = None,
                     model: str = "", version: str = "", refusing: bool = False) -> Any:
         """Raises Refused on UNAVAILABLE: the endpoint could not be reached (or went away
@@ -153,7 +177,7 @@ class GrpcPool(Pool[GrpcEndpoint]):
                 error = self.refusal(ep, model, version, error, True)
             raise error from exc
         finally:
-            ep._inflight -= 1
+            ep.left()
 
     def _mapped(self, ep: GrpcEndpoint, exc: aio.AioRpcError, tmo: float | None, model: str = "",
                 version: str = "") -> Exception:
@@ -173,7 +197,7 @@ class GrpcPool(Pool[GrpcEndpoint]):
         return UpstreamError(exc.details() or code.name, grpc_code=code.name)
 
     def _unary(self, model: str, version: str, affinity: str | None,
-               pick: Callable[[GrpcEndpoint], aio.UnaryUnaryMultiCallable], request: Any,
+               pick: Callable[[GrpcEndpoint], _Rpc], request: Any,
                timeout: float | None, metadata: Sequence[tuple[str, str]] = ()) -> Coroutine[Any, Any, Any]:
         # (A plain function handing back attempt's coroutine, and _call bound with partial, not
         # wrapped: each coroutine between the front end and grpc's call is work on every
@@ -323,7 +347,7 @@ class GrpcPool(Pool[GrpcEndpoint]):
                 raise error.error from exc
             raise error from exc
         finally:
-            ep._inflight -= 1
+            ep.left()
             call.cancel()  # a no-op once the stream ended; stops it if the client went away
 
     async def generate(self, model: str, version: str, body: bytes, headers: Mapping[str, str],
