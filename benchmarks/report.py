@@ -252,6 +252,8 @@ FRAME_NOTES = {
                                  "completion queue), no Python",
     "UnaryUnaryCall._invoke (grpc/aio/_call.py)": "grpc.aio client call (Cython): serialize, start the batch, "
                                                   "await the answer",
+    "DirectUnary.__call__ (gateway/upstream/grpcdirect.py)": "the backend call: grpc's Cython call object "
+                                                             "(start the batch, await the answer), no Python below",
 }
 
 
