@@ -13,8 +13,11 @@ first burst that killed it and prints the end of Triton's log.
 Why: Triton 2.51 (pytriton 0.7.0) races a cancelled inference against its completion in its gRPC
 server and can segfault (triton-inference-server issues 7368, 8034). Seen in session 12: 3 times
 in ~1,090 bursts through two workers with ``OIP_GATEWAY_GRPC_EVENT_ENGINE=0`` (the grpc engine
-choice, gateway/grpcengine.py), never in 1,350 without — why that choice is opt-in. Run it with
-and without that variable to compare. Needs h2load (nghttp2-client).
+choice, gateway/grpcengine.py), never in 1,350 without — why that choice is opt-in. Session 13,
+grpc's default engine: once in 73 bursts with grpc.aio's own client call (so ~1 in 1,420 over
+both sessions) and once in 967 with the gateway's direct call (upstream/grpcdirect.py), which
+cancels at grpc-core as grpc.aio does. Run it with and without that variable to compare. Needs
+h2load (nghttp2-client).
 """
 from __future__ import annotations
 
