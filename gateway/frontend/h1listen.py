@@ -189,9 +189,11 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
                 self.transport.close()  # else a connection that never sent a request
                 count("header_timeout")
             elif self._body_at is not None and now - self._body_at > limits.body_timeout_s:
-                if self.flow.read_paused:
+                raw = self.raw
+                if self.flow.read_paused or (raw is not None and raw.arrived()):
                     # Reading is paused because the gateway has not taken what came (its
-                    # backend is slow): the pause is ours, not the client's.
+                    # backend is slow): the pause is ours, not the client's. Or the client's
+                    # bytes are arriving below the read's low-water mark (rawbody.py): not a pause.
                     self._body_at = now
                     return
                 cycle = self.cycle
@@ -283,7 +285,7 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
                 return
             left = self.raw_length - self._body_got
             if left > 0:
-                self.raw = RawBody(left)
+                self.raw = RawBody(left, self.transport.get_extra_info("socket"))
 
         def raw_read(self, nbytes: int) -> None:
             raw = self.raw
@@ -294,6 +296,7 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
             assert isinstance(cycle, DirectExchange)
             cycle.feed(chunk)  # (a view: the exchange keeps it as it is)
             if not raw.left:
+                raw.done()
                 self.raw = None
                 self.raw_length = 0
                 self.parser = httptools.HttpRequestParser(self)  # (the old one stopped mid-body)

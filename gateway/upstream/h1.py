@@ -279,7 +279,9 @@ class _Connection(asyncio.BufferedProtocol):
             # every byte read so far (it stops only at an error): the rest of the body is
             # counted, not parsed, from the next read on. This parser stops here; a new one
             # takes the next answer on this connection (_raw_done).
-            self._raw = RawBody(stream.length - self._body_got)
+            transport = self._transport
+            self._raw = RawBody(stream.length - self._body_got,
+                                transport.get_extra_info("socket") if transport is not None else None)
             self._raw_keep_alive = self._parser.should_keep_alive()
 
     # -- a streamed answer's body, read past the parser --------------------------------
@@ -294,6 +296,8 @@ class _Connection(asyncio.BufferedProtocol):
     def _raw_done(self) -> None:
         """The raw body is complete: the answer ends as ``on_message_complete`` ends it, and
         the connection gets a new parser for its next answer (this one stopped mid-body)."""
+        if self._raw is not None:
+            self._raw.done()
         self._raw = None
         self._parser = httptools.HttpResponseParser(self)
         self._complete = True
@@ -543,6 +547,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._got_bytes = False
         self._complete = False
         self.sent_all = True
+        if self._raw is not None:
+            self._raw.done()
         self._raw = None
         self._body_got = 0
 

@@ -203,6 +203,33 @@ def test_long_model_names(gw):
         assert "max_name_length" in str(exc.value)
 
 
+def test_a_large_body_arriving_slowly_is_not_a_stall(gw):
+    """Past the first MiB a body is read in large pieces (rawbody.py: the socket's low-water
+    mark), so a slow client's bytes can wait in the kernel for longer than body_timeout_s
+    (1.5 s here) between reads: they are progress, not a pause — the request is answered."""
+    a = np.arange(1 << 19, dtype=np.float32)  # 2 MiB
+    header = orjson.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, a.size],
+                                       "parameters": {"binary_data_size": a.nbytes}}],
+                           "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]})
+    body = header + a.tobytes()
+    head = (f"POST /v2/models/identity_FP32/infer HTTP/1.1\r\nHost: x\r\nx-pool: http\r\n"
+            f"Inference-Header-Content-Length: {len(header)}\r\nContent-Length: {len(body)}\r\n"
+            f"Connection: close\r\n\r\n").encode()
+    with _connect(gw.http_url) as sock:
+        sock.sendall(head + body[: 1200 << 10])
+        sent = 1200 << 10
+        start = time.monotonic()
+        while time.monotonic() - start < 4.0:  # 8 KiB every 0.25 s: well under the mark
+            sock.sendall(body[sent : sent + 8192])
+            sent += 8192
+            time.sleep(0.25)  # (the client's pace, not a wait for the gateway)
+        sock.sendall(body[sent:])
+        sock.settimeout(30)
+        answer = _read_all(sock)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+    assert answer.endswith(a.tobytes())
+
+
 def _connect(url: str) -> socket.socket:
     host, port = url.rsplit(":", 1)
     return socket.create_connection((host, int(port)), timeout=10)

@@ -41,3 +41,46 @@ def test_a_new_buffer_when_little_is_free():
     second = raw.buffer()
     assert len(second) == READ_SIZE  # a fresh one, not the small rest
     assert second.obj is not first.obj
+
+
+def test_the_socket_wakes_for_large_reads_then_for_every_byte_again():
+    """SO_RCVLOWAT on a real socket: LOWAT while much of the body is to come, what is left near
+    its end (else the last bytes would never wake the loop), 1 once it is over (the next request
+    head is small); arrived() sees bytes waiting below the mark."""
+    import socket
+
+    from gateway.rawbody import LOWAT
+
+    server = socket.create_server(("127.0.0.1", 0))
+    b = socket.create_connection(server.getsockname())
+    a, _ = server.accept()
+    server.close()
+    a.settimeout(10)
+    try:
+        def lowat() -> int:
+            return a.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT)
+
+        raw = RawBody(LOWAT + 1000, a)
+        assert lowat() == LOWAT
+        assert not raw.arrived()
+        b.sendall(b"x" * 500)
+        assert raw.arrived() and not raw.arrived()  # grew once; unchanged since
+        b.sendall(b"y" * 10)
+        assert raw.arrived()
+        b.sendall(b"w" * (LOWAT - 510))
+        got = b""
+        while len(got) < LOWAT:  # (a blocking read waits for the mark: LOWAT bytes are there)
+            got += a.recv(LOWAT - len(got))
+        _read(raw, got)
+        assert raw.left == 1000 and lowat() == 1000  # under the mark: the rest wakes the loop when it is all here
+        _read(raw, b"z" * raw.left)
+        raw.done()
+        assert lowat() == 1
+        small = RawBody(300, a)
+        assert lowat() == 300
+        small.done()
+        assert lowat() == 1
+        assert RawBody(10).arrived() is False  # no socket: nothing to ask
+    finally:
+        a.close()
+        b.close()
