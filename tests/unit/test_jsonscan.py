@@ -54,13 +54,7 @@ def test_the_skeleton_is_the_document_with_its_data_emptied(doc, cuts, indent, a
 @given(documents, st.lists(st.integers(1, 30), max_size=10), st.integers(0, 8))
 def test_depth_agrees_with_the_reference(doc, cuts, limit):
     text = json.dumps(doc).encode()
-    scanner = JsonScanner(limit, False)
-    pos = 0
-    for size in cuts:
-        scanner.feed(text[pos:pos + size])
-        pos += size
-    scanner.feed(text[pos:])
-    assert scanner.exceeded == (reference_max_depth(text) > limit)
+    assert fed(text, cuts, limit).exceeded == (reference_max_depth(text) > limit)
 
 
 def test_a_request_keeps_everything_but_its_data():
