@@ -127,16 +127,16 @@ class GrpcEndpoint(Endpoint):
         return self._inflight
 
     async def close(self) -> None:
-        # Calls in flight finish (bounded by their own timeouts) before the channel goes. The
-        # channel's own grace covers only the calls it made itself (not DirectUnary's): the
-        # endpoint waits for its own count first.
+        # Calls in flight finish (within timeout_s) before the channel goes. The endpoint waits
+        # for its own count: the channel's own grace would cover only the calls it made itself
+        # (not DirectUnary's). What is still in flight after that is cancelled by the close.
         if self._inflight:
             self._drained = asyncio.Event()
             try:
                 await asyncio.wait_for(self._drained.wait(), self._grace)
             except TimeoutError:
                 pass
-        await self.channel.close(grace=None if self._inflight == 0 else self._grace)
+        await self.channel.close()
 
     def left(self) -> None:
         """A call or stream on this endpoint has ended."""

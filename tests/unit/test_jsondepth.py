@@ -34,6 +34,17 @@ def reference_max_depth(text: bytes) -> int:
     return best
 
 
+def fed(text: bytes, cuts: list[int], limit: int = -1) -> JsonScanner:
+    """A scanner fed ``text`` in pieces of the sizes ``cuts``, then the rest."""
+    scanner = JsonScanner(limit, True)
+    pos = 0
+    for size in cuts:
+        scanner.feed(text[pos:pos + size])
+        pos += size
+    scanner.feed(text[pos:])
+    return scanner
+
+
 texts = st.lists(st.sampled_from([b"[", b"]", b"{", b"}", b'"', b"\\", b"a", b",", b":", b"\\\\", b'\\"']),
                  max_size=200).map(b"".join)
 
@@ -49,12 +60,7 @@ def test_never_below_the_reference_and_chunks_change_nothing(text, limit, cuts):
         assert whole
     if b"\\" not in text:
         assert whole == (reference_max_depth(text) > limit)
-    scanner = JsonScanner(limit, False)
-    pos = 0
-    for size in cuts:
-        scanner.feed(text[pos:pos + size])
-        pos += size
-    scanner.feed(text[pos:])
+    scanner = fed(text, cuts, limit)
     # too_deep skips the scan when there are few brackets; the scanner always scans.
     assert scanner.exceeded == whole or (not whole and text.count(b"[") + text.count(b"{") <= limit)
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.codec.jsonscan import JsonScanner, skeleton
-from tests.unit.test_jsondepth import reference_max_depth
+from tests.unit.test_jsondepth import fed, reference_max_depth
 
 
 def emptied(value: object) -> object:
@@ -21,16 +21,6 @@ def emptied(value: object) -> object:
     if isinstance(value, list):
         return [emptied(v) for v in value]
     return value
-
-
-def fed(text: bytes, cuts: list[int], limit: int = -1) -> JsonScanner:
-    scanner = JsonScanner(limit, True)
-    pos = 0
-    for size in cuts:
-        scanner.feed(text[pos:pos + size])
-        pos += size
-    scanner.feed(text[pos:])
-    return scanner
 
 
 leaves = st.one_of(st.integers(), st.floats(allow_nan=False), st.booleans(), st.none(),
