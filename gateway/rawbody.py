@@ -8,15 +8,16 @@ backend client for large answers (upstream/h1.py ``buffer_updated``). It reads n
 event loop asks for a buffer (``get_buffer``), reads into it and says how much it read
 (``buffer_updated``).
 
-Given the connection's socket, it also sets the socket's low-water mark (``SO_RCVLOWAT``) while the
-body arrives: the loop is woken once ``LOWAT`` bytes (or all that is left) are waiting, not for
-every segment, so a 16 MB body is read in ~128 KiB pieces instead of whatever trickled in since the
-last wake-up — under concurrency that was ~1.6 × the reads and Python per request. A/B
-(benchmarks/ab.py, 3 and 4 rounds): CPU per 16 MB binary pass-through −18 to −25 % at c=16 and
-c=64, −9 % at c=1; 1 MiB −10 % at c=1, within ±5 % at c=16/64. The mark drops to what is left
-near the end (else the last bytes would never wake the loop) and to 1 once the body is over (the
-next request head is small). Bytes waiting under the mark are progress a stall check cannot see:
-``arrived()`` asks the kernel (``FIONREAD``), and the listener's ``body_timeout_s`` sweep counts them.
+Given the connection's socket (plain TCP only: :func:`plain_socket`), it also sets the socket's
+low-water mark (``SO_RCVLOWAT``) while the body arrives: the loop is woken once ``LOWAT`` bytes (or
+all that is left) are waiting, not for every segment, so a 16 MB body is read in ~128 KiB pieces
+instead of whatever trickled in since the last wake-up — under concurrency that was ~1.6 × the reads
+and Python per request. A/B (benchmarks/ab.py, 3 and 4 rounds): CPU per 16 MB binary pass-through
+−18 to −25 % at c=16 and c=64, −9 % at c=1; 1 MiB −10 % at c=1, within ±5 % at c=16/64. The mark
+drops to what is left near the end (else the last bytes would never wake the loop) and to 1 once the
+body is over (the next request head is small). Bytes waiting under the mark are progress a stall
+check cannot see: ``arrived()`` asks the kernel (``FIONREAD``), and the listener's
+``body_timeout_s`` sweep counts them.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LOWAT", "RAW_MIN", "READ_SIZE", "RawBody"]
+__all__ = ["LOWAT", "RAW_MIN", "READ_SIZE", "RawBody", "plain_socket"]
 
 # While a body is read past the parser, the socket wakes the loop only once this much of it
 # (or all that is left, or its end) has arrived (SO_RCVLOWAT).
@@ -37,6 +38,15 @@ LOWAT = 128 * 1024
 READ_SIZE = 256 * 1024
 # A new buffer when less than this of the current one is free (reads stay large).
 RAW_MIN = 64 * 1024
+
+
+def plain_socket(transport: Any) -> Any:
+    """The transport's socket for the low-water mark — None under TLS: there the mark would
+    count ciphertext while the TLS layer may already hold part of the body, decrypted or not,
+    and the last bytes would never wake the loop."""
+    if transport is None or transport.get_extra_info("ssl_object") is not None:
+        return None
+    return transport.get_extra_info("socket")
 
 
 class RawBody:

@@ -33,7 +33,7 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ..config.security import Limits
-from ..rawbody import READ_SIZE, RawBody
+from ..rawbody import READ_SIZE, RawBody, plain_socket
 from .h1direct import DirectExchange, DirectRoute
 
 __all__ = ["SWEEP_S", "limited_protocol"]
@@ -285,7 +285,7 @@ def limited_protocol(limits: Limits, on_refusal: Any = None, direct: Router | No
                 return
             left = self.raw_length - self._body_got
             if left > 0:
-                self.raw = RawBody(left, self.transport.get_extra_info("socket"))
+                self.raw = RawBody(left, plain_socket(self.transport))
 
         def raw_read(self, nbytes: int) -> None:
             raw = self.raw

@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 
 import httptools
 
-from ..rawbody import READ_SIZE, RawBody
+from ..rawbody import READ_SIZE, RawBody, plain_socket
 
 __all__ = ["FRESH_S", "BodyStream", "ConnectFailed", "ConnectionDropped", "H1ConnectionPool", "H1Response",
            "SourceStalled"]
@@ -279,9 +279,7 @@ class _Connection(asyncio.BufferedProtocol):
             # every byte read so far (it stops only at an error): the rest of the body is
             # counted, not parsed, from the next read on. This parser stops here; a new one
             # takes the next answer on this connection (_raw_done).
-            transport = self._transport
-            self._raw = RawBody(stream.length - self._body_got,
-                                transport.get_extra_info("socket") if transport is not None else None)
+            self._raw = RawBody(stream.length - self._body_got, plain_socket(self._transport))
             self._raw_keep_alive = self._parser.should_keep_alive()
 
     # -- a streamed answer's body, read past the parser --------------------------------

@@ -84,3 +84,21 @@ def test_the_socket_wakes_for_large_reads_then_for_every_byte_again():
     finally:
         a.close()
         b.close()
+
+
+def test_no_low_water_mark_under_tls():
+    """Under TLS the mark would count ciphertext while the TLS layer may already hold the body's
+    last bytes: the read would never come (tests/integration/test_tls.py hung 2 times in 6)."""
+    from gateway.rawbody import plain_socket
+
+    class Transport:
+        def __init__(self, **extra):
+            self.extra = extra
+
+        def get_extra_info(self, name, default=None):
+            return self.extra.get(name, default)
+
+    sock = object()
+    assert plain_socket(Transport(socket=sock)) is sock
+    assert plain_socket(Transport(socket=sock, ssl_object=object())) is None
+    assert plain_socket(None) is None
