@@ -33,7 +33,7 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ..config.security import Limits
-from ..rawbody import READ_SIZE, RawBody, plain_socket
+from ..rawbody import HEAD_READ, READ_SIZE, RawBody, plain_socket
 from .h1direct import DirectExchange, DirectRoute
 
 __all__ = ["SWEEP_S", "limited_protocol"]
@@ -54,19 +54,22 @@ class _Reader(asyncio.BufferedProtocol):
     """What the transport sees of a connection's protocol: reads land in ``buffer`` and go
     to the protocol's data_received as a view of it — or, while the protocol reads a large
     body past its parser (``raw``), into that body's own buffers; everything else is
-    passed on."""
+    passed on. A read while no body is under way (a request head is awaited) takes at most
+    HEAD_READ bytes (rawbody.py says why)."""
 
-    __slots__ = ("_buffer", "_protocol")
+    __slots__ = ("_buffer", "_head", "_protocol")
 
     def __init__(self, protocol: Any, buffer: memoryview) -> None:
         self._protocol = protocol
         self._buffer = buffer
+        self._head = buffer[:HEAD_READ]  # (the same memory: buffer_updated reads _buffer)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        raw = self._protocol.raw
+        protocol = self._protocol
+        raw = protocol.raw
         if raw is not None:
             return raw.buffer()
-        return self._buffer
+        return self._buffer if protocol._body_at is not None else self._head
 
     def buffer_updated(self, nbytes: int) -> None:
         protocol = self._protocol

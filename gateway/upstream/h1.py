@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 
 import httptools
 
-from ..rawbody import READ_SIZE, RawBody, plain_socket
+from ..rawbody import HEAD_READ, READ_SIZE, RawBody, plain_socket
 
 __all__ = ["FRESH_S", "BodyStream", "ConnectFailed", "ConnectionDropped", "H1ConnectionPool", "H1Response",
            "SourceStalled"]
@@ -198,7 +198,9 @@ class _Connection(asyncio.BufferedProtocol):
         "_drain",
         "_fut",
         "_got_bytes",
+        "_hbuf",
         "_headers",
+        "_in_body",
         "_loop",
         "_on_end",
         "_parser",
@@ -220,6 +222,10 @@ class _Connection(asyncio.BufferedProtocol):
     def __init__(self, loop: asyncio.AbstractEventLoop, read_buffer: memoryview) -> None:
         self._loop = loop
         self._rbuf = read_buffer
+        # While an answer's head is awaited a read takes at most HEAD_READ bytes (rawbody.py):
+        # the rest of a large body stays in the socket for the raw read.
+        self._hbuf = read_buffer[:HEAD_READ]
+        self._in_body = False
         self._parser = httptools.HttpResponseParser(self)
         self._transport: asyncio.Transport | None = None
         self._fut: asyncio.Future[H1Response] | _Pending | None = None
@@ -266,7 +272,7 @@ class _Connection(asyncio.BufferedProtocol):
         raw = self._raw
         if raw is not None:
             return raw.buffer()
-        return self._rbuf
+        return self._rbuf if self._in_body else self._hbuf
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._raw is not None:
@@ -298,6 +304,7 @@ class _Connection(asyncio.BufferedProtocol):
             self._raw.done()
         self._raw = None
         self._parser = httptools.HttpResponseParser(self)
+        self._in_body = False
         self._complete = True
         self.keep_alive = self._raw_keep_alive
         stream = self._stream
@@ -346,6 +353,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        self._in_body = True
         length = self._headers.get("content-length", "")
         sized = length.isascii() and length.isdigit()  # not str.isdigit() alone: it takes "²"
         if (self._stream_min is not None and sized and int(length) >= self._stream_min) or \
@@ -373,6 +381,7 @@ class _Connection(asyncio.BufferedProtocol):
             self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._in_body = False
         self._complete = True
         self.keep_alive = self._parser.should_keep_alive()
         if self._stream is not None:
@@ -543,6 +552,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._stream_min = stream_min
         self._stream_unsized = stream_unsized
         self._got_bytes = False
+        self._in_body = False
         self._complete = False
         self.sent_all = True
         if self._raw is not None:

@@ -82,3 +82,41 @@ def test_large_bodies_both_ways_byte_exact_with_a_request_pipelined_behind(tmp_p
             assert "Traceback" not in g.log_tail(200)
     finally:
         backend.close()
+
+
+def test_heads_and_bodies_around_the_head_read_size_in_one_packet(tmp_path):
+    """A read while a request head is awaited takes at most HEAD_READ bytes (rawbody.py): a head
+    larger than that (a 20 KiB header), a body that spans it (read whole through the parser
+    in more reads), and a packet of pipelined requests larger than it all arrive intact — the
+    same through the gateway's backend side, whose answers' heads are read the same way."""
+    from gateway.rawbody import HEAD_READ
+
+    backend = ScriptedHttp(lambda line, headers, body: answer_for(body)[: 64 + len(body) % 50_000])
+    config = gateway_config({"pool": {"protocol": "http", "endpoints": [backend.address]}},
+                            [{"model": "*", "backend": "pool"}], health={"interval_s": 0.2, "timeout_s": 1.0})
+
+    def request(body: bytes, extra: bytes = b"") -> bytes:
+        return (b"POST /v2/models/m/infer HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n%s"
+                b"Content-Length: %d\r\n\r\n" % (extra, len(body))) + body
+
+    def json_body(n: int) -> bytes:
+        return orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [n], "data": [0.5] * n}]})
+
+    medium = json_body(20_000)  # ~100 KB: more than one head read, less than DEFER_MAX
+    assert HEAD_READ < len(medium) < 1 << 20
+    big_header = b"X-Padding: " + b"p" * 20_000 + b"\r\n"
+    assert len(big_header) > HEAD_READ
+    try:
+        with GatewayProcess(config, tmp_path, "gw-head-read") as g:
+            host, port = g.http_url.split(":")
+            with socket.create_connection((host, int(port)), timeout=30) as sock:
+                pending = bytearray()
+                burst = [request(SMALL, big_header), request(medium)] + [request(json_body(k)) for k in range(1, 40)]
+                sock.sendall(b"".join(burst))  # ~130 KB of pipelined requests at once
+                for raw in burst:
+                    body = raw[raw.index(b"\r\n\r\n") + 4:]
+                    status, answer = read_answer(sock, pending)
+                    assert status == 200 and answer == answer_for(body)[: 64 + len(body) % 50_000]
+            assert "Traceback" not in g.log_tail(200)
+    finally:
+        backend.close()

@@ -804,6 +804,44 @@ async def test_streamed_body_is_read_raw_and_exact_wherever_the_head_splits(monk
     server.close()
 
 
+async def test_a_large_answer_written_at_once_passes_the_parser_only_in_its_head_read():
+    """While an answer's head is awaited a read takes at most HEAD_READ bytes (rawbody.py): of a
+    large answer that is all in the socket when the client reads, only that first read goes
+    through the parser (which hands its body bytes over as new bytes objects: a copy); the rest
+    is read raw (views of the connection's own buffers). Before, that first read took up to
+    READ_SIZE (256 KiB) — half of the gateway's instructions on a 1 MiB pass-through. A small
+    answer after it is read whole as ever."""
+    from gateway.rawbody import HEAD_READ, READ_SIZE
+
+    assert HEAD_READ < READ_SIZE // 4
+    answered = asyncio.Event()
+
+    async def handler(reader, writer):
+        for _ in range(3):
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(RANDOM) + RANDOM)
+            await writer.drain()
+            answered.set()
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await reader.read()
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2, max_connections=1)
+    for _ in range(3):
+        r = await pool.request("POST", "/", body=b"x", timeout=10, stream_min=1 << 20)
+        assert isinstance(r.body, BodyStream)
+        chunks = [chunk async for chunk in r.body]
+        assert b"".join(chunks) == RANDOM
+        parsed = sum(len(c) for c in chunks if not isinstance(c, memoryview))
+        assert parsed <= HEAD_READ, f"{parsed} body bytes went through the parser"
+    assert (await pool.request("GET", "/", timeout=2, stream_min=1 << 20)).body == b"ok"
+    assert pool.busy == 0
+    pool.close()
+    server.close()
+
+
 async def test_raw_body_then_connection_close_or_extra_bytes_retires_the_connection():
     """An answer saying Connection: close, or followed by bytes nobody asked for, is delivered
     whole; its connection is not used again."""
