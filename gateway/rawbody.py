@@ -10,10 +10,12 @@ event loop asks for a buffer (``get_buffer``), reads into it and says how much i
 
 Given the connection's socket (plain TCP only: :func:`plain_socket`), it also sets the socket's
 low-water mark (``SO_RCVLOWAT``) while the body arrives: the loop is woken once ``LOWAT`` bytes (or
-all that is left) are waiting, not for every segment, so a 16 MB body is read in ~128 KiB pieces
-instead of whatever trickled in since the last wake-up — under concurrency that was ~1.6 × the reads
-and Python per request. A/B (benchmarks/ab.py, 3 and 4 rounds): CPU per 16 MB binary pass-through
-−18 to −25 % at c=16 and c=64, −9 % at c=1; 1 MiB −10 % at c=1, within ±5 % at c=16/64. The mark
+all that is left) are waiting, not for every segment, so a 16 MB body is read in pieces of at least
+``LOWAT`` instead of whatever trickled in since the last wake-up — under concurrency that was ~1.6 ×
+the reads and Python per request. A/B (benchmarks/ab.py, 3 and 4 rounds), a 128 KiB mark against
+none: CPU per 16 MB binary pass-through −18 to −25 % at c=16 and c=64, −9 % at c=1; 1 MiB −10 % at
+c=1, within ±5 % at c=16/64. A 256 KiB mark with 512 KiB buffers against 128 / 256 KiB (4 rounds):
+16 MB −7 / −8 / −11 % at c=1 / 16 / 64, 1 MiB −3 / −3 / −4 %. The mark
 drops to what is left near the end (else the last bytes would never wake the loop) and to 1 once the
 body is over (the next request head is small). Bytes waiting under the mark are progress a stall
 check cannot see: ``arrived()`` asks the kernel (``FIONREAD``), and the listener's
@@ -33,9 +35,9 @@ __all__ = ["HEAD_READ", "LOWAT", "RAW_MIN", "READ_SIZE", "RawBody", "plain_socke
 
 # While a body is read past the parser, the socket wakes the loop only once this much of it
 # (or all that is left, or its end) has arrived (SO_RCVLOWAT).
-LOWAT = 128 * 1024
+LOWAT = 256 * 1024
 
-READ_SIZE = 256 * 1024
+READ_SIZE = 512 * 1024
 # A read while a message head is awaited takes at most this much (the head and the first body
 # bytes). Whatever body bytes a read brings with the head go through the parser, which hands
 # them over as a new bytes object: with READ_SIZE reads that was up to 256 KiB copied per large
