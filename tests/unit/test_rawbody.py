@@ -1,7 +1,7 @@
 """gateway/rawbody.py: the buffers a large body is read into past the parser."""
 from __future__ import annotations
 
-from gateway.rawbody import RAW_MIN, READ_SIZE, RawBody
+from gateway.rawbody import LARGE, RAW_MIN, READ_SIZE, RawBody
 
 
 def _read(raw: RawBody, data: bytes) -> memoryview:
@@ -34,13 +34,18 @@ def test_chunks_are_never_written_over():
 
 
 def test_a_new_buffer_when_little_is_free():
-    raw = RawBody(10 * READ_SIZE)
+    raw = RawBody(7 * READ_SIZE)
     first = raw.buffer()
     assert len(first) == READ_SIZE
     _read(raw, bytes(READ_SIZE - RAW_MIN + 1))  # less than RAW_MIN left free
     second = raw.buffer()
     assert len(second) == READ_SIZE  # a fresh one, not the small rest
     assert second.obj is not first.obj
+
+
+def test_a_large_body_is_read_in_larger_buffers():
+    assert len(RawBody(LARGE - 1).buffer()) == READ_SIZE
+    assert len(RawBody(LARGE).buffer()) == 2 * READ_SIZE
 
 
 def test_the_socket_wakes_for_large_reads_then_for_every_byte_again():
@@ -79,6 +84,10 @@ def test_the_socket_wakes_for_large_reads_then_for_every_byte_again():
         small = RawBody(300, a)
         assert lowat() == 300
         small.done()
+        assert lowat() == 1
+        large = RawBody(LARGE, a)  # a large body: twice the mark
+        assert lowat() == 2 * LOWAT
+        large.done()
         assert lowat() == 1
         assert RawBody(10).arrived() is False  # no socket: nothing to ask
     finally:
