@@ -186,18 +186,19 @@ def _goals(summary: list[dict], meta: dict) -> list[dict]:
 
     concs = sorted({s["concurrency"] for s in summary})
 
-    def ratio_goal(label: str, wl: str, key: str, limit: float) -> None:
-        """gateway-1w's ``key`` at every concurrency measured, against ``limit``."""
-        vals = [(c, (cell(wl, c, "gateway-1w") or {}).get(key)) for c in concs]
+    def ratio_goal(label: str, wl: str, key: str, limit: float, at: tuple[int, ...] | None = None) -> None:
+        """gateway-1w's ``key`` at every concurrency measured (or those of ``at``), against ``limit``."""
+        vals = [(c, (cell(wl, c, "gateway-1w") or {}).get(key)) for c in concs if at is None or c in at]
         vals = [(c, v) for c, v in vals if v is not None]
         if vals:
             goals.append({"goal": label, "measured": ", ".join(f"c{c}: {v:.2f}×" for c, v in vals),
                           "met": all(v <= limit for _, v in vals)})
 
-    # The proxy-relative goals against nginx (the issue's targets) ...
-    for wl in ("http_json_small", "grpc_small"):
-        ratio_goal(f"CPU/request ≤ {SMALL_CPU_GOAL:g} × nginx, small ({wl}, 1 worker)", wl, "cpu_vs_nginx",
-                   SMALL_CPU_GOAL)
+    # The proxy-relative goals against nginx (the issue's targets: small HTTP at c=16 and c=64) ...
+    ratio_goal(f"CPU/request ≤ {SMALL_CPU_GOAL:g} × nginx, small (http_json_small, c=16 and 64, 1 worker)",
+               "http_json_small", "cpu_vs_nginx", SMALL_CPU_GOAL, at=(16, 64))
+    ratio_goal(f"CPU/request ≤ {SMALL_CPU_GOAL:g} × nginx, small (grpc_small, 1 worker) — extra, not in the issue "
+               "(its gRPC target is the grpcio floor below)", "grpc_small", "cpu_vs_nginx", SMALL_CPU_GOAL)
     for wl in ("http_bin_16m", "grpc_16m"):
         ratio_goal(f"CPU/request ≤ {BIG_CPU_GOAL:g} × nginx, 16 MB ({wl}, 1 worker)"
                    + ("" if wl == "http_bin_16m" else " — extra, not in the issue"), wl, "cpu_vs_nginx",
@@ -216,7 +217,8 @@ def _goals(summary: list[dict], meta: dict) -> list[dict]:
                                     ("the grpcio floor", cell(wl, 1, "grpc-floor")),
                                     ("the httptools floor", cell(wl, 1, "http-floor")))
                     if p and p.get("added_p50_us_vs_direct") is not None]
-            goals.append({"goal": f"added p50 ≤ {ADDED_P50_GOAL_US:.0f} µs, small ({wl}, c=1, 1 worker)",
+            extra = "" if wl == "http_json_small" else " — extra, not in the issue"
+            goals.append({"goal": f"added p50 ≤ {ADDED_P50_GOAL_US:.0f} µs, small ({wl}, c=1, 1 worker){extra}",
                           "measured": f"{s['added_p50_us_vs_direct']:.0f} µs" + (f" ({', '.join(adds)})" if adds
                                                                                    else ""),
                           "met": s["added_p50_us_vs_direct"] <= ADDED_P50_GOAL_US})
