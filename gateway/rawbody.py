@@ -16,10 +16,9 @@ the reads and Python per request. A/B (benchmarks/ab.py, 3 and 4 rounds), a 128 
 none: CPU per 16 MB binary pass-through −18 to −25 % at c=16 and c=64, −9 % at c=1; 1 MiB −10 % at
 c=1, within ±5 % at c=16/64. A 256 KiB mark with 512 KiB buffers against 128 / 256 KiB (4 rounds):
 16 MB −7 / −8 / −11 % at c=1 / 16 / 64, 1 MiB −3 / −3 / −4 %. Bodies of ``LARGE`` or more use twice
-both. The mark
-drops to what is left near the end (else the last bytes would never wake the loop) and to 1 once the
-body is over (the next request head is small). Bytes waiting under the mark are progress a stall
-check cannot see: ``arrived()`` asks the kernel (``FIONREAD``), and the listener's
+both. The mark drops to what is left near the end (else the last bytes would never wake the loop)
+and to 1 once the body is over (the next request head is small). Bytes waiting under the mark are
+progress a stall check cannot see: ``arrived()`` asks the kernel (``FIONREAD``), and the listener's
 ``body_timeout_s`` sweep counts them.
 """
 from __future__ import annotations
@@ -45,8 +44,9 @@ READ_SIZE = 512 * 1024
 LARGE = 4 << 20
 # A read while a message head is awaited takes at most this much (the head and the first body
 # bytes). Whatever body bytes a read brings with the head go through the parser, which hands
-# them over as a new bytes object: with READ_SIZE reads that was up to 256 KiB copied per large
-# body and direction — callgrind: half of the gateway's instructions on a 1 MiB pass-through.
+# them over as a new bytes object: with the 256 KiB reads of before that was up to 256 KiB per large
+# body and direction copied once more — callgrind: half of the gateway's instructions on a 1 MiB
+# pass-through.
 # Smaller reads leave a large body in the socket for RawBody's buffers; a medium one (read
 # through the parser) costs one more read.
 HEAD_READ = 16 * 1024
