@@ -47,6 +47,7 @@ def _install_uvloop() -> None:
 
 async def _serve_one(config, *, config_path: str, port_file: str | None, http_port: int | None,
                      grpc_port: int | None, worker: bool, watch: bool) -> int:
+    from .gcpolicy import settle
     from .server import Gateway, wait_for_signal
     from .supervisor import announce
     from .watch import watch_file
@@ -65,9 +66,16 @@ async def _serve_one(config, *, config_path: str, port_file: str | None, http_po
     started = asyncio.Event()
     reloads: set[asyncio.Task[bool]] = set()
 
+    async def reload_file(if_changed: bool) -> bool:
+        before = gw.config
+        ok = await gw.reload_file(config_path, if_changed=if_changed)
+        if gw.config is not before:
+            settle()  # what the reload replaced is collected; what it built is frozen
+        return ok
+
     async def reload_when_started() -> bool:
         await started.wait()
-        return await gw.reload_file(config_path)
+        return await reload_file(False)
 
     def reload() -> None:
         task = loop.create_task(reload_when_started())
@@ -79,6 +87,7 @@ async def _serve_one(config, *, config_path: str, port_file: str | None, http_po
     http = HostPort(listen.http.host, http_port) if (listen.http and http_port is not None) else None
     grpc = HostPort(listen.grpc.host, grpc_port) if (listen.grpc and grpc_port is not None) else None
     ports = await gw.start(http=http, grpc=grpc, serve_metrics=not worker)
+    settle()  # start-up's objects frozen, out of the collector's way (gcpolicy.py)
     started.set()
     if worker:
         # The supervisor waits for this line before it counts the worker as up.
@@ -86,7 +95,7 @@ async def _serve_one(config, *, config_path: str, port_file: str | None, http_po
         sys.stdout.flush()
     else:
         announce(ports, port_file)
-    watcher = loop.create_task(watch_file(config_path, lambda: gw.reload_file(config_path, if_changed=True))) \
+    watcher = loop.create_task(watch_file(config_path, lambda: reload_file(True))) \
         if watch else None
     try:
         await wait_for_signal()
