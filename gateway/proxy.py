@@ -418,7 +418,8 @@ class Proxy:
         finally:
             self.admission.leave(size)
 
-    def infer_http_now(self, model: str, version: str, body: bytes | bytearray, headers: Mapping[str, str],
+    def infer_http_now(self, model: str, version: str, body: bytes | bytearray | memoryview,
+                       headers: Mapping[str, str],
                        record: AccessRecord | None,
                        done: Callable[[HttpReply | Exception | None], None]) -> RouteLabel | None:
         """:meth:`infer_http` without a coroutine for a whole, uncompressed body, when its

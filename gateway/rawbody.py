@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["HEAD_READ", "LARGE", "LOWAT", "RAW_MIN", "READ_SIZE", "RawBody", "plain_socket"]
+__all__ = ["HEAD_READ", "LARGE", "LOWAT", "RAW_MIN", "READ_SIZE", "RawBody", "new_buffer", "plain_socket"]
 
 # While a body is read past the parser, the socket wakes the loop only once this much of it
 # (or all that is left, or its end) has arrived (SO_RCVLOWAT).
@@ -54,6 +54,11 @@ HEAD_READ = 16 * 1024
 RAW_MIN = 64 * 1024
 
 
+def new_buffer(size: int) -> memoryview:
+    """``size`` bytes to read into, uninitialised (numpy.empty: no page-filling)."""
+    return np.empty(size, dtype=np.uint8).data.cast("B")
+
+
 def plain_socket(transport: Any) -> Any:
     """The transport's socket for the low-water mark — None under TLS: there the mark would
     count ciphertext while the TLS layer may already hold part of the body, decrypted or not,
@@ -67,11 +72,14 @@ class RawBody:
     """``left`` bytes of a body still to come. Each read's bytes become one chunk (a view) that
     nothing writes over again: the consumer may keep it as long as it likes."""
 
-    __slots__ = ("_free", "_lowat", "_queued", "_size", "_sock", "left")
+    __slots__ = ("_fixed", "_free", "_lowat", "_queued", "_size", "_sock", "left")
 
-    def __init__(self, left: int, sock: Any = None) -> None:
+    def __init__(self, left: int, sock: Any = None, into: memoryview | None = None) -> None:
         self.left = left
-        self._free: memoryview | None = None
+        # ``into``: where the whole rest goes (at least ``left`` bytes), no buffer of its own.
+        self._free: memoryview | None = into
+        self._fixed = into is not None
+        assert into is None or len(into) >= left
         self._sock = sock
         self._lowat = 1
         self._queued = 0  # unread bytes in the socket at the last arrived()
@@ -111,8 +119,8 @@ class RawBody:
         numpy.empty, no page-filling), never more than the body still to come — bytes after the
         body (a request pipelined behind it) stay in the socket for the parser."""
         free = self._free
-        if free is None or len(free) < RAW_MIN:
-            free = self._free = np.empty(self._size, dtype=np.uint8).data.cast("B")
+        if free is None or (len(free) < RAW_MIN and not self._fixed):
+            free = self._free = new_buffer(self._size)
         return free[: self.left] if self.left < len(free) else free
 
     def take(self, nbytes: int) -> memoryview:

@@ -154,7 +154,7 @@ def sequence_key(value: object) -> str | None:
 _SEQUENCE = b'"sequence_id"'
 
 
-def sequence_of_json(body: bytes | bytearray, header_length_value: str | None) -> str | None:
+def sequence_of_json(body: bytes | bytearray | memoryview, header_length_value: str | None) -> str | None:
     """``parameters.sequence_id`` of a pass-through JSON (or binary-extension) request.
 
     The body is not parsed unless its JSON part mentions ``"sequence_id"`` at all (one
@@ -166,6 +166,8 @@ def sequence_of_json(body: bytes | bytearray, header_length_value: str | None) -
         text = header_length_value.strip()
         if is_count(text):
             end = min(int(text), end)
+    if isinstance(body, memoryview):  # (a binary body read whole: its JSON part is small)
+        body = bytes(body[:end])
     if body.find(_SEQUENCE, 0, end) < 0:
         return None
     part = memoryview(body)[:end]

@@ -59,8 +59,8 @@ _INTERNAL = (b'{"error":"internal gateway error"}')
 
 
 def _one(chunk: bytes | memoryview) -> bytes:
-    # A body read whole came through the parser: bytes. (Views come only from the listener's
-    # raw reads of bodies over DEFER_MAX, which are read as chunks(), never whole.)
+    # A body read whole by a handler, as bytes: what came through the parser is; a view (a
+    # binary body read whole past the parser, handed to a task) is copied once.
     return chunk if type(chunk) is bytes else bytes(chunk)
 
 
@@ -137,7 +137,7 @@ class DirectExchange:
             return
         self._protocol._start_asgi_task(self, None)
 
-    def run_later(self, body: bytes | bytearray) -> None:
+    def run_later(self, body: bytes | bytearray | memoryview) -> None:
         """``now`` took the body and then handed the request back (nothing was answered):
         the handler serves it in a task, with the body given back."""
         self.resent = True
@@ -203,10 +203,19 @@ class DirectExchange:
         finally:
             self._waiter = None
 
-    def whole(self) -> bytes:
-        """The body, all of it here (a deferred request), kept until :meth:`taken`."""
+    def whole(self) -> bytes | memoryview:
+        """The body, all of it here (a deferred request), kept until :meth:`taken`: bytes, or
+        a view of the buffer a binary body was read into whole (h1listen.py WHOLE_MAX)."""
         chunks = self._chunks
-        return _one(chunks[0]) if len(chunks) == 1 else b"".join(chunks)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def parsed(self) -> bytes:
+        """The body bytes the parser handed over so far, taken out (the listener reads the rest
+        whole past the parser, after them)."""
+        data = b"".join(self._chunks)
+        self._chunks.clear()
+        self._queued = 0
+        return data
 
     def taken(self) -> None:
         """The body went to ``now``'s request: dropped here."""

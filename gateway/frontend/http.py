@@ -112,7 +112,7 @@ _LARGE = 1 << 20
 _ENCODINGS = frozenset({"", "identity", "gzip", "deflate"})
 
 
-def json_part(body: bytes | bytearray, json_length: str | None) -> bytes | bytearray | memoryview:
+def json_part(body: bytes | bytearray | memoryview, json_length: str | None) -> bytes | bytearray | memoryview:
     """The JSON of an inference body: all of it, or its first Inference-Header-Content-Length bytes."""
     if json_length is not None and is_count(json_length) and int(json_length) <= len(body):
         return memoryview(body)[: int(json_length)]
@@ -302,10 +302,12 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
 
     check_json = JsonCheck(limits)
 
-    def check_whole(body: bytes | bytearray, encoding: str | None, ihcl: str | None) -> None:
+    def check_whole(body: bytes | bytearray | memoryview, encoding: str | None, ihcl: str | None) -> None:
         """The checks of a body read whole, before it goes anywhere."""
-        # A compressed body is checked inflated (what the backend will parse).
-        plain = decode_content(body, encoding, max_message_bytes) if encoding else body
+        # A compressed body is checked inflated (what the backend will parse). (A view is a
+        # binary body read whole past the parser: never a compressed one, h1listen.py.)
+        plain = decode_content(bytes(body) if isinstance(body, memoryview) else body, encoding,
+                               max_message_bytes) if encoding else body
         _header_length(ihcl, len(plain))
         head = json_part(plain, ihcl)
         check_depth(head, max_json_depth)

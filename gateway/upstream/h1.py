@@ -581,12 +581,13 @@ class _Connection(asyncio.BufferedProtocol):
         self._raw = None
         self._body_got = 0
 
-    def start(self, pending: _Pending, head: bytes, body: bytes | bytearray, stream_min: int | None) -> None:
+    def start(self, pending: _Pending, head: bytes, body: bytes | bytearray | memoryview,
+              stream_min: int | None) -> None:
         """The request of a :class:`_Pending` exchange, written at once (its answer reaches
         ``pending`` from this protocol's callbacks)."""
         assert self._transport is not None
         self._reset(pending, stream_min, False)
-        if len(body) <= 65536:
+        if len(body) <= 65536 and not isinstance(body, memoryview):
             self._transport.write(head + body)  # one segment for small requests
         else:
             self._transport.writelines([head, body])
@@ -855,7 +856,8 @@ class H1ConnectionPool:
             self._slots.give()
         return response
 
-    def request_now(self, method: str, path: str, body: bytes | bytearray, headers: Mapping[str, str] | None,
+    def request_now(self, method: str, path: str, body: bytes | bytearray | memoryview,
+                    headers: Mapping[str, str] | None,
                     timeout: float, stream_min: int | None,
                     callback: Callable[[H1Response | Exception], None]) -> bool:
         """:meth:`request` without a coroutine, when it can start at once: a free slot and
@@ -880,7 +882,7 @@ class H1ConnectionPool:
         return True
 
     def _again(self, callback: Callable[[H1Response | Exception], None], method: str, path: str,
-               body: bytes | bytearray, headers: Mapping[str, str] | None, timeout: float,
+               body: bytes | bytearray | memoryview, headers: Mapping[str, str] | None, timeout: float,
                stream_min: int | None) -> None:
         async def again() -> None:
             try:

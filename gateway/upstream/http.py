@@ -389,7 +389,8 @@ class HttpPool(Pool[HttpEndpoint]):
             path = self._infer_paths[(model, version)] = model_path(model, version) + "/infer"
         return path
 
-    def infer_http_now(self, model: str, version: str, body: bytes | bytearray, headers: Mapping[str, str],
+    def infer_http_now(self, model: str, version: str, body: bytes | bytearray | memoryview,
+                       headers: Mapping[str, str],
                        forwarded: Sequence[str], record: AccessRecord | None,
                        done: Callable[[HttpReply | Exception | None], None]) -> bool:
         """:meth:`infer_http` for a whole, uncompressed body, without a coroutine, when the
