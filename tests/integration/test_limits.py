@@ -281,6 +281,22 @@ def test_stalled_body(gw):
     still_serving(gw)
 
 
+def test_stalled_binary_body_read_whole(gw):
+    """A binary body of a size read whole past the parser (h1listen.py WHOLE_MAX) that stops
+    half-way: the request is refused with 408 once body_timeout_s passes without a byte."""
+    from gateway.frontend.h1listen import WHOLE_MAX, WHOLE_MIN
+
+    size = 1 << 20
+    assert WHOLE_MIN < size < WHOLE_MAX
+    sock = _connect(gw.http_url)
+    sock.sendall(b"POST /v2/models/identity_FP32/infer HTTP/1.1\r\nHost: x\r\nx-pool: http\r\n"
+                 b"Inference-Header-Content-Length: 2\r\nContent-Length: %d\r\n\r\n{}" % size + bytes(size // 2))
+    answer = _read_all(sock)
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 408") and b"limits.body_timeout_s" in answer, answer[:300]
+    still_serving(gw)
+
+
 def test_max_connections(triton, tmp_path):
     backends = {"h": {"protocol": "http", "endpoints": [triton.http_url]}}
     g = GatewayProcess(gateway_config(backends, [{"model": "add_sub", "backend": "h"}],

@@ -120,3 +120,76 @@ def test_heads_and_bodies_around_the_head_read_size_in_one_packet(tmp_path):
             assert "Traceback" not in g.log_tail(200)
     finally:
         backend.close()
+
+
+def test_binary_bodies_read_whole_around_the_limits(tmp_path):
+    """Binary-extension bodies of more than WHOLE_MIN and at most WHOLE_MAX bytes are read whole
+    past the parser into one buffer (the part that came with the head first), then sent as a
+    small request is (h1listen.py). Sizes on both sides of both limits, sent in pieces that
+    split anywhere, each with a request pipelined right behind it in the same packet; a
+    compressed one and an all-JSON one of that size take the other paths; a client that leaves
+    mid-body costs nothing. Every byte must arrive where it should."""
+    import gzip
+
+    from gateway.frontend.h1listen import WHOLE_MAX, WHOLE_MIN
+
+    seen: list[int] = []  # the body sizes the backend got
+
+    def answer(line: str, headers: dict[str, str], body: bytes) -> bytes:
+        seen.append(len(body))
+        return answer_for(body)
+
+    backend = ScriptedHttp(answer)
+    config = gateway_config({"pool": {"protocol": "http", "endpoints": [backend.address]}},
+                            [{"model": "*", "backend": "pool"}], health={"interval_s": 0.2, "timeout_s": 1.0})
+    small_head = (b"POST /v2/models/m/infer HTTP/1.1\r\nHost: gw\r\nContent-Type: "
+                  b"application/json\r\nContent-Length: %d\r\n\r\n" % len(SMALL))
+    header_len = len(binary_request(1, 0)[1]) - 1
+    try:
+        with GatewayProcess(config, tmp_path, "gw-whole") as g:
+            host, port = g.http_url.split(":")
+            with socket.create_connection((host, int(port)), timeout=30) as sock:
+                pending = bytearray()
+                sizes = (WHOLE_MIN - header_len, WHOLE_MIN + 1 - header_len, 1 << 20, WHOLE_MAX - header_len,
+                         WHOLE_MAX + 1 - header_len)
+                for n, size in enumerate(sizes):
+                    head, body = binary_request(size, 10 + n)
+                    cut = 1 + (n * 7919) % 20_000  # the head's packet brings this much of the body
+                    sock.sendall(head + body[:cut])
+                    for i in range(cut, len(body) - 3000, 300_001):
+                        sock.sendall(body[i:min(i + 300_001, len(body) - 3000)])
+                    sock.sendall(body[len(body) - 3000:] + small_head + SMALL)
+                    status, answer = read_answer(sock, pending)
+                    assert status == 200 and answer == answer_for(body), size
+                    status, answer = read_answer(sock, pending)
+                    assert status == 200 and answer == answer_for(SMALL)
+                # Compressed: read through the parser (checked inflated), not whole.
+                head, body = binary_request(1 << 20, 99)
+                packed = gzip.compress(body, compresslevel=1)
+                packed_head = head.replace(b"Content-Length: %d" % len(body), b"Content-Length: %d" % len(packed))
+                sock.sendall(packed_head.replace(b"\r\n\r\n", b"\r\nContent-Encoding: gzip\r\n\r\n") + packed)
+                status, answer = read_answer(sock, pending)
+                assert status == 200 and answer == answer_for(packed)
+                # All JSON, 1.5 MB: no Inference-Header-Content-Length, streamed as before.
+                doc = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [150_000],
+                                                "data": [0.25] * 150_000}]})
+                assert WHOLE_MIN < len(doc) <= WHOLE_MAX
+                sock.sendall(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n" % len(doc) + doc)
+                status, answer = read_answer(sock, pending)
+                assert status == 200 and answer == answer_for(doc)
+            # A client gone half-way through a body read whole: nothing reaches the backend,
+            # and the gateway goes on serving.
+            head, body = binary_request(1 << 20, 7)
+            before = len(seen)
+            with socket.create_connection((host, int(port)), timeout=30) as gone:
+                gone.sendall(head + body[: len(body) // 2])
+            with socket.create_connection((host, int(port)), timeout=30) as sock:
+                head, other = binary_request((1 << 20) + 1, 8)
+                sock.sendall(head + other)
+                status, answer = read_answer(sock, bytearray())
+                assert status == 200 and answer == answer_for(other)
+            assert seen[before:] == [len(other)]  # (the half body never went anywhere)
+            assert "Traceback" not in g.log_tail(200)
+    finally:
+        backend.close()

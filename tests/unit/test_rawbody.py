@@ -43,6 +43,28 @@ def test_a_new_buffer_when_little_is_free():
     assert second.obj is not first.obj
 
 
+def test_a_body_read_whole_fills_the_buffer_it_was_given():
+    """``into``: a body read whole (h1listen.py WHOLE_MAX) goes into one buffer of its size,
+    every read right after the last, never into a buffer of RawBody's own — even when less
+    than RAW_MIN of it is left."""
+    from gateway.rawbody import new_buffer
+
+    whole = new_buffer(3 * RAW_MIN + 10)
+    whole[:10] = b"0123456789"  # (what came through the parser with the head)
+    raw = RawBody(len(whole) - 10, into=whole[10:])
+    expected = bytearray(b"0123456789")
+    i = 0
+    while raw.left:
+        buf = raw.buffer()
+        assert buf.obj is whole.obj
+        size = min(len(buf), RAW_MIN - 1 + i)  # the last reads leave less than RAW_MIN free
+        data = bytes((i + k) % 251 for k in range(size))
+        _read(raw, data)
+        expected += data
+        i += 1
+    assert bytes(whole) == bytes(expected)
+
+
 def test_a_large_body_is_read_in_larger_buffers():
     assert len(RawBody(LARGE - 1).buffer()) == READ_SIZE
     assert len(RawBody(LARGE).buffer()) == 2 * READ_SIZE
