@@ -35,7 +35,7 @@ with instrumented(__name__ == "__main__", ("gateway",)):
     from gateway.codec.grpcscan import PARSE_MAX, scan_checked
     from gateway.codec.wire import scan_infer_routing, scan_name_version, settings_change
     from gateway.config.security import Limits
-    from gateway.errors import GatewayError, InvalidRequest, LimitExceeded
+    from gateway.errors import GatewayError, InvalidRequest, LimitExceeded, NegativeDimension
 
 __all__ = ["one_input", "protobuf_sequence"]
 
@@ -99,11 +99,11 @@ _LIMITS = Limits(max_tensors=4, max_dims=6, max_elements=1000, max_name_length=1
 
 def _check_limits(data: bytes, msg: Any) -> None:
     """scan_checked (the gRPC front end's routing + hard limits): a message protobuf parses
-    is refused only by a limit, and otherwise routed as protobuf reads it; one it cannot
-    parse (up to PARSE_MAX bytes) is refused."""
+    is refused only by a limit or a negative dimension, and otherwise routed as protobuf reads
+    it; one it cannot parse (up to PARSE_MAX bytes) is refused."""
     try:
         routing = scan_checked(data, _LIMITS)
-    except LimitExceeded:
+    except (LimitExceeded, NegativeDimension):
         return
     except InvalidRequest as exc:
         check(msg is None or _group_refusal(exc) or _overlong_varint(data),

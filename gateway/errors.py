@@ -37,6 +37,7 @@ __all__ = [
     "ListenError",
     "ModelNotFound",
     "ModelNotReady",
+    "NegativeDimension",
     "NoEndpointAvailable",
     "Overloaded",
     "PayloadTooLarge",
@@ -73,6 +74,12 @@ class InvalidRequest(GatewayError):
 class LimitExceeded(InvalidRequest):
     """A request over one of the hard limits (``limits`` in the config); the message names
     the limit's key, so an operator knows what to raise."""
+
+
+class NegativeDimension(InvalidRequest):
+    """A tensor shape with a negative dimension, refused before routing on every path
+    (codec/limits.py). Its own class so that the wire walk, which leaves malformed messages to
+    protobuf's parser, does not take it for one."""
 
 
 class Unauthenticated(GatewayError):

@@ -120,8 +120,8 @@ def _int64(d: int) -> int:
 
 class _Shape:
     """A shape's dimensions as they are read: how many, and whether their product passes
-    max_elements — taken with an early stop at a dimension ≤ 0 (0 elements, or a negative
-    dimension the backend refuses on its own), as limits.limit_shape does."""
+    max_elements — its dimensions other than 0 — and has no negative one (``over`` either way:
+    the exact path, limits.limit_shape, names which)."""
 
     def __init__(self, max_elements: int) -> None:
         self.max_elements = max_elements
@@ -137,8 +137,10 @@ class _Shape:
         if d > _SHORT:  # (rare: below it the comparisons are on native integers)
             d = _int64(d)
         if d <= 0:
-            self.counting = False
-            return
+            if d < 0:  # refused: the exact path names it (limits.limit_shape)
+                self.counting = False
+                self.over = True
+            return  # 0: the others still count (limits._NONZERO)
         self.elements *= d
         if self.elements > self.max_elements:
             self.counting = False

@@ -16,7 +16,7 @@ import msgspec
 import orjson
 
 from ..config.security import Limits
-from ..errors import InvalidRequest, LimitExceeded
+from ..errors import InvalidRequest, LimitExceeded, NegativeDimension
 from .jsondup import check_unique, members
 from .jsonscan import skeleton
 from .wire import iter_fields, read_varint
@@ -29,6 +29,10 @@ __all__ = ["JSON_CHECK_MAX", "JsonCheck", "check_json", "check_names", "check_pb
 # (codec/jsonscan.py: the text without its tensors' data), which is what the limits read.
 JSON_CHECK_MAX = 64 * 1024
 
+# _NONZERO: max_elements bounds the product of a shape's dimensions other than 0. A shape with
+# a 0 holds no elements, but backends size buffers from the other dimensions: [0, 2**63-1] FP32
+# passes Triton 2.51's own checks and kills its Python backend's stub (numpy: "array is too big"),
+# taking the model down for every client. So [0, 2**40] is refused like [2**40].
 _NO_DATA = msgspec.Raw()  # a tensor without "data" (binary extension: the bytes follow the JSON)
 
 _VARINT, _LEN = 0, 2
@@ -54,12 +58,18 @@ def limit_shape(name: object, dims: list[int], limits: Limits) -> None:
                             f"({limits.max_dims})")
     elements = 1
     for d in dims:
-        if d <= 0:
-            return  # 0 elements, or a negative dimension the codec / backend refuses on its own
+        if d < 0:
+            # Not a size (spec "Inference Request JSON Object": shape is the tensor's size);
+            # refused here, on every path: Triton 2.51's HTTP side answers it with a 500.
+            raise NegativeDimension(f"tensor {_shown(name)}: shape {dims[:8]}{'…' if len(dims) > 8 else ''} has a "
+                                    "negative dimension")
+        if d == 0:
+            continue  # (see _NONZERO)
         elements *= d
         if elements > limits.max_elements:
-            raise LimitExceeded(f"tensor {_shown(name)} has a shape of more than {limits.max_elements} elements "
-                                f"(limits.max_elements): {dims[:8]}{'…' if len(dims) > 8 else ''}")
+            zero = " (its dimensions other than 0)" if 0 in dims else ""
+            raise LimitExceeded(f"tensor {_shown(name)} has a shape{zero} of more than {limits.max_elements} "
+                                f"elements (limits.max_elements): {dims[:8]}{'…' if len(dims) > 8 else ''}")
 
 
 def limit_count(what: str, n: int, limits: Limits) -> None:
@@ -105,8 +115,8 @@ class JsonCheck:
         self._max_id = limits.max_id_length
         ident = Annotated[str, msgspec.Meta(max_length=limits.max_id_length)]
         name = Annotated[str, msgspec.Meta(max_length=limits.max_name_length)]
-        # ge=1: a 0 or a negative dimension goes to the general path, which multiplies up to it
-        # ([100, 100, 0] is refused there: past max_elements before the 0).
+        # ge=1: a 0 or a negative dimension goes to the general path, which multiplies the
+        # others (a 0: _NONZERO) or refuses it (a negative one).
         dim = Annotated[int, msgspec.Meta(ge=1, le=limits.max_elements)]
         shape = Annotated[list[dim], msgspec.Meta(max_length=limits.max_dims)]
         params = dict[str, Any] | None
@@ -227,8 +237,12 @@ def _check_any(part: bytes | bytearray | memoryview, limits: Limits) -> None:
                 limit_shape(name, [0] * len(shape), limits)
             elements = 1
             for d in shape:
-                if type(d) is not int or d <= 0:
-                    break  # not a count (the codec / backend says so), or no elements
+                if type(d) is not int:
+                    break  # not a count: the codec / backend says so
+                if d < 0:
+                    limit_shape(name, shape, limits)  # (raises: negative)
+                if d == 0:
+                    continue  # (see _NONZERO)
                 elements *= d
                 if elements > max_elements:
                     limit_shape(name, shape, limits)
@@ -294,7 +308,7 @@ def check_pb(message: bytes | memoryview, limits: Limits) -> None:
                         limit_name(v, limits)
             elif fnum == 3:
                 limit_id("request id", value, limits)
-    except LimitExceeded:
+    except (LimitExceeded, NegativeDimension):
         raise
     except InvalidRequest:
         return  # malformed: the path that parses it says so in its own words

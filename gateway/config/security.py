@@ -95,6 +95,9 @@ class Auth:
             raise ValueError("two keys share a name")
 
 
+MAX_ELEMENTS_CAP = 1 << 56
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Hard limits on what one request may hold (each refusal names its key). Checked
@@ -116,6 +119,10 @@ class Limits:
                      "max_grpc_streams", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.max_elements > MAX_ELEMENTS_CAP:
+            # Backends size a tensor's buffer as elements × up to 8 bytes in 64-bit arithmetic
+            # (codec/limits.py _NONZERO): past this that product can wrap.
+            raise ValueError(f"max_elements must be <= 2**56 ({MAX_ELEMENTS_CAP})")
         for name in ("header_timeout_s", "body_timeout_s", "idle_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")

@@ -608,7 +608,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                               check=lambda body: check_depth(body, max_json_depth))
 
     # The first-generation API (/api/...), translated to V2: frontend/v1_http.py.
-    v1 = build_v1_http_app(plane, metrics, max_message_bytes=max_message_bytes)
+    v1 = build_v1_http_app(plane, metrics, max_message_bytes=max_message_bytes, limits=limits)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":

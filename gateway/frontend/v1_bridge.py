@@ -19,6 +19,7 @@ from typing import Any
 from .._pb import legacy_v1_pb2 as v1
 from .._pb import triton_extensions_pb2 as tx
 from ..codec.content import is_count
+from ..codec.limits import limit_count, limit_shape
 from ..codec.v1 import (
     ModelInfo,
     build_request,
@@ -30,6 +31,7 @@ from ..codec.v1 import (
     split_body,
     v1_version,
 )
+from ..config.security import Limits
 from ..dataplane import DataPlane
 from ..errors import GatewayError, InvalidRequest, ModelNotFound, UpstreamError
 
@@ -54,8 +56,9 @@ class V1Bridge:
     (``v1_settings()``: the config's ``v1`` section) when it has one: readiness strict or not,
     and the model repositories label files are read from."""
 
-    def __init__(self, plane: DataPlane) -> None:
+    def __init__(self, plane: DataPlane, limits: Limits | None = None) -> None:
         self.plane = plane
+        self.limits = limits or Limits()
         self.started_ns = time.monotonic_ns()
         self._ids = itertools.count(1)
         self._cache: dict[tuple[str, str], tuple[float, ModelInfo, dict[str, list[str]]]] = {}
@@ -139,6 +142,11 @@ class V1Bridge:
         """One v1 inference: the raw inputs come as an HTTP ``body`` or as gRPC ``raws``."""
         info, labels = await self.model(model, version, timeout)
         batching, plans = plan_inputs(header, info, legacy)
+        # The V2 request built here skips the V2 front ends' checks: the same limits, on the
+        # shapes as they will travel (a batching model's batch dimension included).
+        limit_count("input", len(plans), self.limits)
+        for p in plans:
+            limit_shape(p.name, list(p.shape), self.limits)
         inputs = split_body(body, plans) if body is not None else list(raws or ())
         message, plan, affinity = build_request(model, version, header, info, batching, plans, inputs)
         del inputs

@@ -46,7 +46,7 @@ DEFAULT_LIMITS = Limits()
 
 def build_v1_grpc_handler(plane: DataPlane, metrics: Metrics | None, bridge: V1Bridge | None = None,
                           limits: Limits = DEFAULT_LIMITS) -> grpc.GenericRpcHandler:
-    bridge = bridge or V1Bridge(plane)
+    bridge = bridge or V1Bridge(plane, limits)
     route_label: Callable[[str, str], RouteLabel] = getattr(plane, "route_label", lambda m, v: UNROUTED)
     access = metrics.access if metrics is not None else None
 

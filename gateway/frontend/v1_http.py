@@ -24,6 +24,7 @@ from urllib.parse import parse_qs
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..codec.v1 import parse_header_text, status_text
+from ..config.security import Limits
 from ..dataplane import ClientDisconnected, DataPlane
 from ..errors import GatewayError, InvalidRequest, ModelNotFound, PayloadTooLarge, UpstreamError
 from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
@@ -64,8 +65,8 @@ async def _body(receive: Receive, limit: int) -> bytes:
 
 
 def build_v1_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_bytes: int,
-                      bridge: V1Bridge | None = None) -> ASGIApp:
-    bridge = bridge or V1Bridge(plane)
+                      bridge: V1Bridge | None = None, limits: Limits | None = None) -> ASGIApp:
+    bridge = bridge or V1Bridge(plane, limits or Limits())
     route_label: Callable[[str, str], RouteLabel] = getattr(plane, "route_label", lambda m, v: UNROUTED)
     access = metrics.access if metrics is not None else None
 

@@ -220,3 +220,63 @@ def test_request_smuggling_never_reaches_the_backend_as_two(triton, gw, framing)
     statuses = [line for line in answer.split(b"\r\n") if line.startswith(b"HTTP/1.1 ")]
     assert len(statuses) <= 1, statuses  # never a second answer on the connection
     assert _add_sub_count(triton) - before <= 1  # the backend saw at most the one request
+
+
+def _identity_serves(triton) -> bool:
+    """Triton's identity_FP32 (a Python-backend model) answers a real inference: its stub lives."""
+    with httpclient.InferenceServerClient(triton.http_url) as c:
+        inp = httpclient.InferInput("INPUT0", [1, 2], "FP32")
+        inp.set_data_from_numpy(np.array([[1.5, -2.0]], dtype=np.float32))
+        return c.infer("identity_FP32", [inp]).as_numpy("OUTPUT0").tolist() == [[1.5, -2.0]]
+
+
+def _empty_tensor_request(shape: list[int], form: str) -> tuple[bytes, dict]:
+    tensor: dict = {"name": "INPUT0", "datatype": "FP32", "shape": shape}
+    if form == "binary":
+        tensor["parameters"] = {"binary_data_size": 0}
+        head = orjson.dumps({"inputs": [tensor]})
+        return head, {"content-type": "application/octet-stream", "inference-header-content-length": str(len(head))}
+    tensor["data"] = []
+    return orjson.dumps({"inputs": [tensor]}), {}
+
+
+def _refusal(gw, shape: list[int], form: str) -> tuple[str, str]:
+    """What the gateway answers an identity_FP32 request with an empty tensor of ``shape``:
+    (HTTP status or gRPC code, message)."""
+    if form == "grpc":
+        import grpc
+
+        from gateway._pb import grpc_predict_v2_pb2 as pb
+        msg = pb.ModelInferRequest(model_name="identity_FP32")
+        msg.inputs.add(name="INPUT0", datatype="FP32", shape=shape)
+        with grpc.insecure_channel(gw.grpc_url) as ch:
+            try:
+                ch.unary_unary("/inference.GRPCInferenceService/ModelInfer")(msg.SerializeToString(), timeout=30)
+            except grpc.RpcError as err:
+                return err.code().name, err.details()
+        return "OK", ""
+    body, headers = _empty_tensor_request(shape, form)
+    status, answer = post(gw.http_url, "/v2/models/identity_FP32/infer", body, headers)
+    return str(status), answer.get("error", "")
+
+
+@pytest.mark.parametrize("form", ["json", "binary", "grpc"])
+@pytest.mark.parametrize("shape", [[0, (1 << 63) - 1], [1 << 40, 0], [0, 1 << 31, 1 << 31]])
+def test_an_empty_tensor_with_a_huge_dimension_never_reaches_triton(triton, gw, shape, form):
+    """[0, 2**63-1] FP32 holds no elements, passes Triton 2.51's own checks and kills its Python
+    backend's stub (numpy: "array is too big") — the model then fails for every client. The
+    gateway holds the dimensions other than 0 to limits.max_elements."""
+    assert _identity_serves(triton)
+    code, message = _refusal(gw, shape, form)
+    assert code in ("400", "INVALID_ARGUMENT") and "limits.max_elements" in message, (code, message)
+    assert _identity_serves(triton)
+
+
+@pytest.mark.parametrize("form", ["json", "binary", "grpc"])
+@pytest.mark.parametrize("shape", [[-1, (1 << 63) - 1], [0, -1, 1 << 62], [3, -4]])
+def test_a_negative_dimension_is_the_gateways_400(triton, gw, shape, form):
+    """Not a size: refused before routing, on every path (Triton 2.51's HTTP side answers a
+    500 for it, which pass-through would otherwise relay)."""
+    code, message = _refusal(gw, shape, form)
+    assert code in ("400", "INVALID_ARGUMENT") and "negative dimension" in message, (code, message)
+    assert _identity_serves(triton)

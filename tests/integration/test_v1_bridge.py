@@ -212,6 +212,9 @@ def test_sequence_flags_reach_the_sequence_batcher(gw) -> None:
     ("/api/infer/v1_batch/x", 'batch_size: 1 input { name: "INPUT0" }', f32(1, 2, 3, 4), 400, v1.INVALID_ARG,
      "not a number"),
     ("/api/nothing", None, None, 404, v1.NOT_FOUND, "no such first-generation API endpoint"),
+    # The V2 request the bridge builds is held to the same limits as one a V2 client sends.
+    ("/api/infer/add_sub", 'batch_size: 1 input { name: "INPUT0" dims: [3000000000] } '
+     'input { name: "INPUT1" dims: [3000000000] }', f32(1, 2, 3, 4), 400, v1.INVALID_ARG, "limits.max_elements"),
 ])
 def test_errors_have_nv_status_and_the_gateway_keeps_serving(gw, path, header, body, status, code, words) -> None:
     answer = call(gw, "POST", path, body, {"NV-InferRequest": header} if header is not None else {})

@@ -87,6 +87,7 @@ def test_listener_can_be_disabled():
          "backends.t.non_utf8_bytes"),
         (dict(MINIMAL, max_inflight_bytes="lots"), "max_inflight_bytes"),
         (dict(MINIMAL, health={"interval_s": -1}), "health"),
+        (dict(MINIMAL, limits={"max_elements": (1 << 56) + 1}), "limits"),
     ],
 )
 def test_each_problem_names_its_key(raw, key):
@@ -179,3 +180,8 @@ def test_server_metadata_name_and_version():
     with pytest.raises(ConfigError) as info:
         parse_config(dict(base, server={"name": "", "vendor": "x"}))
     assert {p.split(":")[0] for p in info.value.problems} == {"server.name", "server.vendor"}
+
+
+def test_max_elements_is_capped_where_a_backends_byte_count_could_wrap():
+    assert any("max_elements must be <= 2**56" in p for p in problems(dict(MINIMAL, limits={"max_elements": 1 << 60})))
+    assert parse_config(dict(MINIMAL, limits={"max_elements": 1 << 56})).limits.max_elements == 1 << 56

@@ -13,7 +13,7 @@ from gateway.codec.grpcscan import PARSE_MAX, InferScan, scan_checked
 from gateway.codec.limits import check_pb
 from gateway.codec.wire import scan_infer_routing
 from gateway.config.security import Limits
-from gateway.errors import InvalidRequest, LimitExceeded
+from gateway.errors import InvalidRequest, LimitExceeded, NegativeDimension
 
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
 DIM = st.one_of(st.integers(-3, 40), st.integers(1, 1 << 40), INT64)
@@ -52,8 +52,8 @@ def requests(draw) -> pb.ModelInferRequest:
 def outcome(fn):
     try:
         return "ok", fn()
-    except LimitExceeded:
-        return "limit", None  # (which limit is named first may differ: each path checks as it reads)
+    except (LimitExceeded, NegativeDimension):
+        return "refused", None  # (which refusal is named first may differ: each path checks as it reads)
     except InvalidRequest:
         return "invalid", None
 
@@ -131,11 +131,31 @@ def test_each_shape_refusal_names_its_limit(shape, limit):
         scan_checked(req.SerializeToString(), Limits(max_dims=6))
 
 
-@pytest.mark.parametrize("shape", [(-1, 1 << 40), (0, 1 << 40, 1 << 40), ((1 << 63) * -1, 5)])
-def test_a_shape_with_no_elements_is_left_to_the_backend(shape):
+@pytest.mark.parametrize("shape", [(-1, 1 << 40), ((1 << 63) * -1, 5), (0, -1, 1 << 40), (3, -2)])
+@pytest.mark.parametrize("pad", [0, 1 << 20], ids=["parsed", "walked"])
+def test_a_negative_dimension_is_refused(shape, pad):
+    """Not a size: refused before routing (Triton 2.51's HTTP side answers it with a 500),
+    whether the message is parsed or, past PARSE_MAX, walked."""
     req = pb.ModelInferRequest(model_name="m")
     req.inputs.add(name="IN").shape.extend(shape)
-    assert scan_checked(req.SerializeToString(), Limits()) == ("m", "", None)
+    if pad:
+        req.raw_input_contents.append(bytes(pad))
+    with pytest.raises(NegativeDimension, match=r"tensor 'IN': shape \[.*\] has a negative dimension"):
+        scan_checked(req.SerializeToString(), Limits())
+
+
+@pytest.mark.parametrize("shape", [(0, 1 << 40, 1 << 40), (0, (1 << 63) - 1), (1 << 20, 0, 1 << 20), (1 << 40, 0)])
+def test_a_zero_does_not_exempt_the_other_dimensions(shape):
+    """[0, 2**63-1] holds no elements, but backends size buffers from the other dimensions
+    (Triton's Python backend dies on it): its other dimensions are held to max_elements."""
+    req = pb.ModelInferRequest(model_name="m")
+    req.inputs.add(name="IN").shape.extend(shape)
+    with pytest.raises(LimitExceeded, match=r"dimensions other than 0\) of more than 2147483648 elements "
+                                            r"\(limits.max_elements\)"):
+        scan_checked(req.SerializeToString(), Limits())
+    assert scan_checked(pb.ModelInferRequest(model_name="m", inputs=[
+        pb.ModelInferRequest.InferInputTensor(name="IN", shape=[0, 1 << 31])]).SerializeToString(), Limits()) == \
+        ("m", "", None)
 
 
 @pytest.mark.parametrize("text, refused", [("a" * 8, False), ("a" * 9, True), ("é" * 8, False), ("é" * 9, True)])

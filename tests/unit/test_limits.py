@@ -14,7 +14,7 @@ from gateway.codec.grpcscan import scan_checked
 from gateway.codec.limits import JsonCheck, check_json, check_names, check_pb
 from gateway.codec.wire import scan_infer_routing
 from gateway.config.security import Limits
-from gateway.errors import InvalidRequest, LimitExceeded
+from gateway.errors import InvalidRequest, LimitExceeded, NegativeDimension
 
 SMALL = Limits(max_tensors=3, max_dims=4, max_elements=1000, max_name_length=8, max_id_length=10)
 
@@ -95,8 +95,8 @@ def test_parsed_path_agrees_with_the_walk(kw):
     def outcome(fn):
         try:
             return "ok", fn()
-        except LimitExceeded:
-            return "limit", None  # which one may differ: the walk checks as it goes
+        except (LimitExceeded, NegativeDimension):
+            return "refused", None  # which refusal may differ: the walk checks as it goes
 
     def walk():
         routing = scan_infer_routing(data)
@@ -207,9 +207,15 @@ def test_typed_json_check_skips_to_the_general_path():
         check_json(b'{"inputs": [{"name": "I", "shape": [1001]}]}', SMALL)
     with pytest.raises(LimitExceeded, match="max_elements"):
         check_json(b'{"inputs": [{"name": "I", "shape": [40, 30]}]}', SMALL)
-    with pytest.raises(LimitExceeded, match="max_elements"):  # past the limit before the 0 is reached
-        check_json(b'{"inputs": [{"name": "I", "shape": [100, 100, 0]}]}', SMALL)
-    check_json(b'{"inputs": [{"name": "I", "shape": [0, 100, 100]}]}', SMALL)  # no elements: the backend's to judge
+    # A 0 does not exempt the other dimensions (limits._NONZERO), wherever it stands.
+    for shape in (b"[100, 100, 0]", b"[0, 100, 100]", b"[0, 9223372036854775807]"):
+        with pytest.raises(LimitExceeded, match=r"dimensions other than 0\) of more than 1000 elements"):
+            check_json(b'{"inputs": [{"name": "I", "shape": ' + shape + b'}]}', SMALL)
+    check_json(b'{"inputs": [{"name": "I", "shape": [0, 10, 100]}]}', SMALL)
+    # A negative dimension is not a size, wherever it stands (even past a 0).
+    for shape in (b"[0, -1, 10000]", b"[-1]", b"[2, 3, -4]"):
+        with pytest.raises(NegativeDimension, match="has a negative dimension"):
+            check_json(b'{"inputs": [{"name": "I", "shape": ' + shape + b'}]}', SMALL)
     # A bytearray and a memoryview are checked as bytes are.
     for part in (bytearray(b'{"id": "i' + b"i" * 10 + b'"}'), memoryview(b'{"id": "i' + b"i" * 10 + b'"}')):
         with pytest.raises(LimitExceeded, match="max_id_length"):
