@@ -68,9 +68,11 @@ def _field(buf: bytes, pos: int, end: int) -> tuple[int, int, int, int]:
     """(field number, wire type, start, stop) of the field at ``pos``: its value is
     buf[start:stop] (a length-delimited field's payload, or a varint / fixed-width value as
     written) and ``stop`` is where the next field begins; field number -1 for a malformed field,
-    or a tag protobuf refuses (field number 0, or past 2^29 - 1)."""
+    or a tag protobuf refuses (field number 0, past 2^29 - 1, or written in more than 5 bytes:
+    upb refuses an overlong tag, though it holds a small number)."""
+    at = pos
     key, pos = _varint(buf, pos, end)
-    if pos == _FAIL or key < 8 or key > _MAX_KEY:
+    if pos == _FAIL or key < 8 or key > _MAX_KEY or pos - at > 5:
         return -1, 0, 0, 0
     wtype = key & 7
     start = pos

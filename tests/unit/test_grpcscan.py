@@ -206,6 +206,10 @@ INPUT = _field(1, b"IN") + _field(2, b"FP32") + _field(3, b"\x02")
     _field(1, b"m") + _field(6, _field(1, b"OUT") + _field(2, _field(1, BAD))),  # an output parameter's key
     _field(1, b"m") + _field(5, INPUT + bytes([0xFA, 0xFF, 0xFF, 0xFF, 0x1F, 0])),  # ... in a tensor
     _field(1, b"m") + bytes([0xFA, 0xFF, 0xFF, 0xFF, 0x1F, 0]),  # field number 2^30: not a protobuf tag
+    # Field 32 (an unknown varint) with its tag written in 8 bytes: upb refuses a tag past 5
+    # (found by fuzz/grpc_wire.py), in an output and at the top.
+    _field(1, b"m") + _field(6, bytes([0x80, 0x82, 0x80, 0x80, 0x80, 0x80, 0x80, 0x00, 0x80, 0x20])),
+    _field(1, b"m") + bytes([0x80, 0x82, 0x80, 0x80, 0x80, 0x80, 0x00, 0x01]),
 ])
 def test_what_protobuf_refuses_the_walk_does_not_vouch_for(data):
     assert InferScan(Limits())._walked(data) is None
