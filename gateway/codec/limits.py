@@ -29,10 +29,6 @@ __all__ = ["JSON_CHECK_MAX", "JsonCheck", "check_json", "check_names", "check_pb
 # (codec/jsonscan.py: the text without its tensors' data), which is what the limits read.
 JSON_CHECK_MAX = 64 * 1024
 
-# _NONZERO: max_elements bounds the product of a shape's dimensions other than 0. A shape with
-# a 0 holds no elements, but backends size buffers from the other dimensions: [0, 2**63-1] FP32
-# passes Triton 2.51's own checks and kills its Python backend's stub (numpy: "array is too big"),
-# taking the model down for every client. So [0, 2**40] is refused like [2**40].
 _NO_DATA = msgspec.Raw()  # a tensor without "data" (binary extension: the bytes follow the JSON)
 
 _VARINT, _LEN = 0, 2
@@ -52,6 +48,10 @@ def check_names(model: str, version: str, limits: Limits) -> None:
                             f"({limits.max_name_length})")
 
 
+# _NONZERO: max_elements bounds the product of a shape's dimensions other than 0. A shape with
+# a 0 holds no elements, but backends size buffers from the other dimensions: [0, 2**63-1] FP32
+# passes Triton 2.51's own checks and kills its Python backend's stub (numpy: "array is too big"),
+# taking the model down for every client. So [0, 2**40] is refused like [2**40].
 def limit_shape(name: object, dims: list[int], limits: Limits) -> None:
     if len(dims) > limits.max_dims:
         raise LimitExceeded(f"tensor {_shown(name)} has {len(dims)} dimensions, over limits.max_dims "
