@@ -59,10 +59,16 @@ def tune_malloc(max_message_bytes: int) -> bool:
     trim = min(2 * max_message_bytes, _INT_MAX)
     ok = bool(mallopt(_M_MMAP_THRESHOLD, threshold)) and bool(mallopt(_M_TRIM_THRESHOLD, trim))
     if "MALLOC_ARENA_MAX" not in os.environ:
-        # Two arenas, not 8 per core: large buffers freed by grpc's threads otherwise sit in
-        # arenas of their own, fragmented, and a trim gave back ~60 % of a burst's growth
-        # instead of ~97 % (tests/integration/test_memory.py: +44 → +10 MB over idle).
-        mallopt(_M_ARENA_MAX, 2)
+        # One arena, shared by the event loop's thread and grpc's. A second arena is where
+        # grpc's threads put the tensor-sized buffers of gRPC messages, and malloc_trim cannot
+        # empty it: it gives back the free chunks of every arena but shrinks only the main
+        # arena's top (glibc 2.36 mtrim; another arena's top shrinks on a free only, past
+        # M_TRIM_THRESHOLD, which the tuning above raises). After 16 bursts of 16 MB through a
+        # gRPC pool that top kept ~56 MB resident for good (2 arenas; 8 per core, the default,
+        # kept more). With one arena the trim gives back all but ~1 MB; A/B (4 rounds) of the
+        # contention it could add: grpc_small 0.91 / 0.98 / 0.99, grpc_16m 1.01 / 1.00 / 0.86,
+        # JSON → gRPC 1 MiB 1.01 / 1.02 / 0.97 × CPU per request at c=1 / 16 / 64.
+        mallopt(_M_ARENA_MAX, 1)
     if not ok:
         log.info("glibc mallopt refused the large-buffer tuning; running with defaults")
     return ok

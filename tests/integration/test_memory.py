@@ -1,7 +1,13 @@
-"""Memory comes back: after a burst of large converted requests (HTTP binary client → gRPC
-pool → real Triton) drove the gateway's RSS up, it returns to within 50 MB of its idle level
-within 30 s of the burst ending — the allocator keeps freed buffers while large requests
-come (their speed: gateway/malloc.py) and gives them back once they stop."""
+"""Memory comes back: after a burst of large requests through a gRPC pool (HTTP binary clients,
+converted, and gRPC clients, passed through) to real Triton drove the gateway's RSS up, it
+returns to near its idle level within 30 s of the burst ending — the allocator keeps freed
+buffers while large requests come (their speed: gateway/malloc.py) and gives them back once
+they stop.
+
+The issue's bound is 50 MB over idle; the gateway gives back all but ~1 MB, so the test holds it
+to ``SLACK``: with two malloc arenas (before session 17) the second one's top, where grpc's
+threads put message buffers, kept ~56 MB after these bursts — a bound at 50 MB would catch that
+only just."""
 from __future__ import annotations
 
 import threading
@@ -24,43 +30,52 @@ def rss(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-@pytest.fixture(scope="module")
-def gw(triton, tmp_path_factory):
+@pytest.fixture()
+def gw(triton, tmp_path_factory):  # one per case: each starts from its own idle level
     backends = {"t": {"protocol": "grpc", "endpoints": [triton.grpc_url]}}
     cfg = gateway_config(backends, [{"model": "identity_FP32", "backend": "t"}])
     with GatewayProcess(cfg, tmp_path_factory.mktemp("memory"), "gw-memory") as g:
         yield g
 
 
-def test_rss_returns_after_a_burst(gw):
+SLACK = 32 * MB
+
+
+@pytest.mark.parametrize("client", ["http", "grpc"])
+def test_rss_returns_after_a_burst(gw, client):
     assert gw.proc is not None
     pid = gw.proc.pid
+    url = gw.http_url if client == "http" else gw.grpc_url
     small = np.ones((1, 16), dtype=np.float32)
     for _ in range(20):
-        infer("http", gw.http_url, "identity_FP32", [In("INPUT0", small, "FP32")], [Out("OUTPUT0")])
+        infer(client, url, "identity_FP32", [In("INPUT0", small, "FP32")], [Out("OUTPUT0")])
     idle = rss(pid)
-    big = np.arange(2_000_000, dtype=np.float32).reshape(1, -1)  # 8 MB each way
+    big = np.arange(4_000_000, dtype=np.float32).reshape(1, -1)  # 16 MB each way
     peak = [idle]
     errors: list[BaseException] = []
 
-    def client() -> None:
+    def one_client() -> None:
         try:
-            for _ in range(3):
-                r = infer("http", gw.http_url, "identity_FP32", [In("INPUT0", big, "FP32")], [Out("OUTPUT0")])
+            for _ in range(2):
+                r = infer(client, url, "identity_FP32", [In("INPUT0", big, "FP32")], [Out("OUTPUT0")])
                 assert r.outputs["OUTPUT0"].shape == big.shape
                 peak[0] = max(peak[0], rss(pid))
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=client) for _ in range(6)]
+    threads = [threading.Thread(target=one_client) for _ in range(16)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=120)
+        t.join(timeout=180)
     assert not errors, errors
     assert peak[0] > idle + 100 * MB, f"the burst did not drive RSS up ({idle} → {peak[0]}): nothing shown"
-    wait_for(lambda: rss(pid) <= idle + 50 * MB, timeout=30,
-             what=f"RSS back within 50 MB of idle ({idle / MB:.0f} MB; peak {peak[0] / MB:.0f} MB)")
+    try:
+        wait_for(lambda: rss(pid) <= idle + SLACK, timeout=30, what="RSS back near idle")
+    except TimeoutError:
+        pytest.fail(f"RSS not back within {SLACK // MB} MB of idle 30 s after the burst: idle {idle / MB:.0f} MB, "
+                    f"peak {peak[0] / MB:.0f} MB, now {rss(pid) / MB:.0f} MB")
     # Still serving, and as fast a path as before: the tuning is not turned off by the trim.
-    r = infer("http", gw.http_url, "identity_FP32", [In("INPUT0", big, "FP32")], [Out("OUTPUT0")])
+    r = infer(client, url, "identity_FP32", [In("INPUT0", big, "FP32")], [Out("OUTPUT0")])
     np.testing.assert_array_equal(r.outputs["OUTPUT0"], big)
+
