@@ -173,6 +173,43 @@ class Admission:
             self.gauge.set(self.budget.used)
 
 
+class StreamHeld:
+    """The request messages of one ModelStreamInfer held against admission control: each from
+    when it is read until grpc asks for the next (it has been handed to the backend's stream),
+    so a stream of large tensors counts as the unary calls do — and marks large-tensor activity
+    for the idle trim (each large request, and the end of a stream that carried one). ``close()`` gives back what a stream that ended mid-message still held;
+    a message handed on after that is not given back twice."""
+
+    __slots__ = ("admission", "held", "large", "open")
+
+    def __init__(self, admission: Admission) -> None:
+        self.admission = admission
+        self.held = 0
+        self.large = False
+        self.open = True
+
+    def take(self, n: int) -> None:
+        self.admission.enter(n)  # raises Overloaded past max_inflight_bytes
+        self.held += n
+        self.large = self.large or n >= Admission.LARGE
+
+    def give(self, n: int) -> None:
+        if self.open:
+            self.held -= n
+            self.admission.leave(n)
+
+    def close(self) -> None:
+        if self.open:
+            self.open = False
+            if self.held:
+                self.admission.leave(self.held)
+                self.held = 0
+            if self.large:
+                # Answers to large requests flow until the stream's end, after its last request
+                # was handed on: the idle trim counts its quiet from here.
+                self.admission.large_at = time.monotonic()
+
+
 class Proxy:
     """Implements :class:`gateway.dataplane.DataPlane` by forwarding to backend pools."""
 
@@ -510,14 +547,20 @@ class Proxy:
         """ModelStreamInfer pass-through to the gRPC pool of the first request's route.
         Every later request must route to the same pool (one stream, one backend
         connection); one that does not ends the stream with INVALID_ARGUMENT after the
-        answers to the requests before it."""
+        answers to the requests before it. Each request counts against max_inflight_bytes
+        while the gateway holds it (:class:`StreamHeld`): a first one past it is refused with
+        UNAVAILABLE before the backend's stream opens, a later one ends the stream with
+        UNAVAILABLE after the answers before it."""
         routing = self.routing
         headers = _metadata_map(metadata)
         pool = routing.pool(model, version, headers, affinity)
         refused: list[GatewayError] = []
+        held = StreamHeld(self.admission)
+        held.take(len(first))  # over max_inflight_bytes: UNAVAILABLE before a backend stream opens
 
         async def requests() -> AsyncIterator[bytes]:
             yield first
+            held.give(len(first))
             async for message in rest:
                 m, v, _ = scan_infer_routing(message)
                 try:
@@ -528,14 +571,19 @@ class Proxy:
                         raise InvalidRequest(
                             f"model '{m}' routes to another backend than this stream's ('{pool.name}'): "
                             "open one stream per backend")
+                    held.take(len(message))
                 except GatewayError as err:
                     refused.append(err)
                     return  # half-close: the backend answers what it has, then the stream ends
                 yield message
+                held.give(len(message))
 
-        trace = pick_headers(metadata, self.context_headers)
-        async for answer in pool.infer_stream(requests(), model, version, timeout, affinity, trace):
-            yield answer
+        try:
+            trace = pick_headers(metadata, self.context_headers)
+            async for answer in pool.infer_stream(requests(), model, version, timeout, affinity, trace):
+                yield answer
+        finally:
+            held.close()
         if refused:
             raise refused[0]
 

@@ -94,6 +94,12 @@ def test_over_the_limit_is_refused_and_recovers(gw):
                 ch.unary_unary("/inference.GRPCInferenceService/ModelInfer")(msg.SerializeToString(), timeout=10)
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
             assert ("grpc-retry-pushback-ms", "1000") in tuple(info.value.trailing_metadata())
+            # ModelStreamInfer counts each request while the gateway holds it: a first one past
+            # the limit is refused before a backend stream opens; a later one ends the stream
+            # after the answers before it.
+            assert stream(ch, [2 * MiB - 4096]) == ([], "UNAVAILABLE")
+            answers, code = stream(ch, [16, 2 * MiB - 4096, 16])
+            assert len(answers) == 1 and code == "UNAVAILABLE"
         # Small requests still fit beside the held one.
         a = np.arange(4, dtype=np.float32)
         r = infer("http", gw.http_url, "add_sub", [In("INPUT0", a, "FP32"), In("INPUT1", a, "FP32")])
@@ -104,3 +110,30 @@ def test_over_the_limit_is_refused_and_recovers(gw):
     wait_for(lambda: inflight(gw) == 0, timeout=10, what="the gauge back to 0")
     status, _ = post(gw.http_url, "add_sub", json_body(2 * MiB - 4096))
     assert status == 200
+    with grpc.insecure_channel(gw.grpc_url) as ch:  # nothing held by the streams refused above
+        assert stream(ch, [2 * MiB - 4096, 2 * MiB - 4096]) == ([2 * MiB - 4096] * 2, "OK")
+    wait_for(lambda: inflight(gw) == 0, timeout=10, what="the gauge back to 0 after a stream")
+
+
+def stream(ch: grpc.Channel, sizes: list[int]) -> tuple[list[int], str]:
+    """One ModelStreamInfer with an identity_UINT8 request of each size: the sizes of the
+    answers' outputs, and the status the stream ended with."""
+    from tritonclient.grpc import service_pb2 as pb  # Triton's service: ModelStreamInfer's messages
+
+    def requests():
+        for n in sizes:
+            msg = pb.ModelInferRequest(model_name="identity_UINT8")
+            msg.inputs.add(name="INPUT0", datatype="UINT8", shape=[1, n])
+            msg.raw_input_contents.append(b"\1" * n)
+            yield msg.SerializeToString()
+
+    answers: list[int] = []
+    call = ch.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+    try:
+        for raw in call(requests(), timeout=10):
+            answer = pb.ModelStreamInferResponse.FromString(raw)
+            assert not answer.error_message, answer.error_message
+            answers.append(len(answer.infer_response.raw_output_contents[0]))
+    except grpc.RpcError as exc:
+        return answers, exc.code().name
+    return answers, "OK"

@@ -1,6 +1,6 @@
 """Memory comes back: after a burst of large requests through a gRPC pool (HTTP binary clients,
-converted, and gRPC clients, passed through) to real Triton drove the gateway's RSS up, it
-returns to near its idle level within 30 s of the burst ending — the allocator keeps freed
+converted; gRPC clients, ModelInfer and ModelStreamInfer, passed through) to real Triton drove
+the gateway's RSS up, it returns to near its idle level within 30 s of the burst ending — the allocator keeps freed
 buffers while large requests come (their speed: gateway/malloc.py) and gives them back once
 they stop.
 
@@ -13,8 +13,10 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
+from tritonclient.grpc import service_pb2 as pb  # Triton's service: ModelStreamInfer's messages
 
 from tests.support.clients import In, Out, infer
 from tests.support.gateway import GatewayProcess, gateway_config
@@ -41,14 +43,37 @@ def gw(triton, tmp_path_factory):  # one per case: each starts from its own idle
 SLACK = 32 * MB
 
 
-@pytest.mark.parametrize("client", ["http", "grpc"])
+def stream_infer(url: str, big: np.ndarray, count: int) -> list[np.ndarray]:
+    """``count`` requests of ``big`` on one ModelStreamInfer stream (raw bytes, no client
+    library: tritonclient's stream has no synchronous answer); the outputs, in order."""
+    def request() -> bytes:
+        msg = pb.ModelInferRequest(model_name="identity_FP32")
+        msg.inputs.add(name="INPUT0", datatype="FP32", shape=list(big.shape))
+        msg.raw_input_contents.append(big.tobytes())
+        return msg.SerializeToString()
+
+    outs = []
+    with grpc.insecure_channel(url, options=[("grpc.max_receive_message_length", 64 << 20),
+                                             ("grpc.max_send_message_length", 64 << 20)]) as ch:
+        call = ch.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        for raw in call(iter([request() for _ in range(count)]), timeout=120):
+            answer = pb.ModelStreamInferResponse.FromString(raw)
+            assert not answer.error_message, answer.error_message
+            outs.append(np.frombuffer(answer.infer_response.raw_output_contents[0], dtype=np.float32))
+    return outs
+
+
+@pytest.mark.parametrize("client", ["http", "grpc", "stream"])
 def test_rss_returns_after_a_burst(gw, client):
     assert gw.proc is not None
     pid = gw.proc.pid
     url = gw.http_url if client == "http" else gw.grpc_url
     small = np.ones((1, 16), dtype=np.float32)
     for _ in range(20):
-        infer(client, url, "identity_FP32", [In("INPUT0", small, "FP32")], [Out("OUTPUT0")])
+        if client == "stream":
+            stream_infer(url, small, 2)
+        else:
+            infer(client, url, "identity_FP32", [In("INPUT0", small, "FP32")], [Out("OUTPUT0")])
     idle = rss(pid)
     big = np.arange(4_000_000, dtype=np.float32).reshape(1, -1)  # 16 MB each way
     peak = [idle]
@@ -56,6 +81,11 @@ def test_rss_returns_after_a_burst(gw, client):
 
     def one_client() -> None:
         try:
+            if client == "stream":  # ModelStreamInfer: the same bytes, two requests on one stream
+                outs = stream_infer(url, big, 2)
+                assert len(outs) == 2 and all(o.size == big.size for o in outs)
+                peak[0] = max(peak[0], rss(pid))
+                return
             for _ in range(2):
                 r = infer(client, url, "identity_FP32", [In("INPUT0", big, "FP32")], [Out("OUTPUT0")])
                 assert r.outputs["OUTPUT0"].shape == big.shape
@@ -76,6 +106,9 @@ def test_rss_returns_after_a_burst(gw, client):
         pytest.fail(f"RSS not back within {SLACK // MB} MB of idle 30 s after the burst: idle {idle / MB:.0f} MB, "
                     f"peak {peak[0] / MB:.0f} MB, now {rss(pid) / MB:.0f} MB")
     # Still serving, and as fast a path as before: the tuning is not turned off by the trim.
-    r = infer(client, url, "identity_FP32", [In("INPUT0", big, "FP32")], [Out("OUTPUT0")])
-    np.testing.assert_array_equal(r.outputs["OUTPUT0"], big)
+    if client == "stream":
+        np.testing.assert_array_equal(stream_infer(url, big, 1)[0], big.ravel())
+    else:
+        r = infer(client, url, "identity_FP32", [In("INPUT0", big, "FP32")], [Out("OUTPUT0")])
+        np.testing.assert_array_equal(r.outputs["OUTPUT0"], big)
 

@@ -1,0 +1,37 @@
+"""StreamHeld: a ModelStreamInfer's requests against admission control — each counted while
+held, given back once, and whatever a stream that ended mid-message held given back at its end."""
+from __future__ import annotations
+
+import pytest
+
+from gateway.errors import Overloaded
+from gateway.proxy import Admission, StreamHeld
+
+
+def test_each_request_is_held_until_handed_on_and_given_back_once():
+    admission = Admission(100, None)
+    held = StreamHeld(admission)
+    held.take(60)
+    assert admission.budget.used == 60
+    with pytest.raises(Overloaded):
+        held.take(50)  # 110 > 100, and something is in flight
+    assert admission.budget.used == 60
+    held.give(60)
+    held.take(50)
+    assert admission.budget.used == 50
+    held.close()  # the stream ended while the message was still held
+    assert admission.budget.used == 0
+    held.give(50)  # the generator resumed after the end: not given back twice
+    held.close()
+    assert admission.budget.used == 0
+
+
+def test_a_large_request_marks_large_tensor_activity():
+    admission = Admission(0, None)  # unbounded: counted only
+    held = StreamHeld(admission)
+    held.take(Admission.LARGE)
+    assert admission.large_at > 0
+    held.give(Admission.LARGE)
+    admission.large_at = 0.0
+    held.close()  # answers flowed until the end: the quiet counts from there
+    assert admission.budget.used == 0 and admission.large_at > 0
