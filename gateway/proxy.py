@@ -177,8 +177,9 @@ class StreamHeld:
     """The request messages of one ModelStreamInfer held against admission control: each from
     when it is read until grpc asks for the next (it has been handed to the backend's stream),
     so a stream of large tensors counts as the unary calls do — and marks large-tensor activity
-    for the idle trim (each large request, and the end of a stream that carried one). ``close()`` gives back what a stream that ended mid-message still held;
-    a message handed on after that is not given back twice."""
+    for the idle trim (each large request, and the end of a stream that carried one).
+    ``close()`` gives back what a stream that ended mid-message still held; a message handed
+    on after that is not given back twice."""
 
     __slots__ = ("admission", "held", "large", "open")
 
