@@ -41,6 +41,11 @@ def gw(triton, tmp_path_factory):  # one per case: each starts from its own idle
 
 
 SLACK = 32 * MB
+# After ModelStreamInfer bursts grpc's own objects stay alive for a while (up to ~40 MB here,
+# in use at the allocator, given back by later traffic, not growing with more bursts): the
+# issue's 50 MB. What the stream case guards is the trim itself — without it RSS stayed
+# ~430 MB up.
+STREAM_SLACK = 50 * MB
 
 
 def stream_infer(url: str, big: np.ndarray, count: int) -> list[np.ndarray]:
@@ -100,10 +105,11 @@ def test_rss_returns_after_a_burst(gw, client):
         t.join(timeout=180)
     assert not errors, errors
     assert peak[0] > idle + 100 * MB, f"the burst did not drive RSS up ({idle} → {peak[0]}): nothing shown"
+    slack = STREAM_SLACK if client == "stream" else SLACK
     try:
-        wait_for(lambda: rss(pid) <= idle + SLACK, timeout=30, what="RSS back near idle")
+        wait_for(lambda: rss(pid) <= idle + slack, timeout=30, what="RSS back near idle")
     except TimeoutError:
-        pytest.fail(f"RSS not back within {SLACK // MB} MB of idle 30 s after the burst: idle {idle / MB:.0f} MB, "
+        pytest.fail(f"RSS not back within {slack // MB} MB of idle 30 s after the burst: idle {idle / MB:.0f} MB, "
                     f"peak {peak[0] / MB:.0f} MB, now {rss(pid) / MB:.0f} MB")
     # Still serving, and as fast a path as before: the tuning is not turned off by the trim.
     if client == "stream":
