@@ -2,12 +2,14 @@
 and 2 / 5 / 10 / 30 s after it ended — with the idle trim (gateway/malloc.py) on and off.
 
     .venv/bin/python -m benchmarks.memory [--clients 6] [--requests 3] [--mb 8] [--workers 1]
+        [--kinds http,grpc,stream]
 
-One Triton (identity_FP32), one gateway per mode with a gRPC pool; the burst is HTTP
-binary-extension requests (converted to gRPC: the path that holds the most copies) of ``--mb`` MB
-each way, ``--clients`` at once, ``--requests`` each. RSS is the gateway's process tree
-(supervisor + workers), sampled every 50 ms during the burst. Writes
-benchmarks/results/<date>-memory/results.md and results.json.
+One Triton (identity_FP32), one gateway per kind and mode with a gRPC pool; the burst is
+``--clients`` clients at once, ``--requests`` requests of ``--mb`` MB each way each, sent as
+``http``: HTTP binary-extension requests (converted to gRPC: the path that holds the most
+copies), ``grpc``: ModelInfer (passed through), ``stream``: one ModelStreamInfer per client
+carrying its requests. RSS is the gateway's process tree (supervisor + workers), sampled every
+50 ms during the burst. Writes benchmarks/results/<date>-memory/results.md and results.json.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from benchmarks.procstat import rss_bytes
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.support.clients import In, Out, infer  # noqa: E402
+from tests.support.clients import In, Out, infer, stream_infer  # noqa: E402
 from tests.support.gateway import GatewayProcess, gateway_config  # noqa: E402
 from tests.support.triton import TritonServer  # noqa: E402
 
@@ -36,17 +38,29 @@ MB = 1_000_000
 AFTER = (2, 5, 10, 30)
 
 
-def run_mode(name: str, env: dict[str, str], triton: TritonServer, args: argparse.Namespace,
+KINDS = {"http": "HTTP binary → gRPC pool", "grpc": "gRPC ModelInfer", "stream": "gRPC ModelStreamInfer"}
+
+
+def _send(kind: str, url: str, tensor: np.ndarray, count: int) -> None:
+    if kind == "stream":
+        stream_infer(url, tensor, count)
+        return
+    for _ in range(count):
+        infer(kind, url, "identity_FP32", [In("INPUT0", tensor, "FP32")], [Out("OUTPUT0")])
+
+
+def run_mode(kind: str, name: str, env: dict[str, str], triton: TritonServer, args: argparse.Namespace,
              workdir: Path) -> dict:
     backends = {"t": {"protocol": "grpc", "endpoints": [triton.grpc_url]}}
     cfg = gateway_config(backends, [{"model": "identity_FP32", "backend": "t"}])
-    gw = GatewayProcess(cfg, workdir, f"gw-{name}", workers=args.workers, env=env).start()
+    gw = GatewayProcess(cfg, workdir, f"gw-{kind}-{len(env)}", workers=args.workers, env=env).start()
     try:
         assert gw.proc is not None
         pid = gw.proc.pid
+        url = gw.http_url if kind == "http" else gw.grpc_url
         small = np.ones((1, 16), dtype=np.float32)
-        for _ in range(50):
-            infer("http", gw.http_url, "identity_FP32", [In("INPUT0", small, "FP32")], [Out("OUTPUT0")])
+        for _ in range(25):
+            _send(kind, url, small, 2)
         time.sleep(1.0)
         idle = rss_bytes(pid)
         big = np.arange(args.mb * MB // 4, dtype=np.float32).reshape(1, -1)
@@ -59,8 +73,7 @@ def run_mode(name: str, env: dict[str, str], triton: TritonServer, args: argpars
                 time.sleep(0.05)
 
         def client() -> None:
-            for _ in range(args.requests):
-                infer("http", gw.http_url, "identity_FP32", [In("INPUT0", big, "FP32")], [Out("OUTPUT0")])
+            _send(kind, url, big, args.requests)
 
         sampler = threading.Thread(target=sample)
         sampler.start()
@@ -78,7 +91,7 @@ def run_mode(name: str, env: dict[str, str], triton: TritonServer, args: argpars
         for t in AFTER:
             time.sleep(max(0.0, end + t - time.monotonic()))
             after[t] = rss_bytes(pid)
-        return {"mode": name, "idle": idle, "peak": peak[0], "after": after, "burst_s": burst_s}
+        return {"kind": kind, "mode": name, "idle": idle, "peak": peak[0], "after": after, "burst_s": burst_s}
     finally:
         gw.stop()
 
@@ -89,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=3)
     p.add_argument("--mb", type=int, default=8)
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--kinds", default=",".join(KINDS), help="comma list of: " + ", ".join(KINDS))
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     date = datetime.date.today().isoformat()
@@ -97,18 +111,18 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="memory-bench-"))
     triton = TritonServer(startup_models=["identity_FP32"]).start(work / "triton")
     try:
-        rows = [run_mode("trim on (default)", {}, triton, args, work),
-                run_mode("trim off", {"OIP_GATEWAY_MALLOC_TRIM": "0"}, triton, args, work)]
+        rows = [run_mode(kind, name, env, triton, args, work) for kind in args.kinds.split(",")
+                for name, env in (("trim on (default)", {}), ("trim off", {"OIP_GATEWAY_MALLOC_TRIM": "0"}))]
     finally:
         triton.stop()
     (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1, default=str))
     lines = [f"# Gateway RSS after a burst ({date})", "",
-             f"{args.clients} clients × {args.requests} HTTP binary requests of {args.mb} MB (identity_FP32, "
-             f"converted to gRPC), gateway with {args.workers} worker(s); RSS of its process tree in MB.", "",
-             "| mode | idle | peak | " + " | ".join(f"+{t} s" for t in AFTER) + " | burst s |",
-             "|---|--:|--:|" + "--:|" * len(AFTER) + "--:|"]
+             f"{args.clients} clients × {args.requests} requests of {args.mb} MB each way (identity_FP32 on a gRPC "
+             f"pool), gateway with {args.workers} worker(s); RSS of its process tree in MB.", "",
+             "| requests | mode | idle | peak | " + " | ".join(f"+{t} s" for t in AFTER) + " | burst s |",
+             "|---|---|--:|--:|" + "--:|" * len(AFTER) + "--:|"]
     for r in rows:
-        lines.append(f"| {r['mode']} | {r['idle'] / MB:.0f} | {r['peak'] / MB:.0f} | "
+        lines.append(f"| {KINDS[r['kind']]} | {r['mode']} | {r['idle'] / MB:.0f} | {r['peak'] / MB:.0f} | "
                      + " | ".join(f"{r['after'][t] / MB:.0f}" for t in AFTER) + f" | {r['burst_s']:.1f} |")
     text = "\n".join(lines) + "\n"
     (out / "results.md").write_text(text)

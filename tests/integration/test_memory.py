@@ -13,12 +13,10 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import grpc
 import numpy as np
 import pytest
-from tritonclient.grpc import service_pb2 as pb  # Triton's service: ModelStreamInfer's messages
 
-from tests.support.clients import In, Out, infer
+from tests.support.clients import In, Out, infer, stream_infer
 from tests.support.gateway import GatewayProcess, gateway_config
 from tests.support.procs import wait_for
 
@@ -46,26 +44,6 @@ SLACK = 32 * MB
 # issue's 50 MB. What the stream case guards is the trim itself — without it RSS stayed
 # ~430 MB up.
 STREAM_SLACK = 50 * MB
-
-
-def stream_infer(url: str, big: np.ndarray, count: int) -> list[np.ndarray]:
-    """``count`` requests of ``big`` on one ModelStreamInfer stream (raw bytes, no client
-    library: tritonclient's stream has no synchronous answer); the outputs, in order."""
-    def request() -> bytes:
-        msg = pb.ModelInferRequest(model_name="identity_FP32")
-        msg.inputs.add(name="INPUT0", datatype="FP32", shape=list(big.shape))
-        msg.raw_input_contents.append(big.tobytes())
-        return msg.SerializeToString()
-
-    outs = []
-    with grpc.insecure_channel(url, options=[("grpc.max_receive_message_length", 64 << 20),
-                                             ("grpc.max_send_message_length", 64 << 20)]) as ch:
-        call = ch.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
-        for raw in call(iter([request() for _ in range(count)]), timeout=120):
-            answer = pb.ModelStreamInferResponse.FromString(raw)
-            assert not answer.error_message, answer.error_message
-            outs.append(np.frombuffer(answer.infer_response.raw_output_contents[0], dtype=np.float32))
-    return outs
 
 
 @pytest.mark.parametrize("client", ["http", "grpc", "stream"])

@@ -9,13 +9,15 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
+from tritonclient.grpc import service_pb2  # Triton's service: ModelStreamInfer's messages
 
-__all__ = ["CLIENTS", "In", "Out", "Result", "infer", "metadata", "protocol_of", "readiness"]
+__all__ = ["CLIENTS", "In", "Out", "Result", "infer", "metadata", "protocol_of", "readiness", "stream_infer"]
 
 CLIENTS = ("http", "grpc", "http_aio", "grpc_aio")
 
@@ -131,3 +133,24 @@ def readiness(kind: str, url: str, model: str) -> tuple[bool, bool, bool]:
             return c.is_server_live(), c.is_server_ready(), c.is_model_ready(model)
     with grpcclient.InferenceServerClient(url) as c:
         return c.is_server_live(), c.is_server_ready(), c.is_model_ready(model)
+
+
+def stream_infer(url: str, big: np.ndarray, count: int, model: str = "identity_FP32") -> list[np.ndarray]:
+    """``count`` requests of ``big`` (FP32) to ``model`` on one ModelStreamInfer stream,
+    synchronously (tritonclient's stream answers through a callback); the first output of each
+    answer, in order. An answer carrying an error fails."""
+    def request() -> bytes:
+        msg = service_pb2.ModelInferRequest(model_name=model)
+        msg.inputs.add(name="INPUT0", datatype="FP32", shape=list(big.shape))
+        msg.raw_input_contents.append(big.tobytes())
+        return msg.SerializeToString()
+
+    outs = []
+    with grpc.insecure_channel(url, options=[("grpc.max_receive_message_length", 64 << 20),
+                                             ("grpc.max_send_message_length", 64 << 20)]) as ch:
+        call = ch.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        for raw in call(iter([request() for _ in range(count)]), timeout=120):
+            answer = service_pb2.ModelStreamInferResponse.FromString(raw)
+            assert not answer.error_message, answer.error_message
+            outs.append(np.frombuffer(answer.infer_response.raw_output_contents[0], dtype=np.float32))
+    return outs
