@@ -173,6 +173,31 @@ class Admission:
             self.gauge.set(self.budget.used)
 
 
+# What a request is expected to hold in this process while in flight, per byte of its body:
+# admission control counts a request as its body's size times this (``max_inflight_bytes`` is
+# a memory budget). Measured here as peak RSS over idle per request, 8 concurrent 16 MB
+# requests to real Triton (session 17): HTTP binary → gRPC pool 6.8 ×, gRPC → HTTP pool 2.4 ×,
+# HTTP JSON → gRPC pool 2.3 × (of the JSON text), gRPC → gRPC 1.4 × (grpcio's own copies),
+# HTTP → HTTP 0.2–1.2 × (binary bodies stream; JSON bodies are read whole). Without the factors
+# a 640 MiB cgroup with the default share (a fifth) was OOM-killed by 24 clients of 16 MB
+# through the binary → gRPC conversion (tests/integration/test_memory_cgroup.py).
+COST_PASS_HTTP = 1
+COST_PASS_GRPC = 2
+COST_CONVERT = 3  # JSON → gRPC, gRPC → HTTP, ModelStreamInfer to an HTTP pool, generate → gRPC
+COST_CONVERT_BINARY = 7  # HTTP binary extension → gRPC: the body, its tensors and the message
+
+
+def http_cost(routing: Routing, match: Match, headers: Mapping[str, str]) -> int:
+    """The factor for an HTTP inference on ``match``'s route: the dearest of its pools."""
+    pools = routing.pools
+    if match.split is None:
+        if isinstance(pools.get(match.backend), HttpPool):
+            return COST_PASS_HTTP
+    elif all(isinstance(pools.get(n), HttpPool) for n in match.split.names):
+        return COST_PASS_HTTP
+    return COST_CONVERT_BINARY if "inference-header-content-length" in headers else COST_CONVERT
+
+
 class StreamHeld:
     """The request messages of one ModelStreamInfer held against admission control: each from
     when it is read until grpc asks for the next (it has been handed to the backend's stream),
@@ -181,21 +206,24 @@ class StreamHeld:
     ``close()`` gives back what a stream that ended mid-message still held; a message handed
     on after that is not given back twice."""
 
-    __slots__ = ("admission", "held", "large", "open")
+    __slots__ = ("admission", "cost", "held", "large", "open")
 
-    def __init__(self, admission: Admission) -> None:
+    def __init__(self, admission: Admission, cost: int = 1) -> None:
         self.admission = admission
+        self.cost = cost  # per byte of a request (COST_*)
         self.held = 0
         self.large = False
         self.open = True
 
     def take(self, n: int) -> None:
+        n *= self.cost
         self.admission.enter(n)  # raises Overloaded past max_inflight_bytes
         self.held += n
         self.large = self.large or n >= Admission.LARGE
 
     def give(self, n: int) -> None:
         if self.open:
+            n *= self.cost
             self.held -= n
             self.admission.leave(n)
 
@@ -430,10 +458,11 @@ class Proxy:
     # -- inference --------------------------------------------------------------
     async def infer_http(self, model: str, version: str, body: bytes | bytearray | IncomingBody,
                          headers: Mapping[str, str]) -> HttpReply:
-        size = len(body) if isinstance(body, (bytes, bytearray)) else body.length
+        match = self.routing.table.resolve(model, version, headers)
+        size = (len(body) if isinstance(body, (bytes, bytearray)) else body.length) * \
+            http_cost(self.routing, match, headers)
         self.admission.enter(size)
         try:
-            match = self.routing.table.resolve(model, version, headers)
             affinity = None
             if match.split is not None:  # a sequence stays in one pool of the split
                 body, affinity = await http_affinity(body, headers, self.limit, True)
@@ -515,12 +544,12 @@ class Proxy:
 
     async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
                          affinity: str | None = None, metadata: Sequence[tuple[str, str]] = ()) -> bytes:
-        size = len(message)
+        routing = self.routing
+        headers = _metadata_map(metadata) if routing.table.by_headers else None
+        pool, match = routing.pick(model, version, headers, affinity)
+        size = len(message) * (COST_PASS_GRPC if isinstance(pool, GrpcPool) else COST_CONVERT)
         self.admission.enter(size)
         try:
-            routing = self.routing
-            headers = _metadata_map(metadata) if routing.table.by_headers else None
-            pool, match = routing.pick(model, version, headers, affinity)
             trace = pick_headers(metadata, self.context_headers) if metadata else ()
             if match.mirror is not None:
                 self.mirrors.grpc(match, model, version, message, trace)
@@ -556,7 +585,7 @@ class Proxy:
         headers = _metadata_map(metadata)
         pool = routing.pool(model, version, headers, affinity)
         refused: list[GatewayError] = []
-        held = StreamHeld(self.admission)
+        held = StreamHeld(self.admission, COST_PASS_GRPC if isinstance(pool, GrpcPool) else COST_CONVERT)
         held.take(len(first))  # over max_inflight_bytes: UNAVAILABLE before a backend stream opens
 
         async def requests() -> AsyncIterator[bytes]:
@@ -591,10 +620,10 @@ class Proxy:
     # -- Triton's generate extension: through on HTTP pools, converted on gRPC pools ----
     async def generate(self, model: str, version: str, body: bytes, headers: Mapping[str, str],
                        stream: bool) -> HttpReply:
-        size = len(body)
+        pool = self.routing.pool(model, version, headers)
+        size = len(body) * (COST_PASS_HTTP if isinstance(pool, HttpPool) else COST_CONVERT)
         self.admission.enter(size)
         try:
-            pool = self.routing.pool(model, version, headers)
             return await self.timed(pool, pool.generate(model, version, body, headers, self._http_forwarded, stream))
         finally:
             self.admission.leave(size)

@@ -22,7 +22,9 @@ __all__ = ["GatewayProcess", "ReferenceServer", "gateway_config"]
 class _PortFileProcess:
     """A ``python -m gateway <args> --port-file F`` child; ports read back from F."""
 
-    def __init__(self, args: list[str], workdir: Path, name: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, args: list[str], workdir: Path, name: str, env: dict[str, str] | None = None,
+                 cgroup: Path | None = None) -> None:
+        self.cgroup = cgroup  # a cgroup directory the process joins before it starts (cgroup.procs)
         self.workdir = workdir
         self.port_file = workdir / f"{name}.ports.json"
         self.log_path = workdir / f"{name}.log"
@@ -35,8 +37,11 @@ class _PortFileProcess:
         self.port_file.unlink(missing_ok=True)
         log = open(self.log_path, "wb")
         env = dict(os.environ, **(self._env or {}))
+        argv = [sys.executable, "-m", "gateway", *self._args, "--port-file", str(self.port_file)]
+        if self.cgroup is not None:  # the shell joins the cgroup, then becomes the gateway
+            argv = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(self.cgroup), *argv]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", *self._args, "--port-file", str(self.port_file)],
+            argv,
             stdout=log, stderr=subprocess.STDOUT, env=env,
         )
         log.close()
@@ -109,11 +114,11 @@ class GatewayProcess(_PortFileProcess):
     """``oip-gateway serve`` on a config dict written to the work dir."""
 
     def __init__(self, config: dict[str, Any], workdir: Path, name: str = "gateway",
-                 workers: int | None = None, env: dict[str, str] | None = None) -> None:
+                 workers: int | None = None, env: dict[str, str] | None = None, cgroup: Path | None = None) -> None:
         cfg_path = workdir / f"{name}.yaml"
         cfg_path.write_text(yaml.safe_dump(config))
         args = ["serve", "--config", str(cfg_path)]
         if workers is not None:
             args += ["--workers", str(workers)]
-        super().__init__(args, workdir, name, env)
+        super().__init__(args, workdir, name, env, cgroup)
         self.config_path = cfg_path

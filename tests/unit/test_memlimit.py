@@ -28,8 +28,36 @@ def test_unlimited_or_unknown(tmp_path):
     proc, root = tree(tmp_path, {"/kubepods/pod1/ctr": "max"})
     assert memory_limit({}, proc, root) is None
     assert memory_limit({}, tmp_path / "missing", root) is None
-    (tmp_path / "v1").write_text("4:memory:/docker/abc\n")  # cgroup v1 only: not read
+    (tmp_path / "v1").write_text("4:memory:/docker/abc\n")  # cgroup v1, no memory hierarchy mounted
     assert memory_limit({}, tmp_path / "v1", root) is None
+
+
+def test_cgroup_v1_memory_controller(tmp_path):
+    root = tmp_path / "cgroup"
+    for rel, value in {"memory": "9223372036854771712", "memory/kubepods": "8589934592",
+                       "memory/kubepods/pod1": "9223372036854771712",
+                       "memory/kubepods/pod1/ctr": "1073741824"}.items():
+        (root / rel).mkdir(parents=True, exist_ok=True)
+        (root / rel / "memory.limit_in_bytes").write_text(value + "\n")
+    proc = tmp_path / "self"
+    proc.write_text("12:pids:/kubepods/pod1/ctr\n4:cpuacct,memory:/kubepods/pod1/ctr\n0::/\n")
+    assert memory_limit({}, proc, root) == 1024**3
+    # In a container the cgroup's own directory is the mount's root; its host path is not there.
+    proc.write_text("4:memory:/docker/0123abcd\n")
+    (root / "memory" / "memory.limit_in_bytes").write_text("536870912\n")
+    assert memory_limit({}, proc, root) == 512 * 1024**2
+    proc.write_text("4:memory:/\n")  # no limit set anywhere
+    (root / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert memory_limit({}, proc, root) is None
+
+
+def test_a_path_that_climbs_out_is_not_followed(tmp_path):
+    proc, root = tree(tmp_path, {"/": "4096"})
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "memory.max").write_text("1\n")
+    proc.write_text("0::/../elsewhere\n")
+    assert memory_limit({}, proc, root) == 4096
 
 
 def test_injected_limit_wins(tmp_path):

@@ -1,0 +1,121 @@
+"""Admission control sized from a real memory limit: the gateway runs in a memory-limited
+cgroup (v2 ``memory.max``, or v1 ``memory.limit_in_bytes`` where the machine has the v1 memory
+controller — this one does), reads the limit, and a burst of large converting requests far past
+what the limit could hold gets answers (200, or 503 with Retry-After) instead of an OOM kill;
+the gateway then serves as before.
+
+Skipped where no cgroup can be made (not root, no memory controller)."""
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from tests.support.clients import In, Out, infer
+from tests.support.gateway import GatewayProcess, gateway_config
+from tests.support.procs import wait_for
+
+MiB = 1 << 20
+LIMIT = 640 * MiB
+V1 = Path("/sys/fs/cgroup/memory")
+V2 = Path("/sys/fs/cgroup")
+
+
+def _v2_parent() -> Path | None:
+    """A cgroup v2 directory whose children get the memory controller (the root's, enabled)."""
+    try:
+        if "memory" not in (V2 / "cgroup.controllers").read_text().split():
+            return None
+        control = V2 / "cgroup.subtree_control"
+        if "memory" not in control.read_text().split():
+            control.write_text("+memory")
+        return V2
+    except OSError:
+        return None
+
+
+@pytest.fixture()
+def cgroup() -> Iterator[tuple[Path, str]]:
+    """A fresh memory cgroup limited to LIMIT: (its directory, the file holding its OOM count)."""
+    name = f"oip-gateway-test-{uuid.uuid4().hex[:8]}"
+    made: Path | None = None
+    try:
+        if (V1 / "memory.limit_in_bytes").exists():
+            made = V1 / name
+            made.mkdir()
+            (made / "memory.limit_in_bytes").write_text(str(LIMIT))
+            events = "memory.oom_control"
+        elif (parent := _v2_parent()) is not None:
+            made = parent / name
+            made.mkdir()
+            (made / "memory.max").write_text(str(LIMIT))
+            (made / "memory.swap.max").write_text("0") if (made / "memory.swap.max").exists() else None
+            events = "memory.events"
+        else:
+            pytest.skip("no memory cgroup controller to make a limited cgroup with")
+    except OSError as exc:
+        if made is not None and made.exists():
+            made.rmdir()
+        pytest.skip(f"cannot make a memory cgroup here: {exc}")
+    assert made is not None
+    try:
+        yield made, events
+    finally:
+        # Emptied by the gateway's exit; rmdir fails while a process is still in it.
+        wait_for(lambda: not (made / "cgroup.procs").read_text().strip(), timeout=30, what="the cgroup empty")
+        made.rmdir()
+
+
+def oom_kills(cg: Path, events: str) -> int:
+    for line in (cg / events).read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    return 0
+
+
+def test_a_burst_past_the_memory_limit_is_refused_not_oom_killed(cgroup, triton, tmp_path):
+    cg, events = cgroup
+    backends = {"t": {"protocol": "grpc", "endpoints": [triton.grpc_url]}}
+    cfg = gateway_config(backends, [{"model": "identity_FP32", "backend": "t"}])  # max_inflight_bytes unset
+    env = {k: v for k, v in os.environ.items() if k != "OIP_GATEWAY_MEMORY_LIMIT"}
+    with GatewayProcess(cfg, tmp_path, "gw-cgroup", env=env, cgroup=cg) as gw:
+        assert gw.proc is not None
+        assert f"max_inflight_bytes: {LIMIT // 5} per process" in gw.log_tail(200), gw.log_tail(50)
+        big = np.arange(4_000_000, dtype=np.float32).reshape(1, -1)  # 16 MB each way
+        answered: list[str] = []
+        errors: list[BaseException] = []
+
+        def client() -> None:
+            for _ in range(2):
+                try:
+                    r = infer("http", gw.http_url, "identity_FP32", [In("INPUT0", big, "FP32")], [Out("OUTPUT0")])
+                    np.testing.assert_array_equal(r.outputs["OUTPUT0"], big)
+                    answered.append("200")
+                except InferenceServerException as exc:
+                    answered.append(str(exc.status()))
+                    if str(exc.status()) != "503":
+                        errors.append(exc)
+                except BaseException as exc:
+                    errors.append(exc)
+
+        # 24 clients at once: ~1.7 GB of peak memory unrefused (~70 MB per request in flight
+        # on this converting path), over twice the limit.
+        threads = [threading.Thread(target=client) for _ in range(24)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert not errors, errors[:3]
+        assert gw.proc.poll() is None, f"the gateway died (exit {gw.proc.returncode}):\n{gw.log_tail(30)}"
+        assert oom_kills(cg, events) == 0
+        assert "200" in answered and "503" in answered, answered  # some served, some refused
+        # Serving as before once the burst is over.
+        r = infer("http", gw.http_url, "identity_FP32", [In("INPUT0", big, "FP32")], [Out("OUTPUT0")])
+        np.testing.assert_array_equal(r.outputs["OUTPUT0"], big)
