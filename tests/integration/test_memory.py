@@ -10,12 +10,13 @@ threads put message buffers, kept ~56 MB after these bursts — a bound at 50 MB
 only just."""
 from __future__ import annotations
 
-import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.support import burst
 from tests.support.clients import In, Out, infer, stream_infer
 from tests.support.gateway import GatewayProcess, gateway_config
 from tests.support.procs import wait_for
@@ -58,41 +59,22 @@ def test_rss_returns_after_a_burst(gw, client):
         else:
             infer(client, url, "identity_FP32", [In("INPUT0", small, "FP32")], [Out("OUTPUT0")])
     idle = rss(pid)
-    big = np.arange(4_000_000, dtype=np.float32).reshape(1, -1)  # 16 MB each way
-    peak = [idle]
-    errors: list[BaseException] = []
-
-    def one_client() -> None:
-        try:
-            if client == "stream":  # ModelStreamInfer: the same bytes, two requests on one stream
-                outs = stream_infer(url, big, 2)
-                assert len(outs) == 2 and all(o.size == big.size for o in outs)
-                peak[0] = max(peak[0], rss(pid))
-                return
-            for _ in range(2):
-                r = infer(client, url, "identity_FP32", [In("INPUT0", big, "FP32")], [Out("OUTPUT0")])
-                assert r.outputs["OUTPUT0"].shape == big.shape
-                peak[0] = max(peak[0], rss(pid))
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=one_client) for _ in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=180)
-    assert not errors, errors
-    assert peak[0] > idle + 100 * MB, f"the burst did not drive RSS up ({idle} → {peak[0]}): nothing shown"
+    peak = idle
+    # 16 clients × 2 requests of 16 MB each way, from a process of their own (tests/support/burst.py).
+    load = burst.start(client, url, mb=16, clients=16, count=2)
+    deadline = time.monotonic() + 300
+    while load.running() and time.monotonic() < deadline:
+        peak = max(peak, rss(pid))
+        time.sleep(0.05)  # sampling RSS while the burst runs, not waiting on it (wait() below is)
+    outcomes = load.wait(timeout=60)
+    assert outcomes == ["200"] * 32, outcomes
+    assert peak > idle + 100 * MB, f"the burst did not drive RSS up ({idle} → {peak}): nothing shown"
     slack = STREAM_SLACK if client == "stream" else SLACK
     try:
         wait_for(lambda: rss(pid) <= idle + slack, timeout=30, what="RSS back near idle")
     except TimeoutError:
         pytest.fail(f"RSS not back within {slack // MB} MB of idle 30 s after the burst: idle {idle / MB:.0f} MB, "
-                    f"peak {peak[0] / MB:.0f} MB, now {rss(pid) / MB:.0f} MB")
+                    f"peak {peak / MB:.0f} MB, now {rss(pid) / MB:.0f} MB")
     # Still serving, and as fast a path as before: the tuning is not turned off by the trim.
-    if client == "stream":
-        np.testing.assert_array_equal(stream_infer(url, big, 1)[0], big.ravel())
-    else:
-        r = infer(client, url, "identity_FP32", [In("INPUT0", big, "FP32")], [Out("OUTPUT0")])
-        np.testing.assert_array_equal(r.outputs["OUTPUT0"], big)
+    assert burst.start(client, url, mb=16, clients=1, count=1).wait(timeout=60) == ["200"]
 

@@ -15,6 +15,7 @@ import importlib
 import json
 import os
 import pathlib
+import resource
 import subprocess
 import sys
 from typing import Any
@@ -44,6 +45,13 @@ def test_corpus_replays(target: str) -> None:
 @pytest.mark.parametrize("target", TARGETS)
 def test_bounded_atheris_run(target: str, tmp_path: pathlib.Path) -> None:
     pytest.importorskip("atheris")
+    # libFuzzer holds getrusage's peak RSS to -rss_limit_mb, and a process started from this one
+    # inherits this one's peak (ru_maxrss survives fork and exec): a test that drove the test
+    # process's own RSS up would make every fuzzer "run out of memory" at its first input.
+    inherited = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    assert inherited < 1400, (f"the test process peaked at {inherited} MB before this test, and a fuzzer started "
+                              "from it inherits that peak: send large bursts from a process of their own "
+                              "(tests/support/burst.py)")
     runs = RUNS[target]
     found = tmp_path / "corpus"
     found.mkdir()
