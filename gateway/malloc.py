@@ -79,11 +79,20 @@ class IdleTrimmer:
     gone quiet: the tuning above keeps freed buffers for reuse while large requests come
     (their speed), and this returns them after the burst (the pod's memory). ``activity()``
     is the monotonic time of the last large request entering or leaving (proxy.Admission);
-    ``quiet_s`` after it, ``malloc_trim(0)`` runs once, in a thread (it takes the arena locks
-    and walks the heap: milliseconds for a few hundred MiB). glibc only; a no-op elsewhere."""
+    ``quiet_s`` after it, with none in flight (``busy()``), ``malloc_trim(0)`` runs once, in a
+    thread (it takes the arena locks and walks the heap: milliseconds for a few hundred MiB).
+    glibc only; a no-op elsewhere."""
 
-    def __init__(self, activity: Callable[[], float], quiet_s: float = 2.0, period_s: float = 0.5) -> None:
+    MOVED = 8 << 20  # RSS given back by a pass, or moved between passes, that means "still freeing"
+    MAX_PASSES = 30  # at quiet_s * 2 apart: about two minutes of a slow client's answer
+
+    def __init__(self, activity: Callable[[], float], quiet_s: float = 2.0, period_s: float = 0.5,
+                 busy: Callable[[], bool] = lambda: False) -> None:
         self.activity = activity
+        # Large requests in flight (proxy.Admission.large_inflight): one taking longer than
+        # quiet_s (a 16 MB conversion under a burst takes seconds) is not quiet. Trimming then
+        # gave back buffers the burst re-faulted at once (four trims inside one 16-client burst).
+        self.busy = busy
         self.quiet_s = quiet_s
         self.period_s = period_s
         self.trims = 0
@@ -96,17 +105,33 @@ class IdleTrimmer:
         while True:
             await asyncio.sleep(self.period_s)
             last = self.activity()
-            if last and last != self._done_for and time.monotonic() - last >= self.quiet_s:
+            if last and last != self._done_for and time.monotonic() - last >= self.quiet_s and not self.busy():
                 self._done_for = last
-                # Buffers are also freed late (grpc's, collected cycles): a few passes, a few
-                # seconds apart, while each still gives back a noticeable amount.
-                for _ in range(3):
-                    if await self._once() < 8 << 20 or self.activity() != last:
-                        break
-                    await asyncio.sleep(self.quiet_s * 2)
+                await self._passes(last)
 
-    async def _once(self) -> int:
-        """One trim; returns the bytes of RSS it gave back."""
+    async def _passes(self, last: float) -> None:
+        """Trims a few seconds apart while memory is still being freed. Buffers go late: the
+        answers to the last large requests are still being written to clients that read them
+        slowly (in one 16-client burst of 16 MB conversions, for 18 s after the last request
+        left admission control; three passes then left ~130 MB, under the trim threshold that
+        glibc's own trim on free waits for), grpc's and cyclic garbage later still. So: on
+        while a pass gives back ``MOVED`` or RSS moved that much since the last one; stop after
+        two calm passes in a row, new large activity, or ``MAX_PASSES``."""
+        calm = 0
+        previous = -1
+        for _ in range(self.MAX_PASSES):
+            before, after = await self._once()
+            if self.activity() != last or self.busy():
+                return
+            moved = before - after >= self.MOVED or (previous >= 0 and abs(before - previous) >= self.MOVED)
+            previous = after
+            calm = 0 if moved else calm + 1
+            if calm >= 2:
+                return
+            await asyncio.sleep(self.quiet_s * 2)
+
+    async def _once(self) -> tuple[int, int]:
+        """One trim; returns RSS before and after it."""
         assert self._trim is not None
         before = _rss()
         gc.collect()  # buffers held only by reference cycles (tracebacks, futures) go first
@@ -114,7 +139,7 @@ class IdleTrimmer:
         self.trims += 1
         after = _rss()
         log.debug("large requests quiet: malloc_trim, RSS %d -> %d MiB", before >> 20, after >> 20)
-        return before - after
+        return before, after
 
 
 def _malloc_trim() -> Callable[[int], int] | None:

@@ -134,7 +134,7 @@ class Admission:
     ``max_inflight_bytes`` (0: unbounded, only counted). Over the limit a request is
     refused at once (503 / UNAVAILABLE: retry later), before its body is read or sent."""
 
-    __slots__ = ("auto", "budget", "gauge", "large_at")
+    __slots__ = ("auto", "budget", "gauge", "large_at", "large_inflight")
 
     # A request this large marks "large-tensor activity" (when it enters and leaves): the
     # allocator's freed pages go back to the system once it has been quiet (``idle_trim``).
@@ -147,6 +147,7 @@ class Admission:
         # The gauge reads the budget when scraped (Metrics.track), else it is set as it changes.
         self.gauge = None if track is not None and track(gauge, lambda: budget.used) else gauge
         self.large_at = 0.0  # time.monotonic() of the last large request entering or leaving
+        self.large_inflight = 0  # large requests in flight: no idle trim while any is (it would re-fault)
 
     def configure(self, limit: int | None) -> None:
         self.budget.limit = self.auto if limit is None else limit
@@ -162,6 +163,7 @@ class Admission:
             budget.used += n  # alone: admitted though larger than the limit
         if n >= self.LARGE:
             self.large_at = time.monotonic()
+            self.large_inflight += 1
         if self.gauge is not None:
             self.gauge.set(self.budget.used)
 
@@ -169,6 +171,7 @@ class Admission:
         self.budget.give(n)
         if n >= self.LARGE:
             self.large_at = time.monotonic()
+            self.large_inflight -= 1
         if self.gauge is not None:
             self.gauge.set(self.budget.used)
 
@@ -202,37 +205,36 @@ class StreamHeld:
     """The request messages of one ModelStreamInfer held against admission control: each from
     when it is read until grpc asks for the next (it has been handed to the backend's stream),
     so a stream of large tensors counts as the unary calls do — and marks large-tensor activity
-    for the idle trim (each large request, and the end of a stream that carried one).
-    ``close()`` gives back what a stream that ended mid-message still held; a message handed
-    on after that is not given back twice."""
+    for the idle trim (each large request, and the end of a stream that carried one). One
+    message is held at a time (the next is read once the last was handed on). ``close()``
+    gives back one that a stream ended while holding; a message handed on after that is not
+    given back twice."""
 
     __slots__ = ("admission", "cost", "held", "large", "open")
 
     def __init__(self, admission: Admission, cost: int = 1) -> None:
         self.admission = admission
         self.cost = cost  # per byte of a request (COST_*)
-        self.held = 0
+        self.held = 0  # the message held now, in admission's units (0: none)
         self.large = False
         self.open = True
 
     def take(self, n: int) -> None:
+        assert self.held == 0, "one message at a time"
         n *= self.cost
         self.admission.enter(n)  # raises Overloaded past max_inflight_bytes
-        self.held += n
+        self.held = n
         self.large = self.large or n >= Admission.LARGE
 
-    def give(self, n: int) -> None:
-        if self.open:
-            n *= self.cost
-            self.held -= n
-            self.admission.leave(n)
+    def give(self) -> None:
+        if self.open and self.held:
+            self.admission.leave(self.held)
+            self.held = 0
 
     def close(self) -> None:
         if self.open:
+            self.give()
             self.open = False
-            if self.held:
-                self.admission.leave(self.held)
-                self.held = 0
             if self.large:
                 # Answers to large requests flow until the stream's end, after its last request
                 # was handed on: the idle trim counts its quiet from here.
@@ -590,7 +592,7 @@ class Proxy:
 
         async def requests() -> AsyncIterator[bytes]:
             yield first
-            held.give(len(first))
+            held.give()
             async for message in rest:
                 m, v, _ = scan_infer_routing(message)
                 try:
@@ -606,7 +608,7 @@ class Proxy:
                     refused.append(err)
                     return  # half-close: the backend answers what it has, then the stream ends
                 yield message
-                held.give(len(message))
+                held.give()
 
         try:
             trace = pick_headers(metadata, self.context_headers)

@@ -280,7 +280,8 @@ class Gateway:
         self.auto_inflight = auto_inflight_limit(memory_limit, workers)
         self.proxy = Proxy(routing, self.health, self.metrics, self.auto_inflight)
         # Freed large buffers go back to the system once large requests have gone quiet.
-        self.trimmer = IdleTrimmer(lambda: self.proxy.admission.large_at)
+        self.trimmer = IdleTrimmer(lambda: self.proxy.admission.large_at,
+                                   busy=lambda: self.proxy.admission.large_inflight > 0)
         self._trimmer: asyncio.Task[None] | None = None
         self.listeners = Listeners(self.proxy, config.max_message_bytes, self.metrics, reuse_port=reuse_port,
                                    max_json_depth=config.max_json_depth, max_header_count=config.max_header_count,

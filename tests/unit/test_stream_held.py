@@ -10,18 +10,21 @@ from gateway.proxy import Admission, StreamHeld
 
 def test_each_request_is_held_until_handed_on_and_given_back_once():
     admission = Admission(100, None)
-    held = StreamHeld(admission)
-    held.take(60)
+    held = StreamHeld(admission, cost=2)
+    held.take(30)  # counted at the path's factor
     assert admission.budget.used == 60
+    held.give()
+    assert admission.budget.used == 0
+    admission.enter(60)  # another request in flight
     with pytest.raises(Overloaded):
-        held.take(50)  # 110 > 100, and something is in flight
-    assert admission.budget.used == 60
-    held.give(60)
-    held.take(50)
+        held.take(25)  # 60 + 50 > 100
+    assert admission.budget.used == 60 and held.held == 0
+    admission.leave(60)
+    held.take(25)
     assert admission.budget.used == 50
     held.close()  # the stream ended while the message was still held
-    assert admission.budget.used == 0
-    held.give(50)  # the generator resumed after the end: not given back twice
+    assert admission.budget.used == 0 and admission.large_inflight == 0
+    held.give()  # the generator resumed after the end: not given back twice
     held.close()
     assert admission.budget.used == 0
 
@@ -31,7 +34,9 @@ def test_a_large_request_marks_large_tensor_activity():
     held = StreamHeld(admission)
     held.take(Admission.LARGE)
     assert admission.large_at > 0
-    held.give(Admission.LARGE)
+    assert admission.large_inflight == 1
+    held.give()
+    assert admission.large_inflight == 0
     admission.large_at = 0.0
     held.close()  # answers flowed until the end: the quiet counts from there
     assert admission.budget.used == 0 and admission.large_at > 0
