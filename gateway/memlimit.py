@@ -1,11 +1,10 @@
 """The memory limit the gateway runs under, for admission control's default.
 
 In a Kubernetes pod (cgroup v2 ``memory.max``, or cgroup v1 ``memory.limit_in_bytes`` on
-older nodes), the kernel OOM-kills a process
-that passes the limit; a burst of large requests the gateway would happily accept can do
-that. When ``max_inflight_bytes`` is not set, admission control sizes itself from the limit:
-a fifth of it, shared by the worker processes (a converting request peaks at up to ~8 × its
-payload, a pass-through at ~1 ×: README "Memory and large tensors"), so a burst past it gets
+older nodes), the kernel OOM-kills a process that passes the limit; a burst of large requests
+the gateway would happily accept can do that. When ``max_inflight_bytes`` is not set,
+admission control sizes itself from the limit: a fifth of it, shared by the worker processes
+(each request counted as what its path holds: ``proxy.COST_*``), so a burst past it gets
 503 / UNAVAILABLE with Retry-After instead of an OOM kill. Read once at start-up.
 
 ``OIP_GATEWAY_MEMORY_LIMIT`` (bytes) stands in for the cgroup's limit where there is none to

@@ -201,6 +201,11 @@ def http_cost(routing: Routing, match: Match, headers: Mapping[str, str]) -> int
     return COST_CONVERT_BINARY if "inference-header-content-length" in headers else COST_CONVERT
 
 
+def grpc_cost(pool: Pool[Any]) -> int:
+    """The factor for a gRPC inference (ModelInfer, or a ModelStreamInfer request) to ``pool``."""
+    return COST_PASS_GRPC if isinstance(pool, GrpcPool) else COST_CONVERT
+
+
 class StreamHeld:
     """The request messages of one ModelStreamInfer held against admission control: each from
     when it is read until grpc asks for the next (it has been handed to the backend's stream),
@@ -549,7 +554,7 @@ class Proxy:
         routing = self.routing
         headers = _metadata_map(metadata) if routing.table.by_headers else None
         pool, match = routing.pick(model, version, headers, affinity)
-        size = len(message) * (COST_PASS_GRPC if isinstance(pool, GrpcPool) else COST_CONVERT)
+        size = len(message) * grpc_cost(pool)
         self.admission.enter(size)
         try:
             trace = pick_headers(metadata, self.context_headers) if metadata else ()
@@ -587,7 +592,7 @@ class Proxy:
         headers = _metadata_map(metadata)
         pool = routing.pool(model, version, headers, affinity)
         refused: list[GatewayError] = []
-        held = StreamHeld(self.admission, COST_PASS_GRPC if isinstance(pool, GrpcPool) else COST_CONVERT)
+        held = StreamHeld(self.admission, grpc_cost(pool))
         held.take(len(first))  # over max_inflight_bytes: UNAVAILABLE before a backend stream opens
 
         async def requests() -> AsyncIterator[bytes]:

@@ -52,7 +52,8 @@ def cgroup() -> Iterator[tuple[Path, str]]:
             made = parent / name
             made.mkdir()
             (made / "memory.max").write_text(str(LIMIT))
-            (made / "memory.swap.max").write_text("0") if (made / "memory.swap.max").exists() else None
+            if (made / "memory.swap.max").exists():
+                (made / "memory.swap.max").write_text("0")
             events = "memory.events"
         else:
             pytest.skip("no memory cgroup controller to make a limited cgroup with")
