@@ -18,7 +18,11 @@ from setuptools.command.build_ext import build_ext
 # Each is imported compiled when its extension is built; `pip install -e .` builds them next to
 # the sources (tests/conftest.py refuses a run whose extension is older than its source).
 COMPILED = [
-    "gateway/upstream/h1.py",
+    "gateway/upstream/h1/errors.py",
+    "gateway/upstream/h1/slots.py",
+    "gateway/upstream/h1/answer.py",
+    "gateway/upstream/h1/connection.py",
+    "gateway/upstream/h1/pool.py",
     "gateway/frontend/h1direct.py",
     "gateway/frontend/http.py",
     "gateway/codec/content.py",

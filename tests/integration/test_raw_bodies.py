@@ -1,4 +1,4 @@
-"""Large bodies read past the HTTP parsers (frontend/h1listen.py ``go_raw``, upstream/h1.py
+"""Large bodies read past the HTTP parsers (frontend/h1listen.py ``go_raw``, upstream/h1/connection.py
 ``_Connection.buffer_updated``): after the read that brought a request's (or an answer's) head,
 the rest of a large body is read straight into buffers of the connection's own and passed on
 as views, with no copy. Through a real gateway process and real sockets: every byte must

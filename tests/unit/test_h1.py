@@ -13,8 +13,8 @@ from gateway.upstream.h1 import (
     ConnectionDropped,
     H1ConnectionPool,
     SourceStalled,
-    _Connection,
 )
+from gateway.upstream.h1.connection import Connection as _Connection
 
 
 async def serve(handler):
@@ -770,7 +770,7 @@ async def test_request_now_skips_an_idle_connection_the_backend_closed():
     server.close()
 
 
-# -- a streamed answer's body read past the parser (h1 _Connection.buffer_updated / _raw_read) --
+# -- a streamed answer's body read past the parser (h1.connection.Connection.buffer_updated / _raw_read) --
 
 RANDOM = random.Random(7).randbytes(3 << 20)  # no period: a chunk written over would show
 

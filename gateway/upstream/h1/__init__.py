@@ -1,0 +1,49 @@
+"""A lean HTTP/1.1 client for backend pools: asyncio protocol + httptools parser.
+
+Why not aiohttp (the stack's first choice, still used by the test suite): the CPU of a client
+process per small inference POST is 0.18–0.32 × aiohttp's with this client, 0.74–0.96 × at 1 MiB
+(``benchmarks/h1client.py`` measures it, so the choice stays justified; benchmarks/README.md),
+and aiohttp's was the single largest item of the gateway's HTTP pass-through profile when it
+was used. A backend pool needs only a small
+part of HTTP/1.1 — keep-alive POST/GET with a known body, responses with
+Content-Length or chunked framing — and httptools (the parser uvicorn uses)
+does the parsing.
+
+Connections are pooled per endpoint. A request on a *reused* connection that
+the server closed before sending a single byte of the answer is retried once
+on a fresh connection: that is the keep-alive race (the server timed the idle
+connection out as we sent), not a failed request.
+
+A request can also start without a coroutine (:meth:`H1ConnectionPool.request_now`: a
+free slot and a kept-alive connection): its answer is handed to a callback from the
+connection's own protocol callbacks (the inference path served from callbacks,
+frontend/http.py ``infer_now``).
+
+Large bodies stream both ways, so a pass-through proxy never holds one whole
+(issue 3's memory target):
+- a request body can be a *source* (an object with ``length``, ``consumed`` and
+  ``async for`` chunks, e.g. the front end's IncomingBody): chunks are written as
+  they come, waiting whenever the socket's write buffer is full. Once a chunk has
+  been handed out it cannot be sent again, so a source only goes out on a fresh
+  connection or one that finished an exchange less than ``FRESH_S`` ago — far
+  inside any server's keep-alive timeout, which is what the retry above is for;
+- an answer whose Content-Length is at least ``stream_min`` (when the caller
+  asks) is handed over as a :class:`BodyStream` once its head has arrived; so is
+  an answer of unknown length (chunked) when the caller asks ``stream_unsized`` —
+  Triton's generate_stream sends its server-sent events so, one chunk per event,
+  and each must reach the client as it comes.
+
+The modules: ``errors`` (the client's failures), ``slots`` (exchanges at once per endpoint),
+``answer`` (an answer, its body whole or as a :class:`BodyStream`), ``connection`` (one
+kept-alive connection: the protocol, the parser's callbacks, deadlines, a streamed request
+body's pump) and ``pool`` (:class:`H1ConnectionPool`: reuse, the keep-alive race, exchanges
+answered from callbacks). Imports point one way: pool → connection → answer → errors.
+"""
+from __future__ import annotations
+
+from .answer import BodyStream, H1Response
+from .errors import ConnectFailed, ConnectionDropped, SourceStalled
+from .pool import FRESH_S, H1ConnectionPool
+
+__all__ = ["FRESH_S", "BodyStream", "ConnectFailed", "ConnectionDropped", "H1ConnectionPool", "H1Response",
+           "SourceStalled"]
