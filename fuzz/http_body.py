@@ -17,6 +17,7 @@ Checks (any other exception, or a FuzzBug, is a bug):
 - what they produce parses with protobuf, decodes with the gRPC codec to the same tensors,
   and routes (codec/wire.py) to the same model, version and sequence as the HTTP body;
 - the request re-encoded as HTTP (binary and JSON) decodes to the same tensors;
+- no JSON true/false in a numeric tensor's data was converted (numpy reads one beside numbers as 1 / 0);
 - too_deep (codec/jsondepth.py) agrees with the depth of what Python's json module parses,
   and with JsonScanner (codec/jsonscan.py) fed in chunks and InflatingScanner fed the
   compressed body; the skeleton is the same however the text is chunked or compressed, and
@@ -112,6 +113,30 @@ def _check_depth(jpart: bytes, limit: int, chunk: int) -> bool:
     return whole
 
 
+def _holds_bool(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, bool):
+            return True
+        if isinstance(v, list):
+            stack.extend(v)
+    return False
+
+
+def _no_bool_as_number(plain: bytes, ihcl: str | None) -> None:
+    """A converted request's numeric tensors held no JSON true/false (numpy would have read one
+    beside numbers as 1 / 0: a changed value)."""
+    hl = content.header_length(ihcl, len(plain))
+    try:
+        doc = json.loads(plain[: len(plain) if hl is None else hl].decode("utf-8"))
+    except ValueError:  # (text orjson reads and Python's json does not: nothing to compare)
+        return
+    for t in doc.get("inputs", []) if isinstance(doc, dict) else []:
+        if isinstance(t, dict) and t.get("datatype") not in ("BOOL", "BYTES") and _holds_bool(t.get("data")):
+            raise FuzzBug(f"tensor {t.get('name')!r}: JSON true/false in {t.get('datatype')} data was converted")
+
+
 def _check_request(body: bytes, headers: dict[str, str], plain: bytes, ihcl: str | None) -> None:
     try:
         message, sequence, _form = convert.http_request_to_grpc(body, headers, "m", "1", LIMIT)
@@ -122,6 +147,7 @@ def _check_request(body: bytes, headers: dict[str, str], plain: bytes, ihcl: str
         pb.ModelInferRequest.FromString(message)
     except Exception as exc:
         raise FuzzBug(f"the gateway wrote a ModelInferRequest protobuf cannot parse: {exc!r}") from exc
+    _no_bool_as_number(plain, ihcl)
     back = grpc_codec.decode_request(message)
     same_tensors(req.inputs, back.inputs, "HTTP -> gRPC request")
     same_outputs(req.outputs, back.outputs, "HTTP -> gRPC request")

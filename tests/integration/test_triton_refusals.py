@@ -19,6 +19,7 @@ from tests.conftest import start_gateway
 def gw(request, triton, tmp_path_factory):
     g = start_gateway(tmp_path_factory.mktemp(f"refusals-{request.param}"), triton.http_url, triton.grpc_url,
                       request.param)
+    g.pool_protocol = request.param  # (which pool the routes go to: the tests compare per path)
     yield g
     g.stop()
 
@@ -57,8 +58,8 @@ def test_grpc_refusals_equal_tritons(triton, gw, case):
     assert grpc_infer(gw.grpc_url, message) == direct
 
 
-def http_infer(url: str, path: str) -> tuple[int, dict]:
-    body = json.dumps({"inputs": [{"name": n, "datatype": "FP32", "shape": [2], "data": [1, 2]}
+def http_infer(url: str, path: str, data: list | None = None) -> tuple[int, dict]:
+    body = json.dumps({"inputs": [{"name": n, "datatype": "FP32", "shape": [2], "data": data or [1, 2]}
                                   for n in ("INPUT0", "INPUT1")]}).encode()
     req = urllib.request.Request(f"http://{url}{path}", data=body, method="POST",
                                  headers={"content-type": "application/json"})
@@ -75,3 +76,18 @@ def test_http_version_that_is_not_a_number(triton, gw):
     assert http_infer(gw.http_url, "/v2/models/add_sub/versions/abc/infer") == direct
     ok = http_infer(gw.http_url, "/v2/models/add_sub/versions/1/infer")
     assert ok[0] == 200
+
+
+def test_json_bool_among_numbers_is_refused_never_read_as_one(triton, gw):
+    # numpy reads [1.5, true] as [1.5, 1.0]; Triton refuses a JSON bool where a number belongs, and so
+    # must the gateway on the converting path (gRPC pool) — never send 1.0 in the client's name.
+    # (Triton answers its JSON parse errors with 500; the gateway's own refusal is a 400.)
+    direct = http_infer(triton.http_url, "/v2/models/add_sub/infer", [1.5, True])
+    assert direct[0] == 500 and "non-number" in direct[1]["error"], direct
+    status, answer = http_infer(gw.http_url, "/v2/models/add_sub/infer", [1.5, True])
+    if gw.pool_protocol == "grpc":
+        refusal = "tensor 'INPUT0': 'data' holds true or false, which are not FP32 values"
+        assert (status, answer) == (400, {"error": refusal})
+    else:  # pass-through: Triton's own refusal, relayed
+        assert (status, answer) == direct
+    assert http_infer(gw.http_url, "/v2/models/add_sub/infer", [1.5, 2])[0] == 200

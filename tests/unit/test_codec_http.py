@@ -279,6 +279,15 @@ BAD_REQUESTS: list[tuple[str, dict[str, Any], bytes]] = [
     ("float for INT32", {"inputs": [inp(data=[1.5, 2])]}, b""),
     ("bool for INT32", {"inputs": [inp(data=[True, False])]}, b""),
     ("int for BOOL", {"inputs": [inp(datatype="BOOL", data=[1, 0])]}, b""),
+    # numpy reads a bool beside numbers as 1 / 0: never a silent 1.0 (Triton refuses a bool for a number)
+    ("bool among ints for INT32", {"inputs": [inp(data=[1, True])]}, b""),
+    ("bool among floats for FP32", {"inputs": [inp(datatype="FP32", data=[1.5, True])]}, b""),
+    ("bool among ints for FP32", {"inputs": [inp(datatype="FP32", data=[False, 2])]}, b""),
+    ("bool beside null for FP32", {"inputs": [inp(datatype="FP32", shape=(3,), data=[None, True, 1.5])]}, b""),
+    ("bool among floats for FP16", {"inputs": [inp(datatype="FP16", data=[1.0, True])]}, b""),
+    ("bool among floats, nested", {"inputs": [inp(datatype="FP64", shape=(2, 2), data=[[1.5, 2], [True, 3]])]},
+     b""),
+    ("bool among big ints", {"inputs": [inp(datatype="UINT64", data=[2**63, True])]}, b""),
     ("string for FP32", {"inputs": [inp(datatype="FP32", data=["1", "2"])]}, b""),
     ("UINT8 overflow", {"inputs": [inp(datatype="UINT8", data=[1, 256])]}, b""),
     ("INT8 underflow", {"inputs": [inp(datatype="INT8", data=[-129, 0])]}, b""),
@@ -370,3 +379,31 @@ def test_nested_json_data(datatype: str, data: list[Any], expected: np.ndarray) 
     for given in (data, [x for row in data for x in row]):  # nested as the shape, or flat
         req = http.decode_request(orjson.dumps({"inputs": [inp("n", datatype, (2, 2), data=given)]}), None, "m")
         assert bytes(req.inputs[0].data) == raw_of(expected)
+
+
+def test_true_elsewhere_in_the_text_leaves_numbers_alone() -> None:
+    # The check for bools in numeric data runs when the text has a true/false token at all: here a
+    # parameter, a BYTES element and an id have one, and the numbers go through unchanged.
+    doc = {"id": "true",
+           "inputs": [inp(datatype="FP32", data=[1.5, 2]), inp("s", "BYTES", (2,), data=["true", "false"])],
+           "outputs": [{"name": "o", "parameters": {"binary_data": True}}]}
+    body, hl = body_of(doc)
+    req = http.decode_request(body, hl, "m")
+    assert bytes(req.inputs[0].data) == np.array([1.5, 2], "<f4").tobytes()
+
+
+def test_bool_in_a_backend_answer_is_refused() -> None:
+    body = orjson.dumps({"model_name": "m", "outputs": [
+        {"name": "out", "datatype": "FP32", "shape": [2], "data": [0.5, True]}]})
+    with pytest.raises(InvalidRequest, match="'out'.*true or false"):
+        http.decode_response(body, None)
+
+
+@pytest.mark.parametrize("pad", [0, 8000])  # short text searched as bytes, long text vectorised
+@pytest.mark.parametrize(("text", "found"), [
+    (b'"x":true', True), (b'"x":false', True), (b'"name":"truer"', True), (b'"e":1e-05,"t":"ue"', False),
+    (b'"data":[1.0,2.5e3]', False), (b'e', False), (b'true', True),
+])
+def test_bool_tokens(text: bytes, found: bool, pad: int) -> None:
+    assert http._bool_tokens(memoryview(b" " * pad + text)) is found
+    assert http._bool_tokens(memoryview(text + b" " * pad)) is found
