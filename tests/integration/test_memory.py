@@ -61,13 +61,17 @@ def test_rss_returns_after_a_burst(gw, client):
     idle = rss(pid)
     peak = idle
     # 16 clients × 2 requests of 16 MB each way, from a process of their own (tests/support/burst.py).
-    load = burst.start(client, url, mb=16, clients=16, count=2)
+    # Streams: 8 clients. After 16 concurrent streams grpc's own leftover objects reached 73 MB once
+    # in a clean-clone CI run (40 MB typically) — its, not the trim's; with 8 the burst still drives RSS
+    # up by ~300 MB, which stays without the trim.
+    clients = 8 if client == "stream" else 16
+    load = burst.start(client, url, mb=16, clients=clients, count=2)
     deadline = time.monotonic() + 300
     while load.running() and time.monotonic() < deadline:
         peak = max(peak, rss(pid))
         time.sleep(0.05)  # sampling RSS while the burst runs, not waiting on it (wait() below is)
     outcomes = load.wait(timeout=60)
-    assert outcomes == ["200"] * 32, outcomes
+    assert outcomes == ["200"] * (2 * clients), outcomes
     assert peak > idle + 100 * MB, f"the burst did not drive RSS up ({idle} → {peak}): nothing shown"
     slack = STREAM_SLACK if client == "stream" else SLACK
     try:
