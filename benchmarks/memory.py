@@ -1,5 +1,7 @@
 """Memory after a burst: the gateway's RSS idle, at the peak of a burst of large requests,
-and 2 / 5 / 10 / 30 s after it ended — with the idle trim (gateway/malloc.py) on and off.
+and 2 / 5 / 10 / 30 s after it ended — with the idle trim (gateway/malloc.py) on and off, and with
+the clients keeping their connections open after the burst (grpc's read-ahead on each connection
+stays allocated while it is open: gateway/grpcengine.py caps it).
 
     .venv/bin/python -m benchmarks.memory [--clients 6] [--requests 3] [--mb 8] [--workers 1]
         [--kinds http,grpc,stream]
@@ -8,8 +10,9 @@ One Triton (identity_FP32), one gateway per kind and mode with a gRPC pool; the 
 ``--clients`` clients at once, ``--requests`` requests of ``--mb`` MB each way each, sent as
 ``http``: HTTP binary-extension requests (converted to gRPC: the path that holds the most
 copies), ``grpc``: ModelInfer (passed through), ``stream``: one ModelStreamInfer per client
-carrying its requests. RSS is the gateway's process tree (supervisor + workers), sampled every
-50 ms during the burst. Writes benchmarks/results/<date>-memory/results.md and results.json.
+carrying its requests; from a process of their own (tests/support/burst.py). RSS is the gateway's
+process tree (supervisor + workers), sampled every 50 ms during the burst. Writes
+benchmarks/results/<date>-memory/results.md and results.json.
 """
 from __future__ import annotations
 
@@ -19,7 +22,6 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from benchmarks.procstat import rss_bytes
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.support import burst  # noqa: E402
 from tests.support.clients import In, Out, infer, stream_infer  # noqa: E402
 from tests.support.gateway import GatewayProcess, gateway_config  # noqa: E402
 from tests.support.triton import TritonServer  # noqa: E402
@@ -49,11 +52,16 @@ def _send(kind: str, url: str, tensor: np.ndarray, count: int) -> None:
         infer(kind, url, "identity_FP32", [In("INPUT0", tensor, "FP32")], [Out("OUTPUT0")])
 
 
-def run_mode(kind: str, name: str, env: dict[str, str], triton: TritonServer, args: argparse.Namespace,
+# (name, environment, clients keep their connections open after the burst)
+MODES = (("trim on (default)", {}, False), ("trim on, clients keep their connections", {}, True),
+         ("trim off", {"OIP_GATEWAY_MALLOC_TRIM": "0"}, False))
+
+
+def run_mode(kind: str, name: str, env: dict[str, str], held: bool, triton: TritonServer, args: argparse.Namespace,
              workdir: Path) -> dict:
     backends = {"t": {"protocol": "grpc", "endpoints": [triton.grpc_url]}}
     cfg = gateway_config(backends, [{"model": "identity_FP32", "backend": "t"}])
-    gw = GatewayProcess(cfg, workdir, f"gw-{kind}-{len(env)}", workers=args.workers, env=env).start()
+    gw = GatewayProcess(cfg, workdir, f"gw-{kind}-{len(env)}-{int(held)}", workers=args.workers, env=env).start()
     try:
         assert gw.proc is not None
         pid = gw.proc.pid
@@ -63,35 +71,27 @@ def run_mode(kind: str, name: str, env: dict[str, str], triton: TritonServer, ar
             _send(kind, url, small, 2)
         time.sleep(1.0)
         idle = rss_bytes(pid)
-        big = np.arange(args.mb * MB // 4, dtype=np.float32).reshape(1, -1)
-        peak = [idle]
-        done = threading.Event()
-
-        def sample() -> None:
-            while not done.is_set():
-                peak[0] = max(peak[0], rss_bytes(pid))
-                time.sleep(0.05)
-
-        def client() -> None:
-            _send(kind, url, big, args.requests)
-
-        sampler = threading.Thread(target=sample)
-        sampler.start()
+        peak = idle
         start = time.monotonic()
-        clients = [threading.Thread(target=client) for _ in range(args.clients)]
-        for c in clients:
-            c.start()
-        for c in clients:
-            c.join(timeout=300)
-        burst_s = time.monotonic() - start
-        done.set()
-        sampler.join()
-        end = time.monotonic()
-        after = {}
-        for t in AFTER:
-            time.sleep(max(0.0, end + t - time.monotonic()))
-            after[t] = rss_bytes(pid)
-        return {"kind": kind, "mode": name, "idle": idle, "peak": peak[0], "after": after, "burst_s": burst_s}
+        # The clients run in a process of their own (tests/support/burst.py): each with one
+        # connection it keeps for the rest of the run when ``held``.
+        load = burst.start(kind, url, mb=args.mb, clients=args.clients, count=args.requests, hold=held)
+        try:
+            while load.running() and time.monotonic() - start < 300:
+                peak = max(peak, rss_bytes(pid))
+                time.sleep(0.05)
+            outcomes = load.wait(timeout=60)
+            burst_s = time.monotonic() - start
+            end = time.monotonic()
+            after = {}
+            for t in AFTER:
+                time.sleep(max(0.0, end + t - time.monotonic()))
+                after[t] = rss_bytes(pid)
+        finally:
+            load.release()
+        answered = sum(o == "200" for o in outcomes)
+        return {"kind": kind, "mode": name, "idle": idle, "peak": peak, "after": after, "burst_s": burst_s,
+                "answered": answered, "sent": args.clients * args.requests}
     finally:
         gw.stop()
 
@@ -111,19 +111,20 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="memory-bench-"))
     triton = TritonServer(startup_models=["identity_FP32"]).start(work / "triton")
     try:
-        rows = [run_mode(kind, name, env, triton, args, work) for kind in args.kinds.split(",")
-                for name, env in (("trim on (default)", {}), ("trim off", {"OIP_GATEWAY_MALLOC_TRIM": "0"}))]
+        rows = [run_mode(kind, name, env, held, triton, args, work) for kind in args.kinds.split(",")
+                for name, env, held in MODES]
     finally:
         triton.stop()
     (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1, default=str))
     lines = [f"# Gateway RSS after a burst ({date})", "",
              f"{args.clients} clients × {args.requests} requests of {args.mb} MB each way (identity_FP32 on a gRPC "
              f"pool), gateway with {args.workers} worker(s); RSS of its process tree in MB.", "",
-             "| requests | mode | idle | peak | " + " | ".join(f"+{t} s" for t in AFTER) + " | burst s |",
-             "|---|---|--:|--:|" + "--:|" * len(AFTER) + "--:|"]
+             "| requests | mode | idle | peak | " + " | ".join(f"+{t} s" for t in AFTER) + " | burst s | answered |",
+             "|---|---|--:|--:|" + "--:|" * len(AFTER) + "--:|--:|"]
     for r in rows:
         lines.append(f"| {KINDS[r['kind']]} | {r['mode']} | {r['idle'] / MB:.0f} | {r['peak'] / MB:.0f} | "
-                     + " | ".join(f"{r['after'][t] / MB:.0f}" for t in AFTER) + f" | {r['burst_s']:.1f} |")
+                     + " | ".join(f"{r['after'][t] / MB:.0f}" for t in AFTER)
+                     + f" | {r['burst_s']:.1f} | {r['answered']} / {r['sent']} |")
     text = "\n".join(lines) + "\n"
     (out / "results.md").write_text(text)
     print(text)

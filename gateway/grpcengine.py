@@ -1,4 +1,6 @@
-"""grpc core's socket engine, chosen before grpc loads (process-wide, once: ``gateway/__init__``).
+"""grpc core's socket engine, chosen before grpc loads (process-wide, once: ``gateway/__init__``),
+and the cap on its read-ahead per connection that the listener and every backend channel set
+(``READ_BUFFER_OPTION``, below).
 
 grpcio (1.6x on) runs the sockets of servers and client channels on its EventEngine — the
 experiments ``event_engine_listener`` and ``event_engine_client``, on by default: a pool of
@@ -29,12 +31,28 @@ import os
 import sys
 from collections.abc import MutableMapping
 
-__all__ = ["CHOSEN", "ENGINE_OFF", "choose_grpc_engine", "grpc_engine", "unchosen"]
+__all__ = ["CHOSEN", "ENGINE_OFF", "READ_BUFFER_CAP", "READ_BUFFER_OPTION", "choose_grpc_engine", "grpc_engine",
+           "unchosen"]
 
 ENGINE_OFF = "-event_engine_client,-event_engine_listener"
 # Set beside it: the value is the gateway's choice, not the user's (a process started from this
 # one inherits both; a benchmark comparing two trees drops them so each tree chooses for itself).
 CHOSEN = "OIP_GATEWAY_GRPC_ENGINE_CHOSEN"
+
+
+# The most grpc reads ahead on one connection (a listener's and a backend channel's option alike).
+# grpc sizes each connection's next read from what the last ones brought (doubling while reads
+# fill it) and keeps the unused part of that read buffer allocated between reads, with no upper
+# bound by default (grpc/grpc issue 42194). After bursts of 16 MB tensors that was tens of MB per
+# connection, held until the connection closes or later traffic fills it — in use at the allocator,
+# not the idle trim's to give back: a
+# ModelStreamInfer burst left +22 to +73 MB on the one backend connection, and 16 clients that kept
+# their connections open left +67 MB over idle 30 s later (97 MB in use at malloc against 16 idle);
+# with this cap, +8 MB. CPU per 16 MB gRPC request with it: 0.98 / 0.98 / 0.68 × without at
+# c=1 / 16 / 64 (benchmarks/results/2026-11-24-readcap).
+READ_BUFFER_CAP = 1 << 20
+# (Measured on grpcio 1.85; a grpcio without this option ignores it, as grpc does any unknown one.)
+READ_BUFFER_OPTION = ("grpc.experimental.tcp_max_read_buffer_size", READ_BUFFER_CAP)
 
 
 def choose_grpc_engine(environ: MutableMapping[str, str] | None = None, loaded: bool | None = None) -> bool:

@@ -23,6 +23,7 @@ from ..codec.wire import scan_infer_routing, scan_name_version, settings_change
 from ..config.security import Limits
 from ..dataplane import DataPlane
 from ..errors import SHARED_MEMORY_REFUSAL, GatewayError, InvalidRequest, Unsupported
+from ..grpcengine import READ_BUFFER_OPTION
 from ..observability.access import AccessRecord
 from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
 from .grpcunary import Infer, Seen, Unary, abort_with, failure_code, grpc_trailers
@@ -56,6 +57,7 @@ def server_options(max_message_bytes: int, *, reuse_port: bool = False,
         ("grpc.so_reuseport", 1 if reuse_port else 0),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        READ_BUFFER_OPTION,  # what a client's connection keeps allocated between reads (grpcengine.py)
     ]
 
 

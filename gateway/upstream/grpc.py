@@ -33,6 +33,7 @@ from ..codec.triton import (
 from ..config.schema import Backend, BackendTls, HostPort
 from ..dataplane import HttpReply, IncomingBody
 from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable, UpstreamError, UpstreamTimeout
+from ..grpcengine import READ_BUFFER_OPTION
 from .grpcdirect import DirectUnary
 from .grpcdirect import supported as direct_supported
 from .pool import TRITON_GRPC_PREFIX, Endpoint, Pool, Refused, is_not_ready_message
@@ -81,6 +82,7 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int | str]]:
         # (Not min_reconnect_backoff_ms: grpc also takes it as the connect timeout.)
         ("grpc.initial_reconnect_backoff_ms", 250),
         ("grpc.max_reconnect_backoff_ms", 2_000),
+        READ_BUFFER_OPTION,  # what the backend connection keeps allocated between reads (grpcengine.py)
     ]
 
 

@@ -5,11 +5,17 @@ of 16 MB requests from the test process's own threads raised its peak RSS to ~3.
 process forked later inherits its parent's peak (``ru_maxrss`` survives fork and exec), which is
 what libFuzzer holds to ``-rss_limit_mb`` (tests/unit/test_fuzz_targets.py failed at start-up).
 
-    start(kind, url, mb=16, clients=16, count=2) -> Burst; burst.wait(timeout) -> outcomes
+    start(kind, url, mb=16, clients=16, count=2, hold=False) -> Burst; burst.wait(timeout) -> outcomes
 
 ``kind``: ``http`` / ``grpc`` (tritonclient, identity_FP32), ``stream`` (one ModelStreamInfer per
 client carrying its ``count`` requests). Each outcome is ``"200"`` (answered with the very tensor
 sent), ``"503"`` (refused: 503 or UNAVAILABLE), or an error's text.
+
+``hold``: each client keeps one client object (one connection of its own: HTTP keep-alive, or a
+gRPC channel outside grpc's shared subchannel pool) for all its requests and keeps it open after
+the burst, until ``release()`` — the gateway's side of those connections stays up meanwhile, as
+with a service that keeps its clients. Otherwise every request has a client of its own, closed
+after it, and the process exits when the burst ends.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ import json
 import subprocess
 import sys
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -24,39 +31,97 @@ __all__ = ["Burst", "start"]
 
 
 class Burst:
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
+    def __init__(self, proc: subprocess.Popen[str], hold: bool) -> None:
         self.proc = proc
+        self.hold = hold
+        self._line: str | None = None
+        self._reader: threading.Thread | None = None
+        if hold:  # its outcomes come before it exits: read as they come
+            self._reader = threading.Thread(target=self._read, daemon=True)
+            self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        self._line = self.proc.stdout.readline()
 
     def running(self) -> bool:
+        """Whether the burst's requests are still going (a held burst's connections stay after)."""
+        if self._reader is not None:
+            return self._reader.is_alive()
         return self.proc.poll() is None
 
     def wait(self, timeout: float = 300) -> list[str]:
+        if self._reader is not None:
+            self._reader.join(timeout)
+            if not self._line:
+                self.proc.kill()
+                _, err = self.proc.communicate(timeout=30)
+                raise RuntimeError(f"burst failed ({self.proc.returncode}):\n{err[-3000:]}")
+            outcomes: list[str] = json.loads(self._line)
+            return outcomes
         out, err = self.proc.communicate(timeout=timeout)
         if self.proc.returncode != 0:
             raise RuntimeError(f"burst failed ({self.proc.returncode}):\n{err[-3000:]}")
-        outcomes: list[str] = json.loads(out.strip().splitlines()[-1])
+        outcomes = json.loads(out.strip().splitlines()[-1])
         return outcomes
 
+    def release(self, timeout: float = 60) -> None:
+        """A held burst's clients close their connections and the process exits."""
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            try:
+                self.proc.stdin.write("\n")
+                self.proc.stdin.flush()
+            except BrokenPipeError:
+                pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
 
-def start(kind: str, url: str, *, mb: int = 16, clients: int = 16, count: int = 2) -> Burst:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.support.burst", kind, url, str(mb), str(clients), str(count)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return Burst(proc)
+
+def start(kind: str, url: str, *, mb: int = 16, clients: int = 16, count: int = 2, hold: bool = False) -> Burst:
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.burst", kind, url, str(mb), str(clients), str(count)]
+                            + (["hold"] if hold else []),
+                            stdin=subprocess.PIPE if hold else None, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    return Burst(proc, hold)
 
 
-def _outcomes(kind: str, url: str, big: np.ndarray, count: int) -> list[str]:
+def _held_client(kind: str, url: str) -> Any:
+    """One client object with a connection of its own, kept for all of a client's requests."""
+    import grpc
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    from tests.support.clients import LARGE_MESSAGES
+
+    own = [("grpc.use_local_subchannel_pool", 1)]  # not the process-wide connection grpc shares
+    if kind == "http":
+        return httpclient.InferenceServerClient(url, network_timeout=120, connection_timeout=120)
+    if kind == "grpc":
+        return grpcclient.InferenceServerClient(url, channel_args=LARGE_MESSAGES + own)
+    return grpc.insecure_channel(url, options=LARGE_MESSAGES + own)
+
+
+def _outcomes(kind: str, url: str, big: np.ndarray, count: int, held: Any = None) -> list[str]:
     from tritonclient.utils import InferenceServerException
 
     from tests.support.clients import In, Out, infer, stream_infer
 
     try:
         if kind == "stream":
-            outs = stream_infer(url, big, count)
+            outs = stream_infer(url, big, count, channel=held)
             return ["200" if np.array_equal(o, big.ravel()) else "wrong answer" for o in outs]
         done = []
         for _ in range(count):
-            r = infer(kind, url, "identity_FP32", [In("INPUT0", big, "FP32")], [Out("OUTPUT0")])
-            done.append("200" if np.array_equal(r.outputs["OUTPUT0"], big) else "wrong answer")
+            if held is None:
+                r = infer(kind, url, "identity_FP32", [In("INPUT0", big, "FP32")], [Out("OUTPUT0")])
+                answer = r.outputs["OUTPUT0"]
+            else:
+                answer = _held_infer(kind, held, big)
+            done.append("200" if np.array_equal(answer, big) else "wrong answer")
         return done
     except InferenceServerException as exc:
         return ["503" if str(exc.status()) in ("503", "StatusCode.UNAVAILABLE") else f"{exc.status()}: {exc}"]
@@ -64,16 +129,37 @@ def _outcomes(kind: str, url: str, big: np.ndarray, count: int) -> list[str]:
         return [f"{type(exc).__name__}: {exc}"]
 
 
+def _held_infer(kind: str, client: Any, big: np.ndarray) -> np.ndarray:
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    mod: Any = httpclient if kind == "http" else grpcclient
+    tensor = mod.InferInput("INPUT0", list(big.shape), "FP32")
+    if kind == "http":
+        tensor.set_data_from_numpy(big, binary_data=True)
+        wanted = [mod.InferRequestedOutput("OUTPUT0", binary_data=True)]
+    else:
+        tensor.set_data_from_numpy(big)
+        wanted = [mod.InferRequestedOutput("OUTPUT0")]
+    answer: np.ndarray = client.infer("identity_FP32", [tensor], outputs=wanted).as_numpy("OUTPUT0")
+    return answer
+
+
 def main(argv: list[str]) -> None:
     kind, url, mb, clients, count = argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4])
+    hold = argv[5:] == ["hold"]
     big = np.arange(mb * 1_000_000 // 4, dtype=np.float32).reshape(1, -1)
     results: list[str] = []
+    held: list[Any] = []
     lock = threading.Lock()
 
     def client() -> None:
-        got = _outcomes(kind, url, big, count)
+        mine = _held_client(kind, url) if hold else None
+        got = _outcomes(kind, url, big, count, mine)
         with lock:
             results.extend(got)
+            if mine is not None:
+                held.append(mine)
 
     threads = [threading.Thread(target=client) for _ in range(clients)]
     for t in threads:
@@ -81,6 +167,10 @@ def main(argv: list[str]) -> None:
     for t in threads:
         t.join()
     print(json.dumps(results), flush=True)
+    if hold:
+        sys.stdin.readline()  # until release(): the connections stay open
+        for c in held:
+            c.close()
 
 
 if __name__ == "__main__":

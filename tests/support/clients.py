@@ -135,10 +135,20 @@ def readiness(kind: str, url: str, model: str) -> tuple[bool, bool, bool]:
         return c.is_server_live(), c.is_server_ready(), c.is_model_ready(model)
 
 
-def stream_infer(url: str, big: np.ndarray, count: int, model: str = "identity_FP32") -> list[np.ndarray]:
+# Channel options of a client sending and receiving tensors up to 64 MiB.
+LARGE_MESSAGES = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+
+
+def stream_infer(url: str, big: np.ndarray, count: int, model: str = "identity_FP32",
+                 channel: grpc.Channel | None = None) -> list[np.ndarray]:
     """``count`` requests of ``big`` (FP32) to ``model`` on one ModelStreamInfer stream,
     synchronously (tritonclient's stream answers through a callback); the first output of each
-    answer, in order. An answer carrying an error fails."""
+    answer, in order. An answer carrying an error fails. ``channel``: one the caller keeps open
+    (else one of its own, closed after the stream)."""
+    if channel is None:
+        with grpc.insecure_channel(url, options=LARGE_MESSAGES) as ch:
+            return stream_infer(url, big, count, model, ch)
+
     def request() -> bytes:
         msg = service_pb2.ModelInferRequest(model_name=model)
         msg.inputs.add(name="INPUT0", datatype="FP32", shape=list(big.shape))
@@ -146,11 +156,9 @@ def stream_infer(url: str, big: np.ndarray, count: int, model: str = "identity_F
         return msg.SerializeToString()
 
     outs = []
-    with grpc.insecure_channel(url, options=[("grpc.max_receive_message_length", 64 << 20),
-                                             ("grpc.max_send_message_length", 64 << 20)]) as ch:
-        call = ch.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
-        for raw in call(iter([request() for _ in range(count)]), timeout=120):
-            answer = service_pb2.ModelStreamInferResponse.FromString(raw)
-            assert not answer.error_message, answer.error_message
-            outs.append(np.frombuffer(answer.infer_response.raw_output_contents[0], dtype=np.float32))
+    call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+    for raw in call(iter([request() for _ in range(count)]), timeout=120):
+        answer = service_pb2.ModelStreamInferResponse.FromString(raw)
+        assert not answer.error_message, answer.error_message
+        outs.append(np.frombuffer(answer.infer_response.raw_output_contents[0], dtype=np.float32))
     return outs
