@@ -6,6 +6,7 @@ gets straight from the backend, so every client is driven identically here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,17 +81,20 @@ def _result(res, outs_names: list[str] | None, http: bool) -> Result:
 
 
 def infer(kind: str, url: str, model: str, ins: list[In], outs: list[Out] | None = None,
-          request_id: str = "", version: str = "", **kw: Any) -> Result:
+          request_id: str = "", version: str = "", client: Any = None, **kw: Any) -> Result:
+    """``client``: an ``http`` / ``grpc`` tritonclient the caller keeps open (else one of its own,
+    closed after the request)."""
     names = [o.name for o in outs] if outs else None
     if kind == "http":
         mod = httpclient
-        with mod.InferenceServerClient(url, network_timeout=120, connection_timeout=120) as c:
+        with contextlib.nullcontext(client) if client is not None else \
+                mod.InferenceServerClient(url, network_timeout=120, connection_timeout=120) as c:
             r = c.infer(model, _inputs(mod, ins, True), model_version=version,
                         outputs=_outputs(mod, outs, True), request_id=request_id, **kw)
         return _result(r, names, True)
     if kind == "grpc":
         mod = grpcclient
-        with mod.InferenceServerClient(url) as c:
+        with contextlib.nullcontext(client) if client is not None else mod.InferenceServerClient(url) as c:
             r = c.infer(model, _inputs(mod, ins, False), model_version=version,
                         outputs=_outputs(mod, outs, False), request_id=request_id, **kw)
         return _result(r, names, False)
