@@ -30,7 +30,14 @@ def pick_headers(pairs: Mapping[str, str] | Sequence[tuple[str, str]],
     """The entries of ``pairs`` (a lower-cased header mapping or gRPC metadata) named in ``names``."""
     # (gRPC metadata is a tuple: told apart before the ABC check, which costs more than the rest.)
     items = pairs if type(pairs) is tuple else pairs.items() if isinstance(pairs, Mapping) else pairs
-    return tuple((k, v) for k, v in items if k in names and isinstance(v, str))
+    # (A loop, not a generator expression: on every gRPC inference, and most find nothing.)
+    picked: list[tuple[str, str]] | None = None
+    for k, v in items:
+        if k in names and isinstance(v, str):
+            if picked is None:
+                picked = []
+            picked.append((k, v))
+    return () if picked is None else tuple(picked)
 
 
 class ClientDisconnected(Exception):

@@ -113,7 +113,11 @@ class Routing:
              affinity: str | None = None) -> tuple[Pool[Any], Match]:
         """The pool for one request (a split's side chosen now) and its route. The
         (route, pool) pair is noted for this request's metrics (``CHOSEN``)."""
-        return self.choose(self.table.resolve(model, version, headers), model, version, affinity)
+        match = self.table.resolve(model, version, headers)
+        if match.split is None:  # (choose's common case, inlined: every inference passes here)
+            CHOSEN.set((match.label, match.backend))
+            return self.pools[match.backend], match
+        return self.choose(match, model, version, affinity)
 
     def choose(self, match: Match, model: str, version: str, affinity: str | None = None) -> tuple[Pool[Any], Match]:
         """``pick`` for a route already resolved."""

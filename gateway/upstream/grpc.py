@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
-from functools import partial
 from operator import attrgetter
 from typing import Any
 
@@ -201,12 +200,11 @@ class GrpcPool(Pool[GrpcEndpoint]):
     def _unary(self, model: str, version: str, affinity: str | None,
                pick: Callable[[GrpcEndpoint], _Rpc], request: Any,
                timeout: float | None, metadata: Sequence[tuple[str, str]] = ()) -> Coroutine[Any, Any, Any]:
-        # (A plain function handing back attempt's coroutine, and _call bound with partial, not
-        # wrapped: each coroutine between the front end and grpc's call is work on every
-        # inference, once when it starts and again when the answer resumes it.)
-        send = partial(self._call, pick=pick, request=request, timeout=timeout, metadata=metadata, model=model,
-                       version=version, refusing=True)
-        return self.attempt(model, version, affinity, send)
+        # (A plain function handing back attempt's coroutine, and _call's arguments handed to it
+        # as they are, not wrapped: each coroutine between the front end and grpc's call is work
+        # on every inference, once when it starts and again when the answer resumes it.)
+        return self.attempt(model, version, affinity, self._call,
+                            (pick, request, timeout, metadata, model, version, True))
 
     # -- health checker ------------------------------------------------------------------
     async def check_live(self, ep: GrpcEndpoint, timeout: float) -> bool:

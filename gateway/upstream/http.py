@@ -213,7 +213,7 @@ class HttpPool(Pool[HttpEndpoint]):
                     raise outcome
             return reply
 
-        return await self.attempt(model, version, affinity, send, resendable)
+        return await self.attempt(model, version, affinity, send, (), resendable)
 
     # -- health checker ----------------------------------------------------------------
     async def check_live(self, ep: HttpEndpoint, timeout: float) -> bool:

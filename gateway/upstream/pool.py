@@ -233,7 +233,10 @@ class Pool(Generic[E]):
             if len(self._choice) >= 4096:  # clients choose model names: keep it bounded
                 self._choice.clear()
             self._choice[key] = hit
-        return self.balancer.order(hit[1], affinity, key)
+        eligible = hit[1]
+        if len(eligible) == 1:
+            return eligible  # (every balancer's order of one; attempt only reads it)
+        return self.balancer.order(eligible, affinity, key)
 
     def _eligible(self, model: str, version: str) -> list[E]:
         eps = list(self.endpoints.values())
@@ -275,9 +278,12 @@ class Pool(Generic[E]):
         return ep
 
     async def attempt(self, model: str, version: str, affinity: str | None,
-                      send: Callable[[E], Awaitable[T]], resendable: Callable[[], bool] = _always) -> T:
-        """``send`` to the chosen endpoint; on :class:`Refused`, to the next one while the
-        retries, the retry budget and ``resendable()`` allow."""
+                      send: Callable[..., Awaitable[T]], args: tuple[Any, ...] = (),
+                      resendable: Callable[[], bool] = _always) -> T:
+        """``send(endpoint, *args)`` to the chosen endpoint; on :class:`Refused`, to the next one
+        while the retries, the retry budget and ``resendable()`` allow. (``args`` rather than a
+        ``functools.partial`` with keywords: every inference passes here, and a keyword partial
+        copies its dict and binds by name on every call.)"""
         order = self.candidates(model, version, affinity)
         budget = self.budget
         budget.active += 1
@@ -299,7 +305,7 @@ class Pool(Generic[E]):
                     self.on_event("retry")
                 note_endpoint(ep.address, self.protocol)
                 try:
-                    result = await send(ep)
+                    result = await send(ep, *args)
                 except Refused as exc:
                     error = exc.error
                     if exc.kind == Refused.TRANSPORT:
