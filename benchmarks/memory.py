@@ -4,14 +4,16 @@ the clients keeping their connections open after the burst (grpc's read-ahead on
 stays allocated while it is open: gateway/grpcengine.py caps it).
 
     .venv/bin/python -m benchmarks.memory [--clients 6] [--requests 3] [--mb 8] [--workers 1]
-        [--kinds http,grpc,stream]
+        [--json-mb 4] [--kinds http,json,grpc,stream]
 
 One Triton (identity_FP32), one gateway per kind and mode with a gRPC pool; the burst is
 ``--clients`` clients at once, ``--requests`` requests of ``--mb`` MB each way each, sent as
 ``http``: HTTP binary-extension requests (converted to gRPC: the path that holds the most
-copies), ``grpc``: ModelInfer (passed through), ``stream``: one ModelStreamInfer per client
-carrying its requests; from a process of their own (tests/support/burst.py). RSS is the gateway's
-process tree (supervisor + workers), sampled every 50 ms during the burst. Writes
+copies), ``json``: plain V2 JSON both ways (converted; ``--json-mb``, default 4: a 4 MB tensor is
+~19 MB of JSON text, parsed into Python numbers), ``grpc``: ModelInfer (passed through),
+``stream``: one ModelStreamInfer per client carrying its requests; from a process of their own
+(tests/support/burst.py). RSS is the gateway's process tree (supervisor + workers), sampled every
+50 ms during the burst. Writes
 benchmarks/results/<date>-memory/results.md and results.json.
 """
 from __future__ import annotations
@@ -41,15 +43,18 @@ MB = 1_000_000
 AFTER = (2, 5, 10, 30)
 
 
-KINDS = {"http": "HTTP binary → gRPC pool", "grpc": "gRPC ModelInfer", "stream": "gRPC ModelStreamInfer"}
+KINDS = {"http": "HTTP binary → gRPC pool", "json": "HTTP JSON → gRPC pool",
+          "grpc": "gRPC ModelInfer", "stream": "gRPC ModelStreamInfer"}
 
 
 def _send(kind: str, url: str, tensor: np.ndarray, count: int) -> None:
     if kind == "stream":
         stream_infer(url, tensor, count)
         return
+    binary = kind != "json"
     for _ in range(count):
-        infer(kind, url, "identity_FP32", [In("INPUT0", tensor, "FP32")], [Out("OUTPUT0")])
+        infer("http" if kind == "json" else kind, url, "identity_FP32", [In("INPUT0", tensor, "FP32", binary)],
+              [Out("OUTPUT0", binary)])
 
 
 # (name, environment, clients keep their connections open after the burst)
@@ -65,7 +70,7 @@ def run_mode(kind: str, name: str, env: dict[str, str], held: bool, triton: Trit
     try:
         assert gw.proc is not None
         pid = gw.proc.pid
-        url = gw.http_url if kind == "http" else gw.grpc_url
+        url = gw.http_url if kind in ("http", "json") else gw.grpc_url
         small = np.ones((1, 16), dtype=np.float32)
         for _ in range(25):
             _send(kind, url, small, 2)
@@ -75,7 +80,8 @@ def run_mode(kind: str, name: str, env: dict[str, str], held: bool, triton: Trit
         start = time.monotonic()
         # The clients run in a process of their own (tests/support/burst.py): each with one
         # connection it keeps for the rest of the run when ``held``.
-        load = burst.start(kind, url, mb=args.mb, clients=args.clients, count=args.requests, hold=held)
+        mb = args.json_mb if kind == "json" else args.mb
+        load = burst.start(kind, url, mb=mb, clients=args.clients, count=args.requests, hold=held)
         try:
             while load.running() and time.monotonic() - start < 300:
                 peak = max(peak, rss_bytes(pid))
@@ -101,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=6)
     p.add_argument("--requests", type=int, default=3)
     p.add_argument("--mb", type=int, default=8)
+    p.add_argument("--json-mb", type=int, default=4, help="tensor MB of the json kind (its JSON text is ~4.8 ×)")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--kinds", default=",".join(KINDS), help="comma list of: " + ", ".join(KINDS))
     p.add_argument("--out", default=None)
@@ -117,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         triton.stop()
     (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1, default=str))
     lines = [f"# Gateway RSS after a burst ({date})", "",
-             f"{args.clients} clients × {args.requests} requests of {args.mb} MB each way (identity_FP32 on a gRPC "
-             f"pool), gateway with {args.workers} worker(s); RSS of its process tree in MB.", "",
+             f"{args.clients} clients × {args.requests} requests of {args.mb} MB each way ({args.json_mb} MB tensors "
+             f"as JSON; identity_FP32 on a gRPC pool), gateway with {args.workers} worker(s); RSS of its process "
+             "tree in MB.", "",
              "| requests | mode | idle | peak | " + " | ".join(f"+{t} s" for t in AFTER) + " | burst s | answered |",
              "|---|---|--:|--:|" + "--:|" * len(AFTER) + "--:|--:|"]
     for r in rows:

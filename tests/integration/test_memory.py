@@ -1,5 +1,5 @@
-"""Memory comes back: after a burst of large requests through a gRPC pool (HTTP binary clients,
-converted; gRPC clients, ModelInfer and ModelStreamInfer, passed through) to real Triton drove
+"""Memory comes back: after a burst of large requests through a gRPC pool (HTTP clients, binary
+extension or plain JSON, converted; gRPC clients, ModelInfer and ModelStreamInfer, passed through) to real Triton drove
 the gateway's RSS up, it returns to near its idle level within 30 s of the burst ending — the allocator keeps freed
 buffers while large requests come (their speed: gateway/malloc.py) and gives them back once
 they stop. Whether the clients close their connections after the burst or keep them open (``held``):
@@ -41,29 +41,35 @@ def gw(triton, tmp_path_factory):  # one per case: each starts from its own idle
 
 
 SLACK = 32 * MB
+JSON_MB = 4
 # What stays after a burst besides the trim's work: grpc's read-ahead on each connection, capped at
 # 1 MiB a connection (gateway/grpcengine.py READ_BUFFER_CAP). Uncapped, a ModelStreamInfer burst left
 # up to 73 MB on the one backend connection, and 16 clients keeping their connections open +67 MB.
 
 
 @pytest.mark.parametrize("held", [False, True], ids=["closed", "held"])
-@pytest.mark.parametrize("client", ["http", "grpc", "stream"])
+@pytest.mark.parametrize("client", ["http", "json", "grpc", "stream"])
 def test_rss_returns_after_a_burst(gw, client, held):
     """``held``: the 16 clients keep their connections (one each) open after the burst, as a
     service keeping its clients would; RSS is judged while they are still connected."""
     assert gw.proc is not None
     pid = gw.proc.pid
-    url = gw.http_url if client == "http" else gw.grpc_url
+    url = gw.http_url if client in ("http", "json") else gw.grpc_url
     small = np.ones((1, 16), dtype=np.float32)
     for _ in range(20):
         if client == "stream":
             stream_infer(url, small, 2)
         else:
-            infer(client, url, "identity_FP32", [In("INPUT0", small, "FP32")], [Out("OUTPUT0")])
+            binary = client != "json"
+            infer("http" if client == "json" else client, url, "identity_FP32",
+                  [In("INPUT0", small, "FP32", binary)], [Out("OUTPUT0", binary)])
     idle = rss(pid)
     peak = idle
-    # 16 clients × 2 requests of 16 MB each way, from a process of their own (tests/support/burst.py).
-    load = burst.start(client, url, mb=16, clients=16, count=2, hold=held)
+    # 16 clients × 2 requests of 16 MB each way, from a process of their own (tests/support/burst.py);
+    # JSON: 4 MB tensors, ~19 MB of JSON text each way (the client's own encoding is the slow part),
+    # parsed into Python numbers by the conversion — a burst of small objects, not of large buffers.
+    mb = JSON_MB if client == "json" else 16
+    load = burst.start(client, url, mb=mb, clients=16, count=2, hold=held)
     try:
         deadline = time.monotonic() + 300
         while load.running() and time.monotonic() < deadline:
@@ -80,4 +86,4 @@ def test_rss_returns_after_a_burst(gw, client, held):
     finally:
         load.release()
     # Still serving, and as fast a path as before: the tuning is not turned off by the trim.
-    assert burst.start(client, url, mb=16, clients=1, count=1).wait(timeout=60) == ["200"]
+    assert burst.start(client, url, mb=mb, clients=1, count=1).wait(timeout=60) == ["200"]

@@ -7,9 +7,10 @@ what libFuzzer holds to ``-rss_limit_mb`` (tests/unit/test_fuzz_targets.py faile
 
     start(kind, url, mb=16, clients=16, count=2, hold=False) -> Burst; burst.wait(timeout) -> outcomes
 
-``kind``: ``http`` / ``grpc`` (tritonclient, identity_FP32), ``stream`` (one ModelStreamInfer per
-client carrying its ``count`` requests). Each outcome is ``"200"`` (answered with the very tensor
-sent), ``"503"`` (refused: 503 or UNAVAILABLE), or an error's text.
+``kind``: ``http`` (tritonclient, binary extension), ``json`` (tritonclient, plain V2 JSON both ways:
+a tensor of ``mb`` MB is ~4-5 × that as JSON text), ``grpc`` (tritonclient, identity_FP32), ``stream``
+(one ModelStreamInfer per client carrying its ``count`` requests). Each outcome is ``"200"`` (answered
+with the very tensor sent), ``"503"`` (refused: 503 or UNAVAILABLE), or an error's text.
 
 ``hold``: each client keeps one client object (one connection of its own: HTTP keep-alive, or a
 gRPC channel outside grpc's shared subchannel pool) for all its requests and keeps it open after
@@ -102,7 +103,7 @@ def _held_client(kind: str, url: str) -> Any:
     from tests.support.clients import LARGE_MESSAGES
 
     own = [("grpc.use_local_subchannel_pool", 1)]  # not the process-wide connection grpc shares
-    if kind == "http":
+    if kind in ("http", "json"):
         return httpclient.InferenceServerClient(url, network_timeout=120, connection_timeout=120)
     if kind == "grpc":
         return grpcclient.InferenceServerClient(url, channel_args=LARGE_MESSAGES + own)
@@ -119,8 +120,10 @@ def _outcomes(kind: str, url: str, big: np.ndarray, count: int, held: Any = None
             outs = stream_infer(url, big, count, channel=held)
             return ["200" if np.array_equal(o, big.ravel()) else "wrong answer" for o in outs]
         done = []
+        binary = kind != "json"
         for _ in range(count):
-            r = infer(kind, url, "identity_FP32", [In("INPUT0", big, "FP32")], [Out("OUTPUT0")], client=held)
+            r = infer("http" if kind == "json" else kind, url, "identity_FP32", [In("INPUT0", big, "FP32", binary)],
+                      [Out("OUTPUT0", binary)], client=held)
             done.append("200" if np.array_equal(r.outputs["OUTPUT0"], big) else "wrong answer")
         return done
     except InferenceServerException as exc:
