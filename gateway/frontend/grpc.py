@@ -26,10 +26,10 @@ from ..errors import SHARED_MEMORY_REFUSAL, GatewayError, InvalidRequest, Unsupp
 from ..grpcengine import READ_BUFFER_OPTION
 from ..observability.access import AccessRecord
 from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
-from .grpcunary import Infer, Seen, Unary, abort_with, failure_code, grpc_trailers
+from .grpcunary import CALL_METADATA, Infer, Seen, Unary, abort_with, call_metadata, failure_code, grpc_trailers
 from .kinds import GRPC_KINDS, admit_grpc
 
-__all__ = ["SERVICE", "build_grpc_handler", "grpc_trailers", "server_options"]
+__all__ = ["SERVICE", "Service", "build_grpc_handler", "grpc_trailers", "server_options"]
 
 
 SERVICE = "inference.GRPCInferenceService"
@@ -88,7 +88,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
     def begin(context: aio.ServicerContext, request: Any) -> AccessRecord | None:
         if access is None:
             return None
-        rid = next((v for k, v in context.invocation_metadata() or () if k == "x-request-id"), None)
+        rid = next((v for k, v in call_metadata(context) if k == "x-request-id"), None)
         return access.begin(rid if isinstance(rid, str) else None, len(request) if isinstance(request, bytes) else 0)
 
     def admit(ctx: aio.ServicerContext, rpc: str, model: str = "", version: str = "") -> None:
@@ -100,7 +100,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
         if guard is None:
             return
         try:
-            admit_grpc(guard, GRPC_KINDS[rpc], model, version, ctx.invocation_metadata() or ())
+            admit_grpc(guard, GRPC_KINDS[rpc], model, version, call_metadata(ctx))
         except GatewayError as err:
             if metrics is not None:
                 metrics.refused("grpc", err)
@@ -161,7 +161,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
             if not model:
                 raise InvalidRequest("ModelInferRequest.model_name is required")
             admit(ctx, "ModelStreamInfer", model, version)
-            metadata = tuple(ctx.invocation_metadata() or ())
+            metadata = call_metadata(ctx)
             refused: list[GatewayError] = []
 
             async def checked(rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -226,7 +226,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
                 raise InvalidRequest(f"{rpc}Request.model_name is required: the gateway routes by model")
             seen.note(model, "")
             admit(ctx, rpc, model)
-            return await control(rpc, model, message, ctx.time_remaining(), tuple(ctx.invocation_metadata() or ()))
+            return await control(rpc, model, message, ctx.time_remaining(), call_metadata(ctx))
 
         return handler
 
@@ -278,4 +278,18 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
         **{rpc: grpc.unary_unary_rpc_method_handler(wrap("shared_memory", shared_memory))
            for rpc in _SHARED_MEMORY_RPCS},
     }
-    return grpc.method_handlers_generic_handler(SERVICE, handlers)
+    return Service(SERVICE, handlers)
+
+
+class Service(grpc.GenericRpcHandler):
+    """``grpc.method_handlers_generic_handler`` that also keeps the call's metadata for its
+    handler (grpcunary.py ``CALL_METADATA``): grpc.aio has read it already, to ask for the handler."""
+
+    def __init__(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self._handlers = {f"/{service}/{name}": handler for name, handler in handlers.items()}
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        handler = self._handlers.get(handler_call_details.method)
+        if handler is not None:
+            CALL_METADATA.set(tuple(handler_call_details.invocation_metadata or ()))
+        return handler

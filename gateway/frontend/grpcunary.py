@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any
 
 import grpc
@@ -24,9 +25,26 @@ from ..errors import GatewayError, InvalidRequest, UpstreamError
 from ..observability.access import AccessRecord
 from ..observability.metrics import SERVER_LEVEL, Metrics, Observer, RouteLabel
 
-__all__ = ["Infer", "Seen", "Unary", "abort_with", "failure_code", "grpc_trailers"]
+__all__ = ["CALL_METADATA", "Infer", "Seen", "Unary", "abort_with", "call_metadata", "failure_code",
+           "grpc_trailers"]
 
 log = logging.getLogger("oip_gateway.grpc")
+
+# The client's metadata of the call being served, as grpc.aio read it to find the call's handler
+# (``HandlerCallDetails.invocation_metadata``): set by the front end's generic handler
+# (frontend/grpc.py ``Service``), in the call's own task — grpc.aio asks for the handler and then
+# runs it in one coroutine (server.pyx.pxi ``_handle_rpc``), so each call sees its own and no
+# other's. ``context.invocation_metadata()`` would build the same tuple again (a named tuple per
+# entry) on every inference.
+CALL_METADATA: ContextVar[tuple[Any, ...] | None] = ContextVar("oip_gateway_call_metadata", default=None)
+
+
+def call_metadata(context: Any) -> tuple[Any, ...]:
+    """The client's metadata of this call: (key, value) pairs (bytes values for ``-bin`` keys)."""
+    metadata = CALL_METADATA.get()
+    if metadata is None:  # a handler grpc found some other way: ask the context
+        metadata = tuple(context.invocation_metadata() or ())
+    return metadata
 
 
 def grpc_trailers(err: GatewayError) -> tuple[tuple[str, str], ...]:
@@ -127,6 +145,4 @@ class Infer:
             self.bytes_in.observe(len(message))
         seen.note(model, version)
         self.admit(ctx, "ModelInfer", model, version)
-        metadata = ctx.invocation_metadata()
-        return self.plane.infer_grpc(message, model, version, ctx.time_remaining(), sequence,
-                                     tuple(metadata) if metadata else ())
+        return self.plane.infer_grpc(message, model, version, ctx.time_remaining(), sequence, call_metadata(ctx))

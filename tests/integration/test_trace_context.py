@@ -101,3 +101,29 @@ def test_trace_context_reaches_the_backend(gw, http_backend, grpc_backend, clien
     assert got["traceparent"] == TRACEPARENT and got["tracestate"] == "vendor=1"
     assert got["authorization"] == "Bearer t0k"  # listed in forward_headers
     assert "x-unrelated" not in got  # not listed: not forwarded
+
+
+def test_each_grpc_call_forwards_its_own_context(gw, grpc_backend):
+    """Concurrent calls on one connection, some carrying trace context and some none: the
+    backend sees each call's own metadata — none of another call's (the front end keeps each
+    call's metadata for its handler as grpc read it: frontend/grpcunary.py CALL_METADATA)."""
+    seen = grpc_backend[1]
+    before = len(seen)
+    msg = pb.ModelInferRequest(model_name="to_grpc")
+    msg.inputs.add(name="I", datatype="FP32", shape=[1])
+    msg.raw_input_contents.append(b"\0\0\x80\x3f")
+    body = msg.SerializeToString()
+
+    def traced(i: int) -> tuple[tuple[str, str], ...]:
+        return (("traceparent", f"00-{i:032x}-00f067aa0ba902b7-01"), ("x-request-id", f"own-{i}"))
+
+    with grpc.insecure_channel(gw.grpc_url) as ch:
+        call = ch.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with futures.ThreadPoolExecutor(8) as pool:
+            done = list(pool.map(lambda i: call(body, timeout=10, metadata=traced(i) if i % 2 else None), range(40)))
+    assert len(done) == 40
+    got = seen[before:]
+    assert len(got) == 40
+    carried = {s["x-request-id"]: s.get("traceparent") for s in got if "x-request-id" in s}
+    assert carried == {f"own-{i}": f"00-{i:032x}-00f067aa0ba902b7-01" for i in range(1, 40, 2)}
+    assert sum(1 for s in got if "traceparent" not in s and "x-request-id" not in s) == 20
