@@ -64,6 +64,23 @@ _RELAYED = ("content-type", "inference-header-content-length", "content-encoding
 _NOT_READY_STATUS = frozenset({400, 404, 503})
 
 
+def _picked(headers: Mapping[str, str], names: Sequence[str]) -> dict[str, str]:
+    """The headers named in ``names`` that ``headers`` has. (A loop, not a comprehension: twice
+    on every HTTP request, and a comprehension is a function call of its own.)"""
+    picked: dict[str, str] = {}
+    get = headers.get
+    for k in names:
+        v = get(k)
+        if v is not None:
+            picked[k] = v
+    return picked
+
+
+def _relayed(headers: Mapping[str, str]) -> dict[str, str]:
+    """The backend answer's headers the gateway relays."""
+    return _picked(headers, _RELAYED)
+
+
 class HttpEndpoint(Endpoint):
     __slots__ = ("connections",)
 
@@ -176,10 +193,12 @@ class HttpPool(Pool[HttpEndpoint]):
         return BadUpstreamResponse(f"{self._where(ep)}: {exc}")
 
     def _reply(self, ep: HttpEndpoint, resp: H1Response, tmo: float) -> UpstreamReply:
-        relayed = {k: v for k in _RELAYED if (v := resp.headers.get(k)) is not None}
+        return UpstreamReply(resp.status, self._answer_body(ep, resp, tmo), _relayed(resp.headers))
+
+    def _answer_body(self, ep: HttpEndpoint, resp: H1Response, tmo: float) -> bytes | bytearray | BodyStream:
         if isinstance(resp.body, BodyStream):
             resp.body.map_error = self._stream_error(ep, tmo)
-        return UpstreamReply(resp.status, resp.body, relayed)
+        return resp.body
 
     def _where(self, ep: HttpEndpoint) -> str:
         return f"backend '{self.name}' endpoint {ep.address}"
@@ -372,7 +391,7 @@ class HttpPool(Pool[HttpEndpoint]):
                          forwarded: Sequence[str], limit: int) -> HttpReply:
         """Pass-through: the body goes out as received (streamed when large), the
         backend's status, headers and body come back unchanged, errors included."""
-        fwd = {k: v for k in forwarded if (v := headers.get(k)) is not None}
+        fwd = _picked(headers, forwarded)
         if isinstance(body, (bytes, bytearray)) and "content-encoding" not in headers:
             affinity = sequence_of_json(body, headers.get(HEADER_LENGTH))  # (no coroutine for the common case)
         else:
@@ -425,17 +444,21 @@ class HttpPool(Pool[HttpEndpoint]):
                 return
             if ep.health.failures:
                 ep.health.succeeded()
-            reply = self._reply(ep, result, tmo)
-            if reply.status in _NOT_READY_STATUS and not isinstance(reply.body, BodyStream):
-                error = error_from_reply(reply)
-                if self.refusal(ep, model, version, error, True) is not error:
-                    ep.health.not_ready(model, version)  # as attempt() does with the Refused
-                    self.on_event("retry")
-                    done(None)
-                    return
-            done(HttpReply(reply.status, reply.body, reply.headers))
+            if result.status in _NOT_READY_STATUS:
+                reply = self._reply(ep, result, tmo)
+                if not isinstance(reply.body, BodyStream):
+                    error = error_from_reply(reply)
+                    if self.refusal(ep, model, version, error, True) is not error:
+                        ep.health.not_ready(model, version)  # as attempt() does with the Refused
+                        self.on_event("retry")
+                        done(None)
+                        return
+                done(HttpReply(reply.status, reply.body, reply.headers))
+                return
+            # (The answer built once, as the front end takes it: no UpstreamReply on the way.)
+            done(HttpReply(result.status, self._answer_body(ep, result, tmo), _relayed(result.headers)))
 
-        fwd = {k: v for k in forwarded if (v := headers.get(k)) is not None}
+        fwd = _picked(headers, forwarded)
         budget.active += 1
         if not ep.connections.request_now("POST", self._infer_path(model, version), body, fwd, tmo, STREAM_MIN,
                                           answered):
