@@ -444,17 +444,13 @@ class HttpPool(Pool[HttpEndpoint]):
                 return
             if ep.health.failures:
                 ep.health.succeeded()
-            if result.status in _NOT_READY_STATUS:
-                reply = self._reply(ep, result, tmo)
-                if not isinstance(reply.body, BodyStream):
-                    error = error_from_reply(reply)
-                    if self.refusal(ep, model, version, error, True) is not error:
-                        ep.health.not_ready(model, version)  # as attempt() does with the Refused
-                        self.on_event("retry")
-                        done(None)
-                        return
-                done(HttpReply(reply.status, reply.body, reply.headers))
-                return
+            if result.status in _NOT_READY_STATUS and not isinstance(result.body, BodyStream):
+                error = error_from_reply(self._reply(ep, result, tmo))
+                if self.refusal(ep, model, version, error, True) is not error:
+                    ep.health.not_ready(model, version)  # as attempt() does with the Refused
+                    self.on_event("retry")
+                    done(None)
+                    return
             # (The answer built once, as the front end takes it: no UpstreamReply on the way.)
             done(HttpReply(result.status, self._answer_body(ep, result, tmo), _relayed(result.headers)))
 
