@@ -19,8 +19,17 @@ transports (codec, routing, config) import no grpc.
     ├── NoEndpointAvailable   503  UNAVAILABLE        no endpoint of the pool answered
     │   └── ModelNotReady     503  UNAVAILABLE        the route exists; no endpoint has the model ready
     ├── UpstreamTimeout       504  DEADLINE_EXCEEDED  the backend did not answer in time
+    ├── UpstreamReset         502  UNAVAILABLE        the backend reset, cancelled or closed mid-answer
     ├── BadUpstreamResponse   502  INTERNAL           the backend's answer could not be decoded
+    │   ├── UpstreamFraming   502  INTERNAL           its HTTP framing is invalid (RFC 9112)
+    │   ├── UpstreamTooLarge  502  INTERNAL           its head or body is over the gateway's limit
+    │   └── UpstreamEncoding  502  INTERNAL           a Content-Encoding / grpc-encoding not readable
     └── UpstreamError         any  any                the backend's own error, relayed as-is
+
+A backend's fault is never a client's 4xx: what the gateway refuses of a backend's answer is a
+502 (INTERNAL), a reset the client did not cause 502 (UNAVAILABLE), never 413 / 429 /
+RESOURCE_EXHAUSTED / CANCELLED, which would tell the client to change its own request. The class
+name is the ``kind`` label of ``oip_gateway_upstream_errors_total``.
 """
 from __future__ import annotations
 
@@ -47,8 +56,12 @@ __all__ = [
     "Unauthenticated",
     "Unsupported",
     "UnsupportedEncoding",
+    "UpstreamEncoding",
     "UpstreamError",
+    "UpstreamFraming",
+    "UpstreamReset",
     "UpstreamTimeout",
+    "UpstreamTooLarge",
 ]
 
 
@@ -168,11 +181,36 @@ class UpstreamTimeout(GatewayError):
     grpc_code = "DEADLINE_EXCEEDED"
 
 
+class UpstreamReset(GatewayError):
+    """The backend broke the exchange off: the connection closed or reset mid-answer, an HTTP/2
+    stream reset (RST_STREAM, even with CANCEL) or GOAWAY the client did not cause. UNAVAILABLE,
+    not CANCELLED: the client did not cancel."""
+
+    http_status = 502
+    grpc_code = "UNAVAILABLE"
+
+
 class BadUpstreamResponse(GatewayError):
-    """A backend answered 200 with a body the codec cannot read (a broken or non-V2 backend)."""
+    """A backend's answer the gateway cannot read or will not relay (a broken or non-V2
+    backend). The subclasses say why."""
 
     http_status = 502
     grpc_code = "INTERNAL"
+
+
+class UpstreamFraming(BadUpstreamResponse):
+    """An HTTP answer whose framing is invalid or ambiguous (RFC 9112 section 6): conflicting or
+    bad lengths, a malformed head, an unexpected 101, bytes where no answer was due."""
+
+
+class UpstreamTooLarge(BadUpstreamResponse):
+    """An answer over one of the gateway's limits on backends: its head (header count or
+    bytes), its body (the pool's ``max_message_bytes``; a health or index answer's own cap).
+    A 502, never a 413 / RESOURCE_EXHAUSTED: the client's request was fine."""
+
+
+class UpstreamEncoding(BadUpstreamResponse):
+    """An answer in a Content-Encoding (or grpc-encoding) the gateway cannot read."""
 
 
 # Status mapping used when an error crosses protocols (HTTP backend → gRPC client
