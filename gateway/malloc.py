@@ -27,7 +27,7 @@ import os
 import time
 from collections.abc import Callable
 
-__all__ = ["IdleTrimmer", "tune_malloc"]
+__all__ = ["IdleTrimmer", "large_answer", "large_answer_at", "tune_malloc"]
 
 log = logging.getLogger("oip_gateway")
 
@@ -72,6 +72,22 @@ def tune_malloc(max_message_bytes: int) -> bool:
     if not ok:
         log.info("glibc mallopt refused the large-buffer tuning; running with defaults")
     return ok
+
+
+# The allocator is process-wide, and so is this: when a backend's answer last left a large
+# buffer behind (a whole body of MiBs, or one refused part-way: a lying Content-Length, an
+# endless chunked answer). The idle trim follows those as it follows large requests: a
+# backend's bytes must not stay resident because no client sent anything large.
+_large_answer_at = 0.0
+
+
+def large_answer() -> None:
+    global _large_answer_at
+    _large_answer_at = time.monotonic()
+
+
+def large_answer_at() -> float:
+    return _large_answer_at
 
 
 class IdleTrimmer:

@@ -32,7 +32,7 @@ from .frontend.grpc import build_grpc_handler, server_options
 from .frontend.h1listen import limited_protocol
 from .frontend.http import build_http_app
 from .frontend.v1_grpc import build_v1_grpc_handler
-from .malloc import IdleTrimmer
+from .malloc import IdleTrimmer, large_answer_at
 from .memlimit import auto_inflight_limit
 from .observability.metrics import Metrics
 from .proxy import Proxy, Routing, build_pool
@@ -280,7 +280,7 @@ class Gateway:
         self.auto_inflight = auto_inflight_limit(memory_limit, workers)
         self.proxy = Proxy(routing, self.health, self.metrics, self.auto_inflight)
         # Freed large buffers go back to the system once large requests have gone quiet.
-        self.trimmer = IdleTrimmer(lambda: self.proxy.admission.large_at,
+        self.trimmer = IdleTrimmer(lambda: max(self.proxy.admission.large_at, large_answer_at()),
                                    busy=lambda: self.proxy.admission.large_inflight > 0)
         self._trimmer: asyncio.Task[None] | None = None
         self.listeners = Listeners(self.proxy, config.max_message_bytes, self.metrics, reuse_port=reuse_port,

@@ -18,7 +18,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..errors import BadUpstreamResponse, InvalidRequest
+from ..errors import (
+    BadUpstreamResponse,
+    InvalidRequest,
+    PayloadTooLarge,
+    UnsupportedEncoding,
+    UpstreamEncoding,
+    UpstreamTooLarge,
+)
 from . import grpc as grpc_codec
 from . import http as http_codec
 from .content import HEADER_LENGTH, decode_content, encode_content, header_length, reply_headers, sequence_key
@@ -72,9 +79,16 @@ def grpc_request_to_http(message: bytes, *, binary: bool,
 
 def http_answer_to_grpc(body: bytes | bytearray, headers: Mapping[str, str], limit: int, backend: str,
                         *, typed: bool = False) -> bytes:
-    """A 200 HTTP inference answer → ModelInferResponse bytes (raw contents, or typed)."""
+    """A 200 HTTP inference answer → ModelInferResponse bytes (raw contents, or typed). What the
+    codec refuses of the answer is the backend's fault (502), never the client's 413 / 415."""
     try:
         body = decode_content(body, headers.get("content-encoding"), limit)
+    except UnsupportedEncoding as exc:
+        raise UpstreamEncoding(f"backend '{backend}' answered in a Content-Encoding the gateway cannot read: "
+                               f"{headers.get('content-encoding')!r}") from exc
+    except PayloadTooLarge as exc:
+        raise UpstreamTooLarge(f"backend '{backend}' sent an answer over max_message_bytes: {exc.message}") from exc
+    try:
         # Read by Inference-Header-Content-Length, never by content type: OVMS sends
         # binary answers as application/json with that header.
         response = http_codec.decode_response(body, header_length(headers.get(HEADER_LENGTH), len(body)))

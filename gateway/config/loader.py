@@ -51,7 +51,8 @@ _TLS_KEYS = {"cert", "key", "client_ca"}
 _HEALTH_KEYS = {"interval_s", "timeout_s"}
 _BACKEND_KEYS = {"protocol", "endpoints", "timeout_s", "connect_timeout_s", "max_message_bytes", "binary_extension",
                  "max_connections", "balance", "tls", "retries", "retry_budget_percent", "outlier", "repository_index",
-                 "check_headers", "non_utf8_bytes", "queue_metrics"}
+                 "check_headers", "non_utf8_bytes", "queue_metrics", "max_answer_header_count",
+                 "max_answer_head_bytes", "max_check_answer_bytes"}
 _BACKEND_TLS_KEYS = {"ca", "cert", "key", "server_name"}
 _ROUTE_KEYS = {"model", "version", "backend", "split", "headers", "mirror", "auth", "rate"}
 _SIDE_KEYS = {"backend", "weight"}
@@ -156,7 +157,7 @@ def _backend(p: Problems, name: str, raw: Any) -> Backend | None:
             ok = ok and hp is not None
     kwargs: dict[str, Any] = {}
     for k in ("timeout_s", "connect_timeout_s", "max_message_bytes", "max_connections", "retries",
-              "retry_budget_percent"):
+              "retry_budget_percent", "max_answer_header_count", "max_answer_head_bytes", "max_check_answer_bytes"):
         if k in data:
             kwargs[k] = number(p, f"{key}.{k}", data[k], int if k.startswith("max_") or k == "retries" else float)
             ok = ok and kwargs[k] is not None

@@ -199,6 +199,13 @@ class Backend:
     non_utf8_bytes: str = "refuse"
     # HTTP pools only: open connections per endpoint; more concurrent requests wait.
     max_connections: int = 512
+    # HTTP pools only: what the gateway accepts of an answer's head (interim 1xx heads count
+    # too); the body is bounded by max_message_bytes on every path.
+    max_answer_header_count: int = 100
+    max_answer_head_bytes: int = 65536
+    # HTTP pools only: the body of a health, readiness or repository-index answer (an index
+    # of 10,000 models is ~1 MB).
+    max_check_answer_bytes: int = 16 * 1024 * 1024
     # How a request picks its endpoint: "round_robin", "least_request" (the healthy
     # endpoint with the fewest requests in flight; ties in round-robin order), or
     # "least_queue" (Triton's pending requests for the model, scraped from its metrics
@@ -237,6 +244,10 @@ class Backend:
             raise ValueError("max_message_bytes must be > 0")
         if self.max_connections < 1:
             raise ValueError("max_connections must be >= 1")
+        if self.max_answer_header_count < 10 or self.max_answer_head_bytes < 1024:
+            raise ValueError("max_answer_header_count must be >= 10 and max_answer_head_bytes >= 1024")
+        if self.max_check_answer_bytes < 1024:
+            raise ValueError("max_check_answer_bytes must be >= 1024")
         if not 0 <= self.retries <= 5:
             raise ValueError("retries must be between 0 and 5")
         if not 0 < self.retry_budget_percent <= 100:

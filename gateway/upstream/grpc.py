@@ -5,10 +5,19 @@ One ``grpc.aio`` channel per endpoint, max message sizes set on each (gRPC's
 through a generic multi-callable with no serializers: the request bytes are
 sent as received and the response bytes returned as received. An HTTP client's
 request is converted (``codec/convert.py``).
+
+A backend is untrusted input here too (issue 35). grpc-core reports what went wrong on the
+backend's side in the status codes of a client's faults — a stream reset with CANCEL as
+CANCELLED, an answer over ``grpc.max_receive_message_length`` as RESOURCE_EXHAUSTED — so every
+failed call is read by :func:`fault` first: what grpc-core itself says of the exchange becomes
+the error of the party at fault (UpstreamReset, UpstreamTooLarge, UpstreamEncoding,
+UpstreamFraming, UpstreamTimeout, or a Refused when nothing can have run); only a status the
+backend chose is relayed as its own (UpstreamError).
 """
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from operator import attrgetter
 from typing import Any
@@ -31,13 +40,24 @@ from ..codec.triton import (
 )
 from ..config.schema import Backend, BackendTls, HostPort
 from ..dataplane import HttpReply, IncomingBody
-from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable, UpstreamError, UpstreamTimeout
+from ..errors import (
+    BadUpstreamResponse,
+    GatewayError,
+    ModelNotReady,
+    NoEndpointAvailable,
+    UpstreamEncoding,
+    UpstreamError,
+    UpstreamFraming,
+    UpstreamReset,
+    UpstreamTimeout,
+    UpstreamTooLarge,
+)
 from ..grpcengine import READ_BUFFER_OPTION
 from .grpcdirect import DirectUnary
 from .grpcdirect import supported as direct_supported
 from .pool import TRITON_GRPC_PREFIX, Endpoint, Pool, Refused, is_not_ready_message
 
-__all__ = ["METHOD_PREFIX", "RAW_RPCS", "GrpcEndpoint", "GrpcPool", "channel_options"]
+__all__ = ["METHOD_PREFIX", "RAW_RPCS", "Fault", "GrpcEndpoint", "GrpcPool", "channel_options", "fault"]
 
 METHOD_PREFIX = "/inference.GRPCInferenceService/"
 
@@ -171,7 +191,14 @@ class GrpcPool(Pool[GrpcEndpoint]):
         tmo = self.backend.timeout_s if timeout is None else min(timeout, self.backend.timeout_s)
         ep._inflight += 1
         try:
-            return await pick(ep)(request, timeout=tmo, metadata=metadata or None)
+            answer = await pick(ep)(request, timeout=tmo, metadata=metadata or None)
+            if answer is None:
+                # grpc-core ends a unary call OK without a message when the stream ended before
+                # the message its length prefix announced (or carried none): no answer to relay.
+                self.transport_failed(ep)
+                raise UpstreamFraming(f"backend '{self.name}' endpoint {ep.address}: answered OK without a "
+                                      "complete response message (a unary call has exactly one)")
+            return answer
         except aio.AioRpcError as exc:
             error = self._mapped(ep, exc, tmo, model, version)
             if refusing and isinstance(error, UpstreamError) and error.grpc_code in ("NOT_FOUND", "INVALID_ARGUMENT"):
@@ -183,19 +210,37 @@ class GrpcPool(Pool[GrpcEndpoint]):
     def _mapped(self, ep: GrpcEndpoint, exc: aio.AioRpcError, tmo: float | None, model: str = "",
                 version: str = "") -> Exception:
         code = exc.code()
+        details = exc.details() or ""
         where = f"backend '{self.name}' endpoint {ep.address}"
+        found = fault(code.name, details)
+        if found is not None:
+            kind, why = found
+            if kind == Fault.TIMEOUT:
+                return UpstreamTimeout(f"{where}: did not answer within {_seconds(tmo)}")
+            if kind == Fault.TRANSPORT:
+                return Refused(NoEndpointAvailable(f"{where}: {details}"), kind=Refused.TRANSPORT)
+            if kind == Fault.UNPROCESSED:
+                # RFC 9113 sections 6.8 and 8.7: the backend says it did not process the stream.
+                return Refused(NoEndpointAvailable(f"{where}: {why}"), kind=Refused.TRANSPORT)
+            if kind == Fault.REFUSED_STREAM:
+                return Refused(NoEndpointAvailable(f"{where}: {why}"), kind=Refused.BUSY)
+            self.transport_failed(ep)  # a backend that breaks exchanges off counts towards its ejection
+            if kind == Fault.TOO_LARGE:
+                return UpstreamTooLarge(f"{where}: {why}")
+            if kind == Fault.ENCODING:
+                return UpstreamEncoding(f"{where}: {why}")
+            if kind == Fault.FRAMING:
+                return UpstreamFraming(f"{where}: {why}")
+            if kind == Fault.RESET:
+                return UpstreamReset(f"{where}: {why}")
+            return BadUpstreamResponse(f"{where}: {why}")
         if code == grpc.StatusCode.UNAVAILABLE:
-            # Nothing ran: the endpoint was unreachable or went away (grpc's own message),
-            # or refused the request (Triton: queue full, model not ready).
-            if _transport_failure(exc):
-                return Refused(NoEndpointAvailable(f"{where}: {exc.details()}"), kind=Refused.TRANSPORT)
-            error = UpstreamError(exc.details() or code.name, grpc_code=code.name)
+            # The backend refused the request itself (Triton: queue full, model not ready).
+            error = UpstreamError(details or code.name, grpc_code=code.name)
             return self.refusal(ep, model, version, error, True) if is_not_ready_message(error.message) else \
                 Refused(error, kind=Refused.BUSY)
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return UpstreamTimeout(f"{where} did not answer within {tmo}s")
         # The backend's own error: relay its code and message unchanged.
-        return UpstreamError(exc.details() or code.name, grpc_code=code.name)
+        return UpstreamError(details or code.name, grpc_code=code.name)
 
     def _unary(self, model: str, version: str, affinity: str | None,
                pick: Callable[[GrpcEndpoint], _Rpc], request: Any,
@@ -314,7 +359,8 @@ class GrpcPool(Pool[GrpcEndpoint]):
         del body  # the HTTP body is not needed while the backend works
         trace = tuple((k, v) for k in forwarded if k not in _FRAMING and (v := headers.get(k)) is not None)
         try:
-            answer = await self._unary(model, version, affinity, _INFER, message, None, trace)
+            answer, ep = await self.attempt(model, version, affinity, self._call_from,
+                                            (_INFER, message, None, trace, model, version, True))
         except UpstreamError as err:
             if err.grpc_code == "INVALID_ARGUMENT" and err.message == version_refusal(version):
                 # Triton's HTTP route takes only digits: its answer to this version is a 404.
@@ -322,8 +368,18 @@ class GrpcPool(Pool[GrpcEndpoint]):
                                     content_type="application/json") from err
             raise
         del message
-        chunks, out_headers = grpc_answer_to_http(answer, form, self.name)
+        try:
+            chunks, out_headers = grpc_answer_to_http(answer, form, self.name)
+        except BadUpstreamResponse as exc:
+            # Not a ModelInferResponse: the endpoint that sent it is named (and counted).
+            self.transport_failed(ep)
+            where = f"backend '{self.name}' endpoint {ep.address}:"
+            raise BadUpstreamResponse(exc.message.replace(f"backend '{self.name}'", where, 1)) from exc
         return HttpReply(200, chunks, out_headers)
+
+    async def _call_from(self, ep: GrpcEndpoint, *args: Any) -> tuple[Any, GrpcEndpoint]:
+        """:meth:`_call`, and the endpoint that answered."""
+        return await self._call(ep, *args), ep
 
     async def infer_stream(self, requests: AsyncIterator[bytes], model: str, version: str,
                            timeout: float | None, affinity: str | None,
@@ -365,15 +421,94 @@ _JSON = {"content-type": "application/json"}
 _FRAMING = frozenset({"content-type", "inference-header-content-length", "content-encoding", "accept-encoding"})
 
 
-def _transport_failure(exc: aio.AioRpcError) -> bool:
+def _transport_failure(details: str) -> bool:
     """UNAVAILABLE raised by grpc itself (connect failed, connection reset) rather than
     a backend's own answer: grpc's messages for those are fixed strings."""
-    details = (exc.details() or "").lower()
+    details = details.lower()
     return any(s in details for s in (
         "failed to connect", "connection refused", "connection reset", "socket closed", "connect failed",
         "broken pipe", "endpoint closing", "transport closing", "goaway", "unreachable", "no connection",
         "failed to pick subchannel", "dns resolution failed", "connections to all backends failing",
         "recvmsg", "sendmsg", "end of tcp stream", "keepalive", "stream removed"))
+
+
+class Fault:
+    """Kinds of :func:`fault`: what grpc-core says went wrong with an exchange."""
+
+    TIMEOUT = "timeout"  # the deadline passed: UpstreamTimeout
+    TRANSPORT = "transport"  # unreachable, or the connection went (no word of GOAWAY): Refused
+    UNPROCESSED = "unprocessed"  # GOAWAY before the backend took the stream: Refused (retried)
+    REFUSED_STREAM = "refused_stream"  # RST_STREAM(REFUSED_STREAM): Refused (retried)
+    RESET = "reset"  # the backend reset or cancelled the call, or went away with it: UpstreamReset
+    TOO_LARGE = "too_large"  # an answer over max_message_bytes: UpstreamTooLarge
+    ENCODING = "encoding"  # a grpc-encoding or compressed message grpc cannot read: UpstreamEncoding
+    FRAMING = "framing"  # an answer that breaks gRPC's framing (no grpc-status): UpstreamFraming
+    BAD = "bad"  # another HTTP/2 or gRPC violation grpc-core refused: BadUpstreamResponse
+
+
+# grpc-core's own words (grpcio 1.85, tests/unit/test_grpc_attribution.py). RFC 9113 section 7
+# error codes of a RST_STREAM: grpc-core turns 8 (CANCEL) into CANCELLED, 11 into
+# RESOURCE_EXHAUSTED, 12 into PERMISSION_DENIED — a client's codes for a backend's act.
+_RST = re.compile(r"Received RST_STREAM with error code (\d+)")
+_H2_ERRORS = {0: "NO_ERROR", 1: "PROTOCOL_ERROR", 2: "INTERNAL_ERROR", 3: "FLOW_CONTROL_ERROR",
+              5: "STREAM_CLOSED", 6: "FRAME_SIZE_ERROR", 7: "REFUSED_STREAM", 8: "CANCEL",
+              9: "COMPRESSION_ERROR", 10: "CONNECT_ERROR", 11: "ENHANCE_YOUR_CALM", 12: "INADEQUATE_SECURITY",
+              13: "HTTP_1_1_REQUIRED"}
+_GOAWAY = re.compile(r"GOAWAY received; Error code: (\d+)")
+# The client side's message-size check; "CLIENT: " since grpc 1.6x, a "Stream removed (...)"
+# wrapper when grpc-core ends the stream itself. A backend's own RESOURCE_EXHAUSTED saying it
+# received too large a message (the gateway's request, over the backend's limit) has neither.
+_TOO_LARGE = re.compile(r"(CLIENT: )?Received message larger than max \((\d+) vs\. (\d+)\)")
+_ENCODING = re.compile(r"grpc-encoding|decompress|compression (bit|algorithm)|encoding configured", re.IGNORECASE)
+_LOCAL = "Stream removed ("  # grpc-core's wrapper of the error that ended a stream on its side
+_NO_STATUS = "No status received"
+
+
+def fault(code: str, details: str) -> tuple[str, str] | None:
+    """What grpc-core itself reports of a failed call (``code``: the status code's name), as
+    (a :class:`Fault` kind, why — for the message after "backend 'x' endpoint h:p: "); None when
+    the status is the backend's own answer, to relay as it is. Not the client's fault either
+    way: a call the gateway cancels itself (its client left) raises CancelledError, never a
+    status, so a CANCELLED status is always the backend's doing."""
+    if code == "DEADLINE_EXCEEDED":
+        return Fault.TIMEOUT, "did not answer in time"
+    rst = _RST.search(details)
+    if rst is not None:
+        n = int(rst.group(1))
+        name = _H2_ERRORS.get(n, str(n))
+        if n == 7:  # RFC 9113 section 8.7: "the stream was not processed", safe to retry
+            return Fault.REFUSED_STREAM, "refused the stream (RST_STREAM REFUSED_STREAM) before processing it"
+        return Fault.RESET, f"reset the stream (RST_STREAM {name}) before its answer was complete"
+    goaway = _GOAWAY.search(details)
+    if goaway is not None:
+        n = int(goaway.group(1))
+        if "socket closed" in details.lower():
+            # The stream was at or below GOAWAY's last stream id: it may have run.
+            return Fault.RESET, (f"went away (GOAWAY {_H2_ERRORS.get(n, str(n))}, then closed the connection) "
+                                 "with the call in flight, unanswered")
+        return Fault.UNPROCESSED, (f"went away (GOAWAY {_H2_ERRORS.get(n, str(n))}) before processing the call; "
+                                   "it may be sent elsewhere")
+    if code == "CANCELLED":
+        return Fault.RESET, f"cancelled the call, which the gateway did not cancel ({details or 'no message'})"
+    if code == "RESOURCE_EXHAUSTED":
+        big = _TOO_LARGE.search(details)
+        if big is not None and (big.group(1) or details.startswith(_LOCAL)):
+            return Fault.TOO_LARGE, (f"answered with a message of {big.group(2)} bytes, over the pool's "
+                                     f"max_message_bytes ({big.group(3)})")
+        return None
+    if code in ("INTERNAL", "UNIMPLEMENTED") and _ENCODING.search(details):
+        return Fault.ENCODING, f"answered in an encoding the gateway cannot read ({details})"
+    if code == "UNKNOWN" and details == _NO_STATUS:
+        return Fault.FRAMING, "ended its answer without a grpc-status (the gRPC protocol requires one in trailers)"
+    if code == "UNAVAILABLE":
+        return (Fault.TRANSPORT, details) if _transport_failure(details) else None
+    if details.startswith(_LOCAL):
+        return Fault.BAD, f"broke the HTTP/2 exchange off ({details})"
+    return None
+
+
+def _seconds(tmo: float | None) -> str:
+    return "its deadline" if tmo is None else f"{tmo:.3g} s"
 
 
 def _metadata_to_dict(msg: Any) -> dict[str, Any]:

@@ -33,17 +33,28 @@ from ..codec.wire import scan_infer_routing
 from ..config.schema import Backend, BackendTls, HostPort
 from ..dataplane import HttpReply, IncomingBody
 from ..errors import (
-    BadUpstreamResponse,
     GatewayError,
     InvalidRequest,
     ModelNotReady,
     NoEndpointAvailable,
     RequestTimeout,
     UpstreamError,
+    UpstreamFraming,
+    UpstreamReset,
     UpstreamTimeout,
+    UpstreamTooLarge,
 )
 from ..observability.access import AccessRecord
-from .h1 import BodyStream, ConnectFailed, ConnectionDropped, H1ConnectionPool, H1Response, SourceStalled
+from .h1 import (
+    AnswerLimits,
+    BadAnswer,
+    BodyStream,
+    ConnectFailed,
+    ConnectionDropped,
+    H1ConnectionPool,
+    H1Response,
+    SourceStalled,
+)
 from .pool import TRITON_GRPC_PREFIX, Endpoint, Pool, Refused, _always
 
 __all__ = ["STREAM_MIN", "BodyStream", "HttpEndpoint", "HttpPool", "UpstreamReply", "error_from_reply",
@@ -159,38 +170,58 @@ class HttpPool(Pool[HttpEndpoint]):
 
     def _make(self, address: HostPort) -> HttpEndpoint:
         b = self.backend
+        limits = AnswerLimits(b.max_answer_header_count, b.max_answer_head_bytes, b.max_message_bytes)
         return HttpEndpoint(address, H1ConnectionPool(
             address.host, address.port, connect_timeout=b.connect_timeout_s, ssl=self._ssl,
-            server_name=b.tls.server_name if b.tls else None, max_connections=b.max_connections))
+            server_name=b.tls.server_name if b.tls else None, max_connections=b.max_connections, limits=limits))
 
     # -- one exchange on one endpoint ---------------------------------------------------
     async def _send(self, ep: HttpEndpoint, method: str, path: str, *, body: Body = None,
                     headers: Mapping[str, str] | None = None, timeout: float | None = None,
-                    stream_min: int | None = None, stream_unsized: bool = False) -> UpstreamReply:
+                    stream_min: int | None = None, stream_unsized: bool = False,
+                    max_body: int | None = None, stateful: bool = False) -> UpstreamReply:
         """Raises Refused when nothing of an answer came (connection refused, or closed
         before a byte of it), so the request may go to another endpoint. ``stream_unsized``:
-        an answer of unknown length (chunked) comes as a BodyStream (generate_stream)."""
+        an answer of unknown length (chunked) comes as a BodyStream (generate_stream).
+        ``max_body``: a lower body limit than the pool's (health checks). ``stateful``: a
+        request of a sequence, never sent twice (see :meth:`_mapped`)."""
         tmo = self.backend.timeout_s if timeout is None else min(timeout, self.backend.timeout_s)
         try:
             resp = await ep.connections.request(method, path, body=body, headers=headers, timeout=tmo,  # type: ignore[arg-type]
-                                                stream_min=stream_min, stream_unsized=stream_unsized)
-        except (SourceStalled, TimeoutError, ConnectFailed, ConnectionDropped) as exc:
-            raise self._mapped(ep, exc, tmo) from exc
+                                                stream_min=stream_min, stream_unsized=stream_unsized,
+                                                max_body=max_body, resend=not stateful)
+        except (SourceStalled, TimeoutError, ConnectFailed, ConnectionDropped, BadAnswer) as exc:
+            raise self._mapped(ep, exc, tmo, stateful) from exc
         return self._reply(ep, resp, tmo)
 
-    def _mapped(self, ep: HttpEndpoint, exc: Exception, tmo: float) -> Exception:
+    def _mapped(self, ep: HttpEndpoint, exc: Exception, tmo: float, stateful: bool = False) -> Exception:
         """The h1 client's error as the gateway's: a Refused when nothing of an answer came
-        (the request may go to another endpoint)."""
+        (the request may go to another endpoint).
+
+        When a request is sent again (docs/config.md "Retries"): only when the endpoint could
+        not be reached (nothing was written), or when the connection closed before a single
+        byte of the answer — a reused one (the keep-alive race: the backend closed it idle as
+        the request went out) on the same endpoint, a fresh one on another. A ``stateful``
+        request (one carrying a ``sequence_id``) is never sent again once any of its bytes were
+        written: a sequence's step must not run twice, so that close is an UpstreamReset."""
+        where = self._where(ep)
         if isinstance(exc, SourceStalled):
             return RequestTimeout(str(exc))
         if isinstance(exc, TimeoutError):
-            return UpstreamTimeout(f"{self._where(ep)}: {exc or f'did not answer within {tmo}s'}")
+            return UpstreamTimeout(f"{where}: {str(exc) or f'did not answer within {tmo}s'}")
         if isinstance(exc, ConnectFailed):
-            return Refused(NoEndpointAvailable(f"{self._where(ep)} is unreachable: {exc}"), kind=Refused.TRANSPORT)
-        if isinstance(exc, ConnectionDropped) and exc.before_response:
-            return Refused(NoEndpointAvailable(f"{self._where(ep)}: {exc}"), kind=Refused.TRANSPORT)
+            return Refused(NoEndpointAvailable(f"{where} is unreachable: {exc}"), kind=Refused.TRANSPORT)
+        if isinstance(exc, ConnectionDropped) and exc.before_response and not stateful:
+            return Refused(NoEndpointAvailable(f"{where}: {exc}"), kind=Refused.TRANSPORT)
         self.transport_failed(ep)
-        return BadUpstreamResponse(f"{self._where(ep)}: {exc}")
+        if isinstance(exc, BadAnswer):
+            if exc.kind == BadAnswer.TOO_LARGE:
+                return UpstreamTooLarge(f"{where}: {exc}")
+            return UpstreamFraming(f"{where}: {exc}")
+        if isinstance(exc, ConnectionDropped) and exc.before_response:
+            return UpstreamReset(f"{where}: {exc} before answering a request of a sequence (not sent again: "
+                                 f"it may have run)")
+        return UpstreamReset(f"{where}: {exc}")
 
     def _reply(self, ep: HttpEndpoint, resp: H1Response, tmo: float) -> UpstreamReply:
         return UpstreamReply(resp.status, self._answer_body(ep, resp, tmo), _relayed(resp.headers))
@@ -203,12 +234,15 @@ class HttpPool(Pool[HttpEndpoint]):
     def _where(self, ep: HttpEndpoint) -> str:
         return f"backend '{self.name}' endpoint {ep.address}"
 
-    def _stream_error(self, ep: HttpEndpoint, tmo: float):
+    def _stream_error(self, ep: HttpEndpoint, tmo: float) -> Callable[[Exception], Exception]:
         def mapped(exc: Exception) -> Exception:
             if isinstance(exc, TimeoutError):
                 return UpstreamTimeout(f"backend '{self.name}' endpoint {ep.address}: "
                                        f"answer not complete within {tmo}s")
-            return BadUpstreamResponse(f"backend '{self.name}' endpoint {ep.address}: {exc}")
+            if isinstance(exc, BadAnswer):
+                cls = UpstreamTooLarge if exc.kind == BadAnswer.TOO_LARGE else UpstreamFraming
+                return cls(f"backend '{self.name}' endpoint {ep.address}: {exc}")
+            return UpstreamReset(f"backend '{self.name}' endpoint {ep.address}: {exc}")
 
         return mapped
 
@@ -222,9 +256,11 @@ class HttpPool(Pool[HttpEndpoint]):
         resendable = _always if body is None or isinstance(body, (bytes, bytearray, list)) \
             else (lambda: not body.consumed)
 
+        stateful = affinity is not None
+
         async def send(ep: HttpEndpoint) -> UpstreamReply:
             reply = await self._send(ep, method, path, body=body, headers=headers, timeout=timeout,
-                                     stream_min=stream_min, stream_unsized=stream_unsized)
+                                     stream_min=stream_min, stream_unsized=stream_unsized, stateful=stateful)
             if reply.status in _NOT_READY_STATUS and not isinstance(reply.body, BodyStream):
                 error = error_from_reply(reply)
                 outcome = self.refusal(ep, model, version, error, resendable())
@@ -237,7 +273,8 @@ class HttpPool(Pool[HttpEndpoint]):
     # -- health checker ----------------------------------------------------------------
     async def check_live(self, ep: HttpEndpoint, timeout: float) -> bool:
         try:
-            reply = await self._send(ep, "GET", "/v2/health/live", headers=self._check_headers, timeout=timeout)
+            reply = await self._send(ep, "GET", "/v2/health/live", headers=self._check_headers, timeout=timeout,
+                                     max_body=self.backend.max_check_answer_bytes)
             return reply.status == 200
         except (GatewayError, Refused):
             return False
@@ -246,7 +283,7 @@ class HttpPool(Pool[HttpEndpoint]):
         headers = {"content-type": "application/json", **self._check_headers}
         try:
             reply = await self._send(ep, "POST", "/v2/repository/index", body=INDEX_REQUEST_JSON,
-                                     headers=headers, timeout=timeout)
+                                     headers=headers, timeout=timeout, max_body=self.backend.max_check_answer_bytes)
             if reply.status != 200 or isinstance(reply.body, BodyStream):
                 return None  # no repository extension (OVMS), or restricted (Triton: 4xx)
             return parse_index_json(reply.body)
@@ -256,7 +293,8 @@ class HttpPool(Pool[HttpEndpoint]):
     async def check_model(self, ep: HttpEndpoint, model: str, version: str, timeout: float) -> bool:
         try:
             reply = await self._send(ep, "GET", model_path(model, version) + "/ready",
-                                     headers=self._check_headers, timeout=timeout)
+                                     headers=self._check_headers, timeout=timeout,
+                                     max_body=self.backend.max_check_answer_bytes)
             return reply.status == 200
         except (GatewayError, Refused):
             return False
@@ -366,13 +404,13 @@ class HttpPool(Pool[HttpEndpoint]):
         ep_headers = dict(metadata)
         async for message in requests:
             try:
-                m, v, _ = scan_infer_routing(message)
+                m, v, sequence = scan_infer_routing(message)
                 self.on_event("grpc_to_http")
                 chunks, headers, typed = grpc_request_to_http(message, binary=self.backend.binary_extension,
                                                            base64_bytes=self._base64_bytes)
                 try:
                     reply = await self._send(ep, "POST", model_path(m, v) + "/infer", body=chunks,
-                                             headers={**headers, **ep_headers})
+                                             headers={**headers, **ep_headers}, stateful=sequence is not None)
                 except Refused as exc:
                     raise exc.error from exc
                 if reply.status != 200:
@@ -432,7 +470,7 @@ class HttpPool(Pool[HttpEndpoint]):
         def answered(result: H1Response | Exception) -> None:
             budget.active -= 1
             if isinstance(result, Exception):
-                error = self._mapped(ep, result, tmo)
+                error = self._mapped(ep, result, tmo, affinity is not None)
                 if isinstance(error, Refused):
                     # Unreachable or reset before any answer on a fresh connection: as
                     # attempt() does, no traffic to it until a check sees it live; sent again.
@@ -457,7 +495,7 @@ class HttpPool(Pool[HttpEndpoint]):
         fwd = _picked(headers, forwarded)
         budget.active += 1
         if not ep.connections.request_now("POST", self._infer_path(model, version), body, fwd, tmo, STREAM_MIN,
-                                          answered):
+                                          answered, affinity is None):
             budget.active -= 1
             return False
         if record is not None:

@@ -107,7 +107,8 @@ E = TypeVar("E", bound=Endpoint)
 
 # Backend fields that an endpoint's connections depend on: a reloaded pool keeps an
 # endpoint (its connections and health state) only when these are unchanged.
-_TRANSPORT_FIELDS = ("protocol", "tls", "connect_timeout_s", "max_connections", "max_message_bytes")
+_TRANSPORT_FIELDS = ("protocol", "tls", "connect_timeout_s", "max_connections", "max_message_bytes",
+                     "max_answer_header_count", "max_answer_head_bytes")
 
 
 class Pool(Generic[E]):

@@ -18,7 +18,10 @@ from gateway.errors import (
     ModelNotReady,
     NoEndpointAvailable,
     UpstreamError,
+    UpstreamFraming,
+    UpstreamReset,
     UpstreamTimeout,
+    UpstreamTooLarge,
 )
 from gateway.upstream.grpc import GrpcPool
 from gateway.upstream.http import HttpPool
@@ -56,17 +59,24 @@ def _http_pool(*addrs: HostPort, timeout_s: float = 2.0, retries: int = 0) -> Ht
 
 @pytest.mark.parametrize("answer, close, expected", [
     (None, True, NoEndpointAvailable),  # closed before a byte of the answer: refused (retryable)
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort", True, BadUpstreamResponse),  # cut mid-answer
-    (b"NOT HTTP AT ALL\r\n\r\n", True, BadUpstreamResponse),  # httptools parse error
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort", True, UpstreamReset),  # cut mid-answer
+    (b"NOT HTTP AT ALL\r\n\r\n", True, UpstreamFraming),  # httptools parse error
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nab", True, UpstreamFraming),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 1000000000\r\n\r\nab", False, UpstreamTooLarge),  # over the pool's limit
+    (b"HTTP/1.0 200 OK\r\n\r\n{}", True, None),  # close-delimited: read to the end
     (None, False, UpstreamTimeout),  # never answers
 ])
 async def test_http_socket_failures_map_into_the_tree(answer, close, expected):
     server, addr = await _server(answer, close=close)
     pool = _http_pool(addr, timeout_s=0.5)
     try:
+        if expected is None:
+            reply = await pool.request("POST", "/v2/models/m/infer", "m", "", body=b"{}")
+            assert (reply.status, bytes(reply.body)) == (200, b"{}")
+            return
         with pytest.raises(expected) as info:
             await pool.request("POST", "/v2/models/m/infer", "m", "", body=b"{}")
-        assert isinstance(info.value, GatewayError)
+        assert isinstance(info.value, GatewayError) and info.value.http_status in (502, 503, 504)
     finally:
         await pool.close()
         server.close()

@@ -8,6 +8,7 @@ import socket
 import pytest
 
 from gateway.upstream.h1 import (
+    BadAnswer,
     BodyStream,
     ConnectFailed,
     ConnectionDropped,
@@ -186,8 +187,9 @@ async def test_malformed_response():
 
     server, port = await serve(handler)
     pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2)
-    with pytest.raises(ConnectionDropped):
+    with pytest.raises(BadAnswer) as caught:
         await pool.request("GET", "/", timeout=2)
+    assert caught.value.kind == BadAnswer.FRAMING
     pool.close()
     server.close()
 

@@ -42,8 +42,9 @@ answered from callbacks). Imports point one way: pool → connection → answer 
 from __future__ import annotations
 
 from .answer import BodyStream, H1Response
-from .errors import ConnectFailed, ConnectionDropped, SourceStalled
-from .pool import FRESH_S, H1ConnectionPool
+from .errors import BadAnswer, ConnectFailed, ConnectionDropped, SourceStalled
+from .limits import AnswerLimits
+from .pool import FRESH_S, IDLE_S, H1ConnectionPool
 
-__all__ = ["FRESH_S", "BodyStream", "ConnectFailed", "ConnectionDropped", "H1ConnectionPool", "H1Response",
-           "SourceStalled"]
+__all__ = ["FRESH_S", "IDLE_S", "AnswerLimits", "BadAnswer", "BodyStream", "ConnectFailed", "ConnectionDropped",
+           "H1ConnectionPool", "H1Response", "SourceStalled"]

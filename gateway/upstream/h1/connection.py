@@ -1,22 +1,53 @@
 """One kept-alive HTTP/1.1 connection to a backend: an asyncio buffered protocol over httptools'
-response parser, and the idle bound of a request body it streams out."""
+response parser, and the idle bound of a request body it streams out.
+
+The backend is untrusted input, and the framing is as strict as nginx's and Envoy's (RFC 9112
+section 6, RFC 9110 section 15.2):
+
+- a connection carries one exchange at a time; interim answers (1xx but 101) are read and
+  dropped, at most ``MAX_INTERIM`` of them; a 101 is refused (the client never asks to upgrade);
+- any byte after a complete answer, or while no exchange is under way, poisons the connection:
+  it is closed and never reused, and the bytes are never parsed into another exchange's answer
+  (the answer already complete is still delivered);
+- an answer with neither Content-Length nor chunked framing is read to the connection's end
+  (close-delimited: HTTP/1.0, or ``Connection: close`` without a length) and is complete there;
+- conflicting or invalid framing (two Content-Lengths, Content-Length with Transfer-Encoding, a
+  Transfer-Encoding other than chunked, a bad chunk) is refused (llhttp's strict mode does most
+  of it), as is a head or body over ``AnswerLimits``. A Content-Length is a claim, not an
+  allocation: the buffer of a whole body grows with the bytes that arrive.
+Every refusal is a :class:`BadAnswer` and closes the connection."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import socket
+import termios
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import httptools
 
+from ...malloc import large_answer
 from ...rawbody import HEAD_READ, RawBody, plain_socket
 from .answer import BodyStream, H1Response
-from .errors import ConnectionDropped, SourceStalled
+from .errors import BadAnswer, ConnectionDropped, SourceStalled
+from .limits import MAX_INTERIM, AnswerLimits
 
 __all__ = ["CLOCK_SLACK", "Connection", "IdleClock", "Waiter"]
 
 # libuv timers count whole milliseconds: one that fires this much before its deadline is on time.
 CLOCK_SLACK = 0.001
+
+# A whole body of unknown truth (its Content-Length is only a claim) goes into a buffer that
+# starts this large and grows 4-fold as bytes arrive, never past the claim: a backend that
+# lies makes the gateway hold at most ~4 x what it really sent; an honest 16 MB answer costs
+# two extra copies of 1 and 4 MiB.
+_FIRST_BUF = 1 << 20
+_GROWTH = 4
+
+
+class _Poisoned(Exception):
+    """Raised from the parser's message-begin callback to stop it: bytes after the answer."""
 
 
 class Waiter(Protocol):
@@ -81,20 +112,31 @@ class Connection(asyncio.BufferedProtocol):
     copy of every byte of every large answer). See :meth:`buffer_updated`."""
 
     __slots__ = (
+        "_answer",
         "_body",
         "_body_got",
+        "_body_len",
         "_buf",
+        "_claim",
         "_clock",
         "_clock_at",
         "_complete",
         "_deadline",
         "_drain",
+        "_eof_body",
+        "_fd",
         "_fut",
         "_got_bytes",
         "_hbuf",
+        "_head_fed",
+        "_header_count",
         "_headers",
         "_in_body",
+        "_interim",
+        "_interim_now",
+        "_limits",
         "_loop",
+        "_max_body",
         "_on_end",
         "_parser",
         "_pos",
@@ -112,9 +154,11 @@ class Connection(asyncio.BufferedProtocol):
         "write_paused",
     )
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, read_buffer: memoryview) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, read_buffer: memoryview, limits: AnswerLimits) -> None:
         self._loop = loop
+        self._limits = limits
         self._rbuf = read_buffer
+        self._fd = -1  # the socket's descriptor (plain TCP only): unsolicited bytes are looked for before reuse
         # While an answer's head is awaited a read takes at most HEAD_READ bytes (rawbody.py):
         # the rest of a large body stays in the socket for the raw read.
         self._hbuf = read_buffer[:HEAD_READ]
@@ -122,10 +166,19 @@ class Connection(asyncio.BufferedProtocol):
         self._parser = httptools.HttpResponseParser(self)
         self._transport: asyncio.Transport | None = None
         self._fut: Waiter | None = None
+        self._answer: H1Response | None = None  # a complete answer not yet handed over (_deliver)
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
-        self._buf: memoryview | None = None
+        self._buf: bytearray | None = None
+        self._claim = 0  # the Content-Length of a whole body read into _buf
         self._pos = 0
+        self._body_len = 0  # body bytes of the answer so far (the body limit)
+        self._max_body = limits.max_body_bytes
+        self._head_fed = 0  # bytes fed to the parser while a head was awaited (the head limit)
+        self._header_count = 0
+        self._interim = 0  # interim (1xx) answers read in this exchange
+        self._interim_now = False  # the answer being parsed is an interim one
+        self._eof_body = False  # the answer's body ends with the connection (close-delimited)
         self._got_bytes = False
         self._complete = False
         self._stream: BodyStream | None = None
@@ -160,6 +213,20 @@ class Connection(asyncio.BufferedProtocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+            if transport.get_extra_info("ssl_object") is None:
+                self._fd = sock.fileno()
+
+    def unsolicited(self) -> bool:
+        """Whether bytes the backend sent unasked wait in the socket, unread (the loop has not
+        delivered them yet): such a connection must not carry another request, whose answer
+        they would become. One ioctl (FIONREAD), plain TCP only (under TLS the count would
+        include the TLS layer's own records)."""
+        if self._fd < 0:
+            return False
+        try:
+            return fcntl.ioctl(self._fd, termios.FIONREAD, b"\0\0\0\0") != b"\0\0\0\0"
+        except OSError:
+            return True
 
     def get_buffer(self, sizehint: int) -> memoryview:
         raw = self._raw
@@ -207,14 +274,49 @@ class Connection(asyncio.BufferedProtocol):
 
     def data_received(self, data: bytes | memoryview) -> None:
         self._got_bytes = True
-        if self._fut is None and self._on_end is None:
-            # Bytes nobody asked for (a server talking out of turn): this connection is unusable.
+        if (self._fut is None and self._on_end is None) or self._complete:
+            # Bytes nobody asked for (a server talking out of turn, or more after a complete
+            # answer): this connection is unusable, and they are nobody's answer.
             self.close()
             return
+        if not self._in_body:
+            # The head limit holds for a head still arriving too: httptools gathers a header's
+            # value until it ends, and would otherwise hold a 10 MiB header whole.
+            if self._head_fed >= self._limits.max_head_bytes:
+                self._refuse(BadAnswer(f"answer head over max_answer_head_bytes "
+                                       f"({self._limits.max_head_bytes})", kind=BadAnswer.TOO_LARGE))
+                return
+            self._head_fed += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._fail(ConnectionDropped(f"malformed HTTP response: {exc}", before_response=False))
+            cause = exc.__context__
+            if isinstance(cause, _Poisoned) or self._complete:
+                self.close()  # bytes after a complete answer (still delivered): never reused
+            elif isinstance(cause, BadAnswer):
+                self._refuse(cause)
+            else:
+                self._refuse(BadAnswer(f"malformed HTTP answer: {exc}", kind=BadAnswer.FRAMING))
+        except httptools.HttpParserUpgrade:
+            self._refuse(BadAnswer("a 101 (protocol switch) answer: the gateway asked for no upgrade",
+                                   kind=BadAnswer.FRAMING))
+        if self._answer is not None:
+            self._deliver()
+
+    def _refuse(self, exc: BadAnswer) -> None:
+        """The answer is refused: the exchange fails with ``exc`` and the connection closes.
+        What was gathered of it goes at once (no reference to it stays here)."""
+        self._buf = None
+        self._body = []
+        if self._body_len >= _FIRST_BUF:
+            large_answer()
+        self._fail(exc)
+        stream = self._stream
+        if stream is not None and not self._complete:
+            stream._fail(exc)
+            self.close()
+            self._end_stream()
+        else:
             self.close()
 
     def pause_writing(self) -> None:
@@ -231,10 +333,22 @@ class Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._wake_drain()
+        if exc is None and self._eof_body and self._in_body and not self._complete:
+            # A close-delimited answer (RFC 9112 section 6.3 rule 8) ends here.
+            self.keep_alive = False
+            self.on_message_complete()
+            self._deliver()
+            return
         error = ConnectionDropped(
-            f"connection closed by the backend{': ' + str(exc) if exc else ''}",
+            f"connection closed by the backend{': ' + str(exc) if exc else ''}"
+            f"{' mid-answer' if self._got_bytes else ''}",
             before_response=not self._got_bytes,
         )
+        # What was gathered of an unfinished answer goes now, not when this object does.
+        self._buf = None
+        self._body = []
+        if self._body_len >= _FIRST_BUF:
+            large_answer()
         if self._fut is not None and not self._fut.done():
             self._fail(error)
         if self._stream is not None and not self._complete:
@@ -242,54 +356,114 @@ class Connection(asyncio.BufferedProtocol):
             self._end_stream()
 
     # -- httptools callbacks --------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self._complete or (self._fut is None and self._on_end is None):
+            raise _Poisoned()
+        self._headers = {}
+        self._header_count = 0
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        if self._header_count > self._limits.max_header_count:
+            raise BadAnswer(f"answer head over max_answer_header_count ({self._limits.max_header_count})",
+                            kind=BadAnswer.TOO_LARGE)
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if status < 200:
+            if status == 101:
+                raise BadAnswer("a 101 (protocol switch) answer: the gateway asked for no upgrade",
+                                kind=BadAnswer.FRAMING)
+            # Interim (RFC 9110 section 15.2): read and dropped; the final answer follows.
+            self._interim += 1
+            if self._interim > MAX_INTERIM:
+                raise BadAnswer(f"more than {MAX_INTERIM} interim (1xx) answers", kind=BadAnswer.FRAMING)
+            self._interim_now = True
+            return
         self._in_body = True
-        length = self._headers.get("content-length", "")
+        headers = self._headers
+        length = headers.get("content-length", "")
         sized = length.isascii() and length.isdigit()  # not str.isdigit() alone: it takes "²"
-        if (self._stream_min is not None and sized and int(length) >= self._stream_min) or \
+        coding = headers.get("transfer-encoding")
+        if coding is not None and coding.rsplit(",", 1)[-1].strip().lower() != "chunked":
+            # RFC 9112 section 6.3 rule 4 would read it to the end; nginx and Envoy refuse it.
+            raise BadAnswer(f"Transfer-Encoding {coding!r} (only chunked is read)", kind=BadAnswer.FRAMING)
+        claim = int(length) if sized else 0
+        if claim > self._max_body:
+            raise BadAnswer(f"answer of {claim} bytes (Content-Length) over {self._limit_name()}",
+                            kind=BadAnswer.TOO_LARGE)
+        self._eof_body = not sized and coding is None and status not in (204, 304)
+        if (self._stream_min is not None and sized and claim >= self._stream_min) or \
                 (self._stream_unsized and not sized):
-            self._stream = BodyStream(self, int(length) if sized else None)
+            self._stream = BodyStream(self, claim if sized else None)
             fut = self._fut
             if fut is not None and not fut.done():
-                fut.set_result(H1Response(self._parser.get_status_code(), self._headers, self._stream))
+                fut.set_result(H1Response(status, headers, self._stream))
             return
-        if length.isascii() and length.isdigit() and int(length) > 1 << 20:
-            # One buffer of the announced size, filled as chunks arrive: no chunk list
-            # beside a joined copy (2x the answer), no second set of fresh pages.
-            self._buf = memoryview(bytearray(int(length)))
+        if claim > _FIRST_BUF:
+            # One buffer filled as chunks arrive: no chunk list beside a joined copy (2x the
+            # answer). It grows with what arrives (_grow), up to the claim at most.
+            self._buf = bytearray(_FIRST_BUF)
+            self._claim = claim
             self._pos = 0
 
+    def _limit_name(self) -> str:
+        return f"the {'check' if self._max_body < self._limits.max_body_bytes else 'pool'}'s limit " \
+               f"({self._max_body} bytes)"
+
     def on_body(self, body: bytes) -> None:
+        self._body_len += len(body)
+        if self._body_len > self._max_body:
+            raise BadAnswer(f"answer body over {self._limit_name()}", kind=BadAnswer.TOO_LARGE)
         if self._stream is not None:
             self._body_got += len(body)
             self._stream._push(body)
         elif self._buf is not None:
             end = self._pos + len(body)
+            if end > len(self._buf):
+                self._grow(end)
             self._buf[self._pos : end] = body
             self._pos = end
         else:
             self._body.append(body)
 
+    def _grow(self, need: int) -> None:
+        buf = self._buf
+        assert buf is not None
+        bigger = bytearray(min(self._claim, max(need, len(buf) * _GROWTH)))
+        bigger[: self._pos] = memoryview(buf)[: self._pos]
+        self._buf = bigger
+
     def on_message_complete(self) -> None:
+        if self._interim_now:
+            self._interim_now = False
+            return
         self._in_body = False
         self._complete = True
-        self.keep_alive = self._parser.should_keep_alive()
+        self.keep_alive = self._parser.should_keep_alive() and not self._eof_body
+        status = self._parser.get_status_code()
         if self._stream is not None:
             self._stream._finish()
             self._end_stream()
             return
         if self._buf is not None:
-            buf: bytearray = self._buf.obj  # type: ignore[assignment]
+            buf = self._buf
             body: bytes | bytearray = buf[: self._pos] if self._pos != len(buf) else buf
             self._buf = None
+            large_answer()
         else:
             body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+            self._body = []
+        # Handed over once the parser has taken the whole read (data_received): bytes behind the
+        # answer in the same read must poison the connection before anyone may reuse it.
+        self._answer = H1Response(status, self._headers, body)
+
+    def _deliver(self) -> None:
+        answer, self._answer = self._answer, None
         fut = self._fut
-        if fut is not None and not fut.done():
-            fut.set_result(H1Response(self._parser.get_status_code(), self._headers, body))
+        if answer is not None and fut is not None and not fut.done():
+            fut.set_result(answer)
 
     # -- use ------------------------------------------------------------------
     def _fail(self, exc: Exception) -> None:
@@ -420,12 +594,20 @@ class Connection(asyncio.BufferedProtocol):
         finally:
             clock.stop()
 
-    def _reset(self, fut: Any, stream_min: int | None, stream_unsized: bool) -> None:
+    def _reset(self, fut: Any, stream_min: int | None, stream_unsized: bool, max_body: int | None) -> None:
         """A new exchange begins: ``fut`` gets its answer (a future, or the pool's ``Pending``)."""
         self._fut = fut
+        self._answer = None
         self._headers = {}
         self._body = []
         self._buf = None
+        self._body_len = 0
+        self._max_body = self._limits.max_body_bytes if max_body is None else min(max_body, self._limits.max_body_bytes)
+        self._head_fed = 0
+        self._header_count = 0
+        self._interim = 0
+        self._interim_now = False
+        self._eof_body = False
         self._stream = None
         self._stream_min = stream_min
         self._stream_unsized = stream_unsized
@@ -439,11 +621,11 @@ class Connection(asyncio.BufferedProtocol):
         self._body_got = 0
 
     def start(self, pending: Waiter, head: bytes, body: bytes | bytearray | memoryview,
-              stream_min: int | None) -> None:
+              stream_min: int | None, max_body: int | None = None) -> None:
         """The request of a ``Pending`` exchange (pool.py), written at once (its answer reaches
         ``pending`` from this protocol's callbacks)."""
         assert self._transport is not None
-        self._reset(pending, stream_min, False)
+        self._reset(pending, stream_min, False, max_body)
         if len(body) <= 65536 and not isinstance(body, memoryview):
             self._transport.write(head + body)  # one segment for small requests
         else:
@@ -452,7 +634,7 @@ class Connection(asyncio.BufferedProtocol):
     async def exchange(self, head: bytes, body: bytes | bytearray | memoryview | None, timeout: float,
                        stream_min: int | None = None,
                        on_end: Callable[[Connection], None] | None = None,
-                       stream_unsized: bool = False) -> H1Response:
+                       stream_unsized: bool = False, max_body: int | None = None) -> H1Response:
         """Send one request and wait for its answer. A timer (not ``asyncio.wait_for``,
         which costs a task per call in Python 3.11) bounds the exchange from the end of
         the request (as Envoy's route timeout) to the end of the answer, a streamed
@@ -466,7 +648,7 @@ class Connection(asyncio.BufferedProtocol):
             self.closed = True
             raise ConnectionDropped("connection closed by the backend", before_response=True)
         fut: asyncio.Future[H1Response] = self._loop.create_future()
-        self._reset(fut, stream_min, stream_unsized)
+        self._reset(fut, stream_min, stream_unsized, max_body)
         if hasattr(body, "__aiter__"):
             self._transport.write(head)
             try:

@@ -2,7 +2,7 @@
 upstream/http.py)."""
 from __future__ import annotations
 
-__all__ = ["ConnectFailed", "ConnectionDropped", "SourceStalled"]
+__all__ = ["BadAnswer", "ConnectFailed", "ConnectionDropped", "SourceStalled"]
 
 
 class ConnectFailed(Exception):
@@ -20,3 +20,14 @@ class ConnectionDropped(Exception):
         super().__init__(message)
         self.before_response = before_response
 
+
+class BadAnswer(Exception):
+    """The client refused what the backend sent (its connection is closed, never reused).
+    ``kind``: FRAMING (invalid or ambiguous HTTP framing, RFC 9112 section 6; a malformed head;
+    bytes where no answer was due) or TOO_LARGE (a head or body over the client's limits)."""
+
+    FRAMING, TOO_LARGE = "framing", "too_large"
+
+    def __init__(self, message: str, *, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind

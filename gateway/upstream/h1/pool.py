@@ -12,12 +12,17 @@ from ...rawbody import READ_SIZE
 from .answer import H1Response
 from .connection import Connection
 from .errors import ConnectFailed, ConnectionDropped
+from .limits import AnswerLimits
 from .slots import Slots
 
-__all__ = ["FRESH_S", "H1ConnectionPool", "Pending"]
+__all__ = ["FRESH_S", "IDLE_S", "H1ConnectionPool", "Pending"]
 
 # A streamed request body reuses a connection only if it was idle for less than this.
 FRESH_S = 1.0
+# A kept-alive connection idle for longer is closed rather than reused: it must go before the
+# backend's own idle timeout would close it under a request (the keep-alive race). The
+# shortest common one is uvicorn's 5 s (KServe's and MLServer's servers).
+IDLE_S = 4.0
 
 
 class Pending:
@@ -52,7 +57,7 @@ class Pending:
         self._finished = True
         self._conn._broken()
         self._pool._slots.give()
-        if isinstance(exc, ConnectionDropped) and exc.before_response:
+        if isinstance(exc, ConnectionDropped) and exc.before_response and self.request[-1]:
             # The keep-alive race (the connection was a reused one): sent again as request()
             # sends it again, on another idle connection or a fresh one.
             self._pool._again(self._callback, *self.request)
@@ -72,9 +77,10 @@ class H1ConnectionPool:
 
     def __init__(self, host: str, port: int, *, connect_timeout: float, max_idle: int = 256,
                  max_connections: int = 512, ssl: ssl_module.SSLContext | None = None,
-                 server_name: str | None = None) -> None:
+                 server_name: str | None = None, limits: AnswerLimits | None = None) -> None:
         self.host = host
         self.port = port
+        self.limits = limits or AnswerLimits()
         self._ssl = ssl
         self._server_name = server_name
         # At most this many exchanges (= open connections) at once; the rest wait for a
@@ -100,7 +106,7 @@ class H1ConnectionPool:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: Connection(loop, self._rbuf), self.host, self.port, ssl=self._ssl,
+                loop.create_connection(lambda: Connection(loop, self._rbuf, self.limits), self.host, self.port, ssl=self._ssl,
                                        server_hostname=(self._server_name or self.host) if self._ssl else None),
                 self._connect_timeout
             )
@@ -134,11 +140,17 @@ class H1ConnectionPool:
         timeout: float,
         stream_min: int | None = None,
         stream_unsized: bool = False,
+        max_body: int | None = None,
+        resend: bool = True,
     ) -> H1Response:
-        """One exchange; raises ConnectFailed, ConnectionDropped or asyncio.TimeoutError.
-        An answer with a Content-Length of at least ``stream_min``, or (``stream_unsized``)
-        one without a Content-Length, comes back as a :class:`BodyStream`; its connection
-        stays taken until the body has arrived."""
+        """One exchange; raises ConnectFailed, ConnectionDropped, BadAnswer or
+        asyncio.TimeoutError. An answer with a Content-Length of at least ``stream_min``, or
+        (``stream_unsized``) one without a Content-Length, comes back as a :class:`BodyStream`;
+        its connection stays taken until the body has arrived. ``max_body``: a lower body limit
+        than the pool's for this exchange (health checks). ``resend``: whether a request
+        written on a reused connection that the backend closed before answering may go out
+        again (the keep-alive race); False for a stateful request (a sequence's), which must
+        never run twice."""
         if isinstance(body, list):
             body = [b if isinstance(b, (bytes, bytearray)) else memoryview(b).cast("B") for b in body]
             length: int | None = sum(len(b) for b in body)
@@ -163,13 +175,13 @@ class H1ConnectionPool:
                     conn = await self._connect()
                 try:
                     response = await conn.exchange(head, body, timeout, stream_min, self._stream_ended,
-                                                   stream_unsized)
+                                                   stream_unsized, max_body)
                     break
                 except ConnectionDropped as exc:
                     if not exc.before_response:
                         raise
                     _unless_resendable(exc, body)
-                    if fresh:
+                    if fresh or not resend:
                         raise
                     # The keep-alive race on a reused connection: retry on another (or a fresh) one.
         except BaseException:
@@ -182,7 +194,7 @@ class H1ConnectionPool:
     def request_now(self, method: str, path: str, body: bytes | bytearray | memoryview,
                     headers: Mapping[str, str] | None,
                     timeout: float, stream_min: int | None,
-                    callback: Callable[[H1Response | Exception], None]) -> bool:
+                    callback: Callable[[H1Response | Exception], None], resend: bool = True) -> bool:
         """:meth:`request` without a coroutine, when it can start at once: a free slot and
         a kept-alive connection. The request is written now and the answer (or the error
         :meth:`request` would raise) goes to ``callback`` from the connection's callbacks;
@@ -199,18 +211,18 @@ class H1ConnectionPool:
             self._slots.give()
             return False
         head = self._head(method, path, headers, len(body))
-        pending = Pending(self, conn, callback, (method, path, body, headers, timeout, stream_min))
+        pending = Pending(self, conn, callback, (method, path, body, headers, timeout, stream_min, resend))
         conn.start(pending, head, body, stream_min)
         conn._arm(timeout)
         return True
 
     def _again(self, callback: Callable[[H1Response | Exception], None], method: str, path: str,
                body: bytes | bytearray | memoryview, headers: Mapping[str, str] | None, timeout: float,
-               stream_min: int | None) -> None:
+               stream_min: int | None, resend: bool) -> None:
         async def again() -> None:
             try:
                 response = await self.request(method, path, body=body, headers=headers, timeout=timeout,
-                                              stream_min=stream_min)
+                                              stream_min=stream_min, resend=resend)
             except Exception as exc:
                 callback(exc)
                 return
@@ -226,16 +238,27 @@ class H1ConnectionPool:
     def _idle_connection(self, source: bool) -> Connection | None:
         """A kept-alive connection to reuse, or None for a fresh one. A streamed body
         (``source``) goes out on a fresh connection rather than risk the keep-alive race on
-        one idle for long: once sent, its chunks cannot be sent again."""
+        one idle for long: once sent, its chunks cannot be sent again. Connections idle past
+        ``IDLE_S`` are closed (the most recently used is taken first, so all the others are
+        older), as is one found closed, or with bytes the backend sent unasked."""
         idle = self._idle
+        if not idle:
+            return None
+        now = idle[-1]._loop.time()  # (not get_running_loop(): a getpid() system call per call in 3.11)
+        if now - idle[-1].idle_since > IDLE_S:
+            self.close_idle()
+            return None
         while idle:
-            if source and asyncio.get_running_loop().time() - idle[-1].idle_since > FRESH_S:
+            if source and now - idle[-1].idle_since > FRESH_S:
                 return None
             conn = idle.pop()
             if conn.closed:
                 continue
-            if conn._transport is None or conn._transport.is_closing():
-                conn.close()  # closed by the backend while idle; the loop has not said so yet
+            if now - conn.idle_since > IDLE_S or conn._transport is None or conn._transport.is_closing() \
+                    or conn.unsolicited():
+                # Closed by the backend while idle, or bytes from it nobody asked for, and the
+                # loop has not told us yet.
+                conn.close()
                 continue
             return conn
         return None
@@ -261,8 +284,11 @@ class H1ConnectionPool:
         else:
             conn.close()
 
-    def close(self) -> None:
-        self.closed = True
+    def close_idle(self) -> None:
         for conn in self._idle:
             conn.close()
         self._idle.clear()
+
+    def close(self) -> None:
+        self.closed = True
+        self.close_idle()
