@@ -10,6 +10,8 @@ Compiled coroutine functions are coroutine functions to ``inspect``, so grpc awa
 """
 from __future__ import annotations
 
+import asyncio
+
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -115,6 +117,13 @@ class Unary:
         except Exception as exc:
             code = failure_code(exc)
             await abort_with(context, exc, record, self.api)
+        except asyncio.CancelledError:
+            # grpc cancels the handler's task when the client cancelled or went away (never
+            # for a backend's fault: that arrives as an error): the client's doing.
+            code = "CANCELLED"
+            if record is not None:
+                record.reason = "the client cancelled the call"
+            raise
         finally:
             metrics = self.metrics
             if metrics is not None:
