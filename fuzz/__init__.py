@@ -4,7 +4,8 @@ One module per target, each with ``one_input(data: bytes)``: the function atheri
 (libFuzzer) calls, and the one the bounded run in the test suite calls. Run one as
 ``python -m fuzz.<target> [libFuzzer flags] [corpus dirs]``. The contract every harness
 checks: only the gateway's own errors (:class:`gateway.errors.GatewayError`, or
-:class:`gateway.errors.ConfigError` from the config loader) may escape, and where a second
+:class:`gateway.errors.ConfigError` from the config loader; the backend HTTP/1.1 client's
+``BadAnswer`` / ``ConnectionDropped``, as outcomes) may escape, and where a second
 implementation exists (protobuf's parser, Python's json module, the encoder of the other
 protocol) its answer must agree; anything else raises :class:`FuzzBug` or escapes as the
 foreign exception it is, which libFuzzer reports as a crash.
@@ -16,4 +17,4 @@ atheris imports (and instruments) the gateway's modules first.
 __all__ = ["TARGETS"]
 
 # Target name (module fuzz.<name>, seed corpus fuzz/corpus/<name>/, dictionary fuzz/dicts/<name>.dict).
-TARGETS = ("http_body", "grpc_wire", "config")
+TARGETS = ("http_body", "grpc_wire", "config", "h1_answer")

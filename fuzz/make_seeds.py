@@ -2,7 +2,8 @@
 
 Small valid inputs, so the fuzzer starts from realistic requests: V2 JSON, the binary-data
 extension, gzip, a backend's answer; serialized ModelInferRequest / ModelInferResponse /
-TraceSettingRequest; the example and demo configs. Files already there (crash reproducers
+TraceSettingRequest; the example and demo configs; backends' HTTP/1.1 answers of every framing.
+Files already there (crash reproducers
 kept as regression seeds) are left alone.
 """
 from __future__ import annotations
@@ -119,9 +120,31 @@ routes:
 """
 
 
+def _h1() -> dict[str, bytes]:
+    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 16\r\n\r\n{\"outputs\": []}"
+    chunked = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Checksum: 1\r\n\r\n")
+    return {
+        # flags byte, three read-size bytes (fuzz/h1_answer.py), the backend's bytes
+        "length": b"\x00\x00\x00\x00" + ok,
+        "length_in_reads": b"\x03\x04\x10\x00" + ok,
+        "chunked": b"\x02\x06\x00\x00" + chunked,
+        "close_http10": b"\x00\x00\x00\x00HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nread to the end",
+        "close_connection": b"\x01\x00\x00\x00HTTP/1.1 503 Unavailable\r\nConnection: close\r\n\r\nbusy",
+        "interim": b"\x01\x00\x00\x00HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\n"
+                   b"Link: </a>; rel=preload\r\n\r\n" + ok,
+        "two_exchanges": b"\x30\x00\x00\x00" + ok + b"\0\0" + chunked,
+        "streamed": b"\x07\x20\x03\x40HTTP/1.1 200 OK\r\nContent-Length: 300\r\n\r\n" + bytes(range(256)) + b"x" * 44,
+        "small_limits": b"\x08\x00\x00\x00HTTP/1.1 404 Not Found\r\nServer: triton\r\nContent-Length: 9\r\n\r\nnot found",
+        "no_content": b"\x10\x00\x00\x00HTTP/1.1 204 No Content\r\nServer: triton\r\n\r\n",
+        "bytes_after": b"\x30\x00\x00\x00" + ok + b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n\0\0" + ok,
+    }
+
+
 def main() -> None:
     seeds = {"http_body": _http(), "grpc_wire": _grpc(), "config": {
-        "example": (REPO / "config" / "example.yaml").read_bytes(), "demo": _DEMO, "shaping": _SHAPING}}
+        "example": (REPO / "config" / "example.yaml").read_bytes(), "demo": _DEMO, "shaping": _SHAPING},
+        "h1_answer": _h1()}
     for target, files in seeds.items():
         folder = ROOT / target
         folder.mkdir(parents=True, exist_ok=True)

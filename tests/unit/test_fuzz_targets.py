@@ -5,7 +5,8 @@
 - atheris (libFuzzer) runs each harness for a fixed number of inputs from a fixed seed, in a
   subprocess (new inputs go to a temporary directory, never into the seed corpus);
 - hypothesis builds structured inputs mutation seldom reaches — V2 JSON whose data matches
-  its shape, ModelInferRequests, configs — and feeds them to the same harnesses.
+  its shape, ModelInferRequests, configs, backends' HTTP/1.1 answers — and feeds them to the
+  same harnesses.
 
 The long run is in docs/fuzzing.md.
 """
@@ -25,12 +26,13 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fuzz import TARGETS, config, grpc_wire, http_body
+from fuzz import TARGETS, config, grpc_wire, h1_answer, http_body
 from gateway._pb import grpc_predict_v2_pb2 as pb
+from tests.unit.test_h1_framing_diff import Answer, answers
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Inputs per target beyond the seeds: ~5-8 s each here (instrumented, 2 cores shared).
-RUNS = {"http_body": 6000, "grpc_wire": 15000, "config": 4000}
+RUNS = {"http_body": 6000, "grpc_wire": 15000, "config": 4000, "h1_answer": 30000}
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -183,3 +185,12 @@ def _config_input(draw: st.DrawFn) -> bytes:
 @settings(max_examples=100)
 def test_config_structured(data: bytes) -> None:
     config.one_input(data)
+
+
+@given(st.lists(answers(), min_size=1, max_size=2), st.integers(0, 63), st.binary(min_size=3, max_size=3))
+@settings(max_examples=150)
+def test_h1_answer_structured(exchanges: list[Answer], flags: int, sizes: bytes) -> None:
+    """Answers of every framing (the generator of tests/unit/test_h1_framing_diff.py), each
+    exchange's bytes apart (flag bit 5) when there are two."""
+    flags = flags | 32 if len(exchanges) > 1 else flags & ~32
+    h1_answer.one_input(bytes([flags]) + sizes + b"\0\0".join(a.data for a in exchanges))

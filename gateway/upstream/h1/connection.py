@@ -46,6 +46,9 @@ _FIRST_BUF = 1 << 20
 _GROWTH = 4
 
 
+_CRLF = (10, 13)
+
+
 class _Poisoned(Exception):
     """Raised from the parser's message-begin callback to stop it: bytes after the answer."""
 
@@ -117,6 +120,8 @@ class Connection(asyncio.BufferedProtocol):
         "_body_got",
         "_body_len",
         "_buf",
+        "_chunk_at",
+        "_chunk_open",
         "_claim",
         "_clock",
         "_clock_at",
@@ -134,6 +139,7 @@ class Connection(asyncio.BufferedProtocol):
         "_in_body",
         "_interim",
         "_interim_now",
+        "_last_body",
         "_limits",
         "_loop",
         "_max_body",
@@ -146,6 +152,7 @@ class Connection(asyncio.BufferedProtocol):
         "_stream",
         "_stream_min",
         "_stream_unsized",
+        "_tail_fed",
         "_transport",
         "closed",
         "idle_since",
@@ -173,12 +180,16 @@ class Connection(asyncio.BufferedProtocol):
         self._claim = 0  # the Content-Length of a whole body read into _buf
         self._pos = 0
         self._body_len = 0  # body bytes of the answer so far (the body limit)
+        self._last_body = b""  # the last piece of it the parser handed over
         self._max_body = limits.max_body_bytes
         self._head_fed = 0  # bytes fed to the parser while a head was awaited (the head limit)
         self._header_count = 0
         self._interim = 0  # interim (1xx) answers read in this exchange
         self._interim_now = False  # the answer being parsed is an interim one
         self._eof_body = False  # the answer's body ends with the connection (close-delimited)
+        self._chunk_open = False  # a chunk's size line was read, its end not yet
+        self._chunk_at = 0  # _body_len when it was
+        self._tail_fed = 0  # bytes read since, with none of the chunk's data (trailers)
         self._got_bytes = False
         self._complete = False
         self._stream: BodyStream | None = None
@@ -232,7 +243,12 @@ class Connection(asyncio.BufferedProtocol):
         raw = self._raw
         if raw is not None:
             return raw.buffer()
-        return self._rbuf if self._in_body else self._hbuf
+        if self._in_body:
+            return self._rbuf
+        # A head is awaited: never more than one byte past the head limit is read for it (the
+        # limit is then exact, whatever the reads' sizes).
+        room = self._limits.max_head_bytes + 1 - self._head_fed
+        return self._hbuf if room >= HEAD_READ else self._hbuf[: max(room, 1)]
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._raw is not None:
@@ -280,12 +296,6 @@ class Connection(asyncio.BufferedProtocol):
             self.close()
             return
         if not self._in_body:
-            # The head limit holds for a head still arriving too: httptools gathers a header's
-            # value until it ends, and would otherwise hold a 10 MiB header whole.
-            if self._head_fed >= self._limits.max_head_bytes:
-                self._refuse(BadAnswer(f"answer head over max_answer_head_bytes "
-                                       f"({self._limits.max_head_bytes})", kind=BadAnswer.TOO_LARGE))
-                return
             self._head_fed += len(data)
         try:
             self._parser.feed_data(data)
@@ -300,8 +310,41 @@ class Connection(asyncio.BufferedProtocol):
         except httptools.HttpParserUpgrade:
             self._refuse(BadAnswer("a 101 (protocol switch) answer: the gateway asked for no upgrade",
                                    kind=BadAnswer.FRAMING))
+        if self._complete and not self.closed and data[-1] in _CRLF and self._blank_after(data):
+            self.close()  # bytes after a complete answer (still delivered): never reused
         if self._answer is not None:
             self._deliver()
+        elif self.closed:
+            pass
+        elif not self._in_body:
+            # The head limit holds for a head still arriving too: httptools gathers a header's
+            # value until it ends, and would otherwise hold a 10 MiB header whole.
+            if self._head_fed > self._limits.max_head_bytes:
+                self._refuse(BadAnswer(f"answer head over max_answer_head_bytes ({self._limits.max_head_bytes})",
+                                       kind=BadAnswer.TOO_LARGE))
+        elif self._chunk_open and self._body_len == self._chunk_at:
+            # Bytes after a chunk's size line and none of its data: the last chunk's trailer
+            # fields (or a long chunk line), which httptools gathers whole: bounded as a head.
+            self._tail_fed += len(data)
+            if self._tail_fed > self._limits.max_head_bytes:
+                self._refuse(BadAnswer(f"answer trailers over max_answer_head_bytes "
+                                       f"({self._limits.max_head_bytes})", kind=BadAnswer.TOO_LARGE))
+        else:
+            self._tail_fed = 0
+
+    def _blank_after(self, data: bytes | memoryview) -> bool:
+        """Whether the read that completed the answer went on with empty lines (CR / LF), which
+        llhttp skips between messages without a callback. Told from the answer's own last bytes:
+        a chunked answer ends with exactly CRLF CRLF after a character that is neither; a sized
+        one with its body's own run of CR / LF (and, for an empty body or one of CR / LF alone,
+        the head's closing CRLF CRLF)."""
+        tail = bytes(data[-64:])
+        run = len(tail) - len(tail.rstrip(b"\r\n"))
+        if "transfer-encoding" in self._headers:
+            return run > 4
+        last = self._last_body
+        own = len(last) - len(last.rstrip(b"\r\n"))
+        return run > (own + 4 if own == self._body_len else own)
 
     def _refuse(self, exc: BadAnswer) -> None:
         """The answer is refused: the exchange fails with ``exc`` and the connection closes.
@@ -367,11 +410,26 @@ class Connection(asyncio.BufferedProtocol):
         if self._header_count > self._limits.max_header_count:
             raise BadAnswer(f"answer head over max_answer_header_count ({self._limits.max_header_count})",
                             kind=BadAnswer.TOO_LARGE)
-        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        if self._in_body:
+            return  # a trailer field: never merged into the head (RFC 9110 section 6.5.1)
+        key = name.decode("latin-1").lower()
+        if key == "transfer-encoding" and key in self._headers:
+            # A second line could make "chunked" twice, or hide a coding (nginx refuses it too).
+            raise BadAnswer("Transfer-Encoding given twice", kind=BadAnswer.FRAMING)
+        self._headers[key] = value.decode("latin-1")
+
+    def on_chunk_header(self) -> None:
+        self._chunk_open = True
+        self._chunk_at = self._body_len
+
+    def on_chunk_complete(self) -> None:
+        self._chunk_open = False
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
         if status < 200:
+            if status < 100:
+                raise BadAnswer(f"status {status:03d} (a status is 100 to 599)", kind=BadAnswer.FRAMING)
             if status == 101:
                 raise BadAnswer("a 101 (protocol switch) answer: the gateway asked for no upgrade",
                                 kind=BadAnswer.FRAMING)
@@ -386,8 +444,10 @@ class Connection(asyncio.BufferedProtocol):
         length = headers.get("content-length", "")
         sized = length.isascii() and length.isdigit()  # not str.isdigit() alone: it takes "²"
         coding = headers.get("transfer-encoding")
-        if coding is not None and coding.rsplit(",", 1)[-1].strip().lower() != "chunked":
-            # RFC 9112 section 6.3 rule 4 would read it to the end; nginx and Envoy refuse it.
+        if coding is not None and coding.strip().lower() != "chunked":
+            # Only chunked alone: another coding would reach the client still applied (the
+            # gateway removes none), and one not ending in chunked would be read to the end
+            # (RFC 9112 section 6.3 rule 4). nginx refuses both.
             raise BadAnswer(f"Transfer-Encoding {coding!r} (only chunked is read)", kind=BadAnswer.FRAMING)
         claim = int(length) if sized else 0
         if claim > self._max_body:
@@ -413,6 +473,7 @@ class Connection(asyncio.BufferedProtocol):
                f"({self._max_body} bytes)"
 
     def on_body(self, body: bytes) -> None:
+        self._last_body = body
         self._body_len += len(body)
         if self._body_len > self._max_body:
             raise BadAnswer(f"answer body over {self._limit_name()}", kind=BadAnswer.TOO_LARGE)
@@ -602,12 +663,15 @@ class Connection(asyncio.BufferedProtocol):
         self._body = []
         self._buf = None
         self._body_len = 0
+        self._last_body = b""
         self._max_body = self._limits.max_body_bytes if max_body is None else min(max_body, self._limits.max_body_bytes)
         self._head_fed = 0
         self._header_count = 0
         self._interim = 0
         self._interim_now = False
         self._eof_body = False
+        self._chunk_open = False
+        self._tail_fed = 0
         self._stream = None
         self._stream_min = stream_min
         self._stream_unsized = stream_unsized
