@@ -6,13 +6,23 @@ process per small inference POST is 0.18–0.32 × aiohttp's with this client, 0
 and aiohttp's was the single largest item of the gateway's HTTP pass-through profile when it
 was used. A backend pool needs only a small
 part of HTTP/1.1 — keep-alive POST/GET with a known body, responses with
-Content-Length or chunked framing — and httptools (the parser uvicorn uses)
+Content-Length, chunked or close-delimited framing — and httptools (the parser uvicorn uses)
 does the parsing.
+
+Backends are untrusted: the answer's framing is read as strictly as nginx and Envoy read it
+(``connection``'s docstring: interim answers dropped, bytes after an answer poison its
+connection, conflicting framing refused) and everything a backend sends is bounded
+(``limits.AnswerLimits``: head count and bytes, body). The client's refusals are
+:class:`BadAnswer`; tests/unit/test_h1_framing_diff.py holds the framing to h11's and
+fuzz/h1_answer.py fuzzes it.
 
 Connections are pooled per endpoint. A request on a *reused* connection that
 the server closed before sending a single byte of the answer is retried once
 on a fresh connection: that is the keep-alive race (the server timed the idle
-connection out as we sent), not a failed request.
+connection out as we sent), not a failed request — unless the caller says the request must
+not run twice (``resend=False``: a sequence's). The race is made rare: a connection idle for
+more than ``IDLE_S`` is closed instead of reused, and one with bytes waiting that nobody asked
+for is never used.
 
 A request can also start without a coroutine (:meth:`H1ConnectionPool.request_now`: a
 free slot and a kept-alive connection): its answer is handed to a callback from the
@@ -33,7 +43,8 @@ Large bodies stream both ways, so a pass-through proxy never holds one whole
   Triton's generate_stream sends its server-sent events so, one chunk per event,
   and each must reach the client as it comes.
 
-The modules: ``errors`` (the client's failures), ``slots`` (exchanges at once per endpoint),
+The modules: ``errors`` (the client's failures), ``limits`` (what it accepts of an answer),
+``slots`` (exchanges at once per endpoint),
 ``answer`` (an answer, its body whole or as a :class:`BodyStream`), ``connection`` (one
 kept-alive connection: the protocol, the parser's callbacks, deadlines, a streamed request
 body's pump) and ``pool`` (:class:`H1ConnectionPool`: reuse, the keep-alive race, exchanges

@@ -285,6 +285,8 @@ class Connection(asyncio.BufferedProtocol):
         self.keep_alive = self._raw_keep_alive
         stream = self._stream
         assert stream is not None
+        if stream.length is not None and stream.length >= _FIRST_BUF:
+            large_answer()  # its chunks were the reads' own buffers: the idle trim follows them
         stream._finish()
         self._end_stream()
 
@@ -505,6 +507,8 @@ class Connection(asyncio.BufferedProtocol):
         self.keep_alive = self._parser.should_keep_alive() and not self._eof_body
         status = self._parser.get_status_code()
         if self._stream is not None:
+            if self._body_len >= _FIRST_BUF:
+                large_answer()
             self._stream._finish()
             self._end_stream()
             return
