@@ -184,10 +184,11 @@ class GrpcPool(Pool[GrpcEndpoint]):
     # -- one call on one endpoint --------------------------------------------------------
     async def _call(self, ep: GrpcEndpoint, pick: Callable[[GrpcEndpoint], _Rpc],
                     request: Any, timeout: float | None, metadata: Sequence[tuple[str, str]] | None = None,
-                    model: str = "", version: str = "", refusing: bool = False) -> Any:
+                    model: str = "", version: str = "", refusing: bool = False, stateful: bool = False) -> Any:
         """Raises Refused on UNAVAILABLE: the endpoint could not be reached (or went away
         before answering), so the request may go to another one. ``refusing``: a NOT_FOUND or
-        INVALID_ARGUMENT answer is the endpoint's refusal too (it may lack the model another has)."""
+        INVALID_ARGUMENT answer is the endpoint's refusal too (it may lack the model another has).
+        ``stateful``: a request of a sequence, sent again only if it never left (see _mapped)."""
         tmo = self.backend.timeout_s if timeout is None else min(timeout, self.backend.timeout_s)
         ep._inflight += 1
         try:
@@ -200,7 +201,7 @@ class GrpcPool(Pool[GrpcEndpoint]):
                                       "complete response message (a unary call has exactly one)")
             return answer
         except aio.AioRpcError as exc:
-            error = self._mapped(ep, exc, tmo, model, version)
+            error = self._mapped(ep, exc, tmo, model, version, stateful)
             if refusing and isinstance(error, UpstreamError) and error.grpc_code in ("NOT_FOUND", "INVALID_ARGUMENT"):
                 error = self.refusal(ep, model, version, error, True)
             raise error from exc
@@ -208,7 +209,10 @@ class GrpcPool(Pool[GrpcEndpoint]):
             ep.left()
 
     def _mapped(self, ep: GrpcEndpoint, exc: aio.AioRpcError, tmo: float | None, model: str = "",
-                version: str = "") -> Exception:
+                version: str = "", stateful: bool = False) -> Exception:
+        """grpc's error as the gateway's. A ``stateful`` request (one carrying a ``sequence_id``)
+        whose connection went after it may have been sent is an UpstreamReset, never a Refused:
+        a step of a sequence must not run twice (docs/config.md "Safe retries")."""
         code = exc.code()
         details = exc.details() or ""
         where = f"backend '{self.name}' endpoint {ep.address}"
@@ -218,6 +222,10 @@ class GrpcPool(Pool[GrpcEndpoint]):
             if kind == Fault.TIMEOUT:
                 return UpstreamTimeout(f"{where}: did not answer within {_seconds(tmo)}")
             if kind == Fault.TRANSPORT:
+                if stateful and not _never_sent(details):
+                    self.transport_failed(ep)
+                    return UpstreamReset(f"{where}: {details} (a request of a sequence: not sent again, it may "
+                                         "have run)")
                 return Refused(NoEndpointAvailable(f"{where}: {details}"), kind=Refused.TRANSPORT)
             if kind == Fault.UNPROCESSED:
                 # RFC 9113 sections 6.8 and 8.7: the backend says it did not process the stream.
@@ -249,7 +257,7 @@ class GrpcPool(Pool[GrpcEndpoint]):
         # as they are, not wrapped: each coroutine between the front end and grpc's call is work
         # on every inference, once when it starts and again when the answer resumes it.)
         return self.attempt(model, version, affinity, self._call,
-                            (pick, request, timeout, metadata, model, version, True))
+                            (pick, request, timeout, metadata, model, version, True, affinity is not None))
 
     # -- health checker ------------------------------------------------------------------
     async def check_live(self, ep: GrpcEndpoint, timeout: float) -> bool:
@@ -360,7 +368,8 @@ class GrpcPool(Pool[GrpcEndpoint]):
         trace = tuple((k, v) for k in forwarded if k not in _FRAMING and (v := headers.get(k)) is not None)
         try:
             answer, ep = await self.attempt(model, version, affinity, self._call_from,
-                                            (_INFER, message, None, trace, model, version, True))
+                                            (_INFER, message, None, trace, model, version, True,
+                                             affinity is not None))
         except UpstreamError as err:
             if err.grpc_code == "INVALID_ARGUMENT" and err.message == version_refusal(version):
                 # Triton's HTTP route takes only digits: its answer to this version is a 404.
@@ -419,6 +428,16 @@ _JSON = {"content-type": "application/json"}
 # Headers an HTTP client sends that become gRPC metadata on a converted request: all
 # forwarded ones except the HTTP body's own framing.
 _FRAMING = frozenset({"content-type", "inference-header-content-length", "content-encoding", "accept-encoding"})
+
+
+# grpc's words for a call that never left: no connection could be made.
+_NOT_SENT = ("failed to connect", "connection refused", "connect failed", "unreachable", "failed to pick subchannel",
+             "dns resolution failed", "connections to all backends failing", "no connection")
+
+
+def _never_sent(details: str) -> bool:
+    details = details.lower()
+    return any(s in details for s in _NOT_SENT)
 
 
 def _transport_failure(details: str) -> bool:
