@@ -16,7 +16,7 @@ copied once per direction, when the outgoing message is joined.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import (
     BadUpstreamResponse,
@@ -78,7 +78,7 @@ def grpc_request_to_http(message: bytes, *, binary: bool,
 
 
 def http_answer_to_grpc(body: bytes | bytearray, headers: Mapping[str, str], limit: int, backend: str,
-                        *, typed: bool = False) -> bytes:
+                        *, typed: bool = False, final_flag: bool = False) -> bytes:
     """A 200 HTTP inference answer → ModelInferResponse bytes (raw contents, or typed). What the
     codec refuses of the answer is the backend's fault (502), never the client's 413 / 415."""
     try:
@@ -94,4 +94,8 @@ def http_answer_to_grpc(body: bytes | bytearray, headers: Mapping[str, str], lim
         response = http_codec.decode_response(body, header_length(headers.get(HEADER_LENGTH), len(body)))
     except InvalidRequest as exc:
         raise BadUpstreamResponse(f"backend '{backend}' sent an unreadable response: {exc.message}") from exc
+    if final_flag:
+        # Triton marks each ModelStreamInfer answer so (its decoupled-model protocol); a stream
+        # through an HTTP pool of Triton answers as Triton's own gRPC side does.
+        response = replace(response, parameters={**response.parameters, "triton_final_response": True})
     return grpc_codec.encode_response(response, typed=typed)

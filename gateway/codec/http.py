@@ -115,7 +115,11 @@ def _params(value: Any, where: str) -> Params:
 
 
 def _string(doc: dict[str, Any], key: str, where: str) -> str:
-    value = doc.get(key, "")
+    # null is "absent": KServe's server writes "model_version": null (and may write "id": null)
+    # for a model with no version; the gRPC message has no null, only the empty string.
+    value = doc.get(key)
+    if value is None:
+        return ""
     if not isinstance(value, str):
         raise InvalidRequest(f"{where}: '{key}' must be a string")
     return value
@@ -373,12 +377,19 @@ def _check_bool(params: Params, key: str, where: str) -> None:
 
 
 def _encode_tensors(tensors: tuple[Tensor, ...], binary_of: Any, chunks: list[bytes | memoryview],
-                    base64_bytes: bool = False) -> list[Any]:
+                    base64_bytes: bool = False, empty_as_json: bool = False) -> list[Any]:
+    """``empty_as_json``: a tensor with no elements goes as ``"data": []`` even where the others
+    go binary — the one form every server reads (KServe reads ``binary_data_size: 0`` without
+    a binary section as plain JSON and wants ``data``; Triton takes all three forms)."""
     out = []
     for t in tensors:
         entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
         params = _without(t.parameters, "binary_data_size")
-        if binary_of(t.name):
+        if empty_as_json and 0 in t.shape:
+            if params:
+                entry["parameters"] = params
+            entry["data"] = []
+        elif binary_of(t.name):
             entry["parameters"] = {**params, "binary_data_size": t.data.nbytes}
             if t.data.nbytes:
                 chunks.append(t.data)
@@ -468,7 +479,7 @@ def encode_request(req: InferRequest, *, binary: bool = True,
     if req.id:
         doc["id"] = req.id
     chunks: list[bytes | memoryview] = [b""]
-    doc["inputs"] = _encode_tensors(req.inputs, lambda _name: binary, chunks, base64_bytes)
+    doc["inputs"] = _encode_tensors(req.inputs, lambda _name: binary, chunks, base64_bytes, empty_as_json=True)
     params = dict(req.parameters)
     # The binary-data extension's parameters take booleans only (Triton and decode_request
     # refuse others): one of another type from a gRPC client is refused by name, never dropped.
@@ -493,8 +504,10 @@ def decode_response(body: bytes | bytearray | memoryview, header_length: int | N
     """Decode a backend's inference response body (Triton, OVMS, MLServer)."""
     view = byte_view(body)
     doc, hl = _load_header(view, header_length, "inference response")
-    version = doc.get("model_version", "")
-    if isinstance(version, int) and not isinstance(version, bool):
+    version = doc.get("model_version")
+    if version is None:
+        version = ""  # KServe: "model_version": null for a model without versions
+    elif isinstance(version, int) and not isinstance(version, bool):
         version = str(version)
     elif not isinstance(version, str):
         raise InvalidRequest("response: 'model_version' must be a string")

@@ -48,11 +48,11 @@ _DNS_KEYS = {"nameservers", "refresh_s", "timeout_s"}
 _OUTLIER_KEYS = {"consecutive_failures", "base_ejection_s", "max_ejection_s", "max_ejection_percent"}
 _LISTEN_KEYS = {"http", "grpc", "metrics"}
 _TLS_KEYS = {"cert", "key", "client_ca"}
-_HEALTH_KEYS = {"interval_s", "timeout_s"}
+_HEALTH_KEYS = {"interval_s", "timeout_s", "unhealthy_threshold", "healthy_threshold"}
 _BACKEND_KEYS = {"protocol", "endpoints", "timeout_s", "connect_timeout_s", "max_message_bytes", "binary_extension",
                  "max_connections", "balance", "tls", "retries", "retry_budget_percent", "outlier", "repository_index",
                  "check_headers", "non_utf8_bytes", "queue_metrics", "max_answer_header_count",
-                 "max_answer_head_bytes", "max_check_answer_bytes"}
+                 "max_answer_head_bytes", "max_check_answer_bytes", "server_family"}
 _BACKEND_TLS_KEYS = {"ca", "cert", "key", "server_name"}
 _ROUTE_KEYS = {"model", "version", "backend", "split", "headers", "mirror", "auth", "rate"}
 _SIDE_KEYS = {"backend", "weight"}
@@ -102,7 +102,7 @@ def _tls(p: Problems, raw: Any) -> Tls | None:
 
 
 def _health(p: Problems, raw: Any) -> Health | None:
-    return _section(p, "health", raw, _HEALTH_KEYS, Health)
+    return _section(p, "health", raw, _HEALTH_KEYS, Health, ints=("unhealthy_threshold", "healthy_threshold"))
 
 
 def _backend(p: Problems, name: str, raw: Any) -> Backend | None:
@@ -185,6 +185,8 @@ def _backend(p: Problems, name: str, raw: Any) -> Backend | None:
             kwargs["non_utf8_bytes"] = data["non_utf8_bytes"]
     if "balance" in data:
         kwargs["balance"] = data["balance"]  # its values are checked by Backend
+    if "server_family" in data:
+        kwargs["server_family"] = data["server_family"]  # checked by Backend
     if data.get("queue_metrics") is not None:
         qm = _section(p, f"{key}.queue_metrics", data["queue_metrics"], {"port", "interval_s"}, QueueMetrics,
                       ints=("port",))

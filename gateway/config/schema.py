@@ -121,10 +121,15 @@ class Listen:
 
 @dataclass(frozen=True, slots=True)
 class Health:
-    """Background readiness checks (not per request)."""
+    """Background readiness checks (not per request). ``timeout_s``: how long a round waits
+    for a check's answer; a later one is still taken, up to ``interval_s`` more (only then
+    is the check failed). An endpoint goes down after ``unhealthy_threshold`` failed checks
+    in a row and comes back after ``healthy_threshold`` good ones (Envoy's thresholds)."""
 
     interval_s: float = 2.0
     timeout_s: float = 1.0
+    unhealthy_threshold: int = 3
+    healthy_threshold: int = 1
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0:
@@ -132,6 +137,10 @@ class Health:
         if not 0 < self.timeout_s <= self.interval_s * 10:
             raise ValueError(f"timeout_s must be > 0 and at most 10 × interval_s ({self.interval_s * 10:g}), "
                              f"got {self.timeout_s:g}")
+        for name in ("unhealthy_threshold", "healthy_threshold"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +215,9 @@ class Backend:
     # HTTP pools only: the body of a health, readiness or repository-index answer (an index
     # of 10,000 models is ~1 MB).
     max_check_answer_bytes: int = 16 * 1024 * 1024
+    # HTTP pools only: the servers' family, whose gRPC answer form a gRPC client gets through
+    # this pool ("auto": read from each endpoint's server metadata name).
+    server_family: str = "auto"
     # How a request picks its endpoint: "round_robin", "least_request" (the healthy
     # endpoint with the fewest requests in flight; ties in round-robin order), or
     # "least_queue" (Triton's pending requests for the model, scraped from its metrics
@@ -248,6 +260,8 @@ class Backend:
             raise ValueError("max_answer_header_count must be >= 10 and max_answer_head_bytes >= 1024")
         if self.max_check_answer_bytes < 1024:
             raise ValueError("max_check_answer_bytes must be >= 1024")
+        if self.server_family not in FAMILIES:
+            raise ValueError(f"server_family must be one of {', '.join(FAMILIES)}, got {self.server_family!r}")
         if not 0 <= self.retries <= 5:
             raise ValueError("retries must be between 0 and 5")
         if not 0 < self.retry_budget_percent <= 100:
@@ -255,6 +269,8 @@ class Backend:
 
 
 BALANCES = ("round_robin", "least_request", "least_queue")
+# Server families an HTTP pool answers gRPC clients as (docs/config.md "server_family").
+FAMILIES = ("auto", "triton", "mlserver", "kserve", "other")
 
 
 @dataclass(frozen=True, slots=True)

@@ -244,17 +244,23 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
     def endpoint(api: str, handler: Callable[[Request, str, str], Awaitable[Response]]) -> Callable[..., Any]:
         return endpoint_function(functools.partial(run_endpoint, api, handler))
 
+    # Health answers carry KServe's bodies ($live_server_response, $ready_server_response,
+    # $ready_model_response: kserve-v2-data-plane text) with the status the Open Inference
+    # Protocol gives; tritonclient reads only the status, KServe's SDK parses the body.
     async def live(request: Request, model: str, version: str) -> Response:
-        return Response(status_code=200 if plane.server_live() else 400)
+        ok = plane.server_live()
+        return Response(b'{"live":true}' if ok else b'{"live":false}', 200 if ok else 400, media_type=JSON)
 
     async def ready(request: Request, model: str, version: str) -> Response:
-        return Response(status_code=200 if plane.server_ready() else 400)
+        ok = plane.server_ready()
+        return Response(b'{"ready":true}' if ok else b'{"ready":false}', 200 if ok else 400, media_type=JSON)
 
     async def server_metadata(request: Request, model: str, version: str) -> Response:
         return _json(plane.server_metadata())
 
     async def model_ready(request: Request, model: str, version: str) -> Response:
-        return Response(status_code=200 if await plane.model_ready(model, version) else 400)
+        ok = await plane.model_ready(model, version)
+        return Response(orjson.dumps({"name": model, "ready": ok}), 200 if ok else 400, media_type=JSON)
 
     async def model_metadata(request: Request, model: str, version: str) -> Response:
         return _json(await plane.model_metadata(model, version))

@@ -17,6 +17,17 @@ Two sources of model readiness:
 - per-model ready calls (MLServer or OVMS when the index is refused): only the
   routed exact models, kept in ``per_model``.
 
+Liveness is decided, not copied from each check (Envoy's ``unhealthy_threshold`` /
+``healthy_threshold``): a live endpoint goes down after ``unhealthy`` consecutive
+failed checks, a down one comes up after ``healthy`` consecutive good ones, and
+the first check of a new endpoint decides at once (:meth:`EndpointHealth.checked`).
+A busy server whose health answer misses one round keeps its traffic; inference
+that succeeds on it (``succeeded``) clears its failed checks too — live traffic is
+evidence of liveness (it keeps an endpoint up, it never brings one up). A refused
+connection on live traffic still takes the endpoint out at once (``set_live``): a
+process that is gone is not slow. A repository index that does not come keeps the
+last one known for as many rounds (:meth:`EndpointHealth.index_missing`).
+
 Outlier ejection (Envoy's consecutive-gateway-failure detector): ``failures``
 consecutive transport failures eject the endpoint for ``base_s`` times the number
 of times it has been ejected (capped), as long as no more than the allowed share of
@@ -71,6 +82,11 @@ class EndpointHealth:
     # The models were checked since the server was last seen coming up: until then
     # nothing is ready here (a restarted pod answers live before it has loaded anything).
     models_checked: bool = False
+    # Active check counts (thresholds): failed checks in a row while live, good ones in a
+    # row while down, rounds in a row the index did not come while one is known.
+    check_failures: int = 0
+    check_passes: int = 0
+    index_misses: int = 0
     # Passive outlier state.
     failures: int = 0
     ejections: int = 0
@@ -79,17 +95,42 @@ class EndpointHealth:
 
     # -- checker side -----------------------------------------------------------------
     def set_live(self, live: bool) -> None:
-        """A liveness answer. A server that was down (or never seen) and is up again is a
-        new process: everything known about its models is forgotten until checked again."""
+        """The decided liveness (a threshold reached, a first check, or a refused connection).
+        A server that was down (or never seen) and is up again is a new process: everything
+        known about its models is forgotten until checked again."""
         if live and self.live is not True:
             self.forget_models()
         if not live and self.live is not False:
             self.forget_models()
         self.live = live
+        self.check_failures = 0
+        self.check_passes = 0
+
+    def checked(self, ok: bool, unhealthy: int, healthy: int) -> None:
+        """One liveness check's outcome through the thresholds: a live endpoint goes down
+        on the ``unhealthy``-th failed check in a row, a down one comes up on the
+        ``healthy``-th good one in a row; the first check of a new endpoint decides at once
+        (Envoy's initial health check). A check that goes the way of the decided state
+        clears the count towards the other."""
+        if self.live is None:
+            self.set_live(ok)
+        elif ok:
+            self.check_failures = 0
+            if not self.live:
+                self.check_passes += 1
+                if self.check_passes >= healthy:
+                    self.set_live(True)
+        else:
+            self.check_passes = 0
+            if self.live:
+                self.check_failures += 1
+                if self.check_failures >= unhealthy:
+                    self.set_live(False)
 
     def forget_models(self) -> None:
         self.gen.n += 1
         self.models_checked = False
+        self.index_misses = 0
         self.names = None
         self.ready = frozenset()
         self.ready_names = frozenset()
@@ -98,6 +139,7 @@ class EndpointHealth:
 
     def set_index(self, entries: Sequence[Sequence[Any]]) -> None:
         """A repository index: (name, version, ready, …) per entry."""
+        self.index_misses = 0
         names = frozenset(e[0] for e in entries)
         ready = frozenset((e[0], e[1]) for e in entries if e[2])
         listed = frozenset((e[0], e[1]) for e in entries)
@@ -109,6 +151,17 @@ class EndpointHealth:
         self.listed = listed
         self.ready_names = frozenset(name for name, _ in ready)
         self.models_checked = True
+
+    def index_missing(self, unhealthy: int) -> bool:
+        """The index did not come this round (no answer, an error, an unreadable one). True
+        while the last index known is kept: until ``unhealthy`` rounds in a row miss it, as
+        liveness — a busy server's slow round does not flip its models to per-model calls
+        (or to not ready). False: no index is known, or the threshold is reached (per-model
+        calls decide from now on)."""
+        if self.names is None:
+            return False
+        self.index_misses += 1
+        return self.index_misses < unhealthy
 
     def set_no_index(self) -> None:
         """The endpoint has no index (any more): per-model checks decide."""
@@ -183,7 +236,10 @@ class EndpointHealth:
             self.per_model[(model, version)] = False
 
     def succeeded(self) -> None:
+        """Traffic that succeeded: clears the outlier count and the failed checks (live
+        traffic is evidence of liveness). It does not bring a down endpoint up."""
         self.failures = 0
+        self.check_failures = 0
 
     def failed(self, outlier: Outlier, now: float, may_eject: bool) -> bool:
         """A transport failure (refused, reset, 502 from the hop). True when it ejects."""

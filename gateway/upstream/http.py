@@ -93,11 +93,13 @@ def _relayed(headers: Mapping[str, str]) -> dict[str, str]:
 
 
 class HttpEndpoint(Endpoint):
-    __slots__ = ("connections",)
+    __slots__ = ("connections", "family")
 
     def __init__(self, address: HostPort, connections: H1ConnectionPool) -> None:
         super().__init__(address)
         self.connections = connections
+        # The server family (config FAMILIES) from its metadata's name, once read (check_live).
+        self.family: str | None = None
 
     @property
     def inflight(self) -> int:
@@ -115,6 +117,7 @@ class UpstreamReply:
     status: int
     body: bytes | bytearray | BodyStream  # a BodyStream only when the caller passed ``stream_min``
     headers: Mapping[str, str]
+    endpoint: HttpEndpoint | None = None  # the one that answered
 
 
 def ssl_context(tls: BackendTls | None) -> ssl.SSLContext | None:
@@ -133,6 +136,15 @@ def model_path(model: str, version: str) -> str:
     if version:
         path += "/versions/" + quote(version, safe="")
     return path
+
+
+def family_of(name: Any) -> str:
+    """A server family (config FAMILIES) from a server metadata ``name``."""
+    text = name.lower() if isinstance(name, str) else ""
+    for family in ("triton", "mlserver", "kserve"):
+        if family in text:
+            return family
+    return "other"
 
 
 def error_from_reply(reply: UpstreamReply) -> UpstreamError:
@@ -224,7 +236,7 @@ class HttpPool(Pool[HttpEndpoint]):
         return UpstreamReset(f"{where}: {exc}")
 
     def _reply(self, ep: HttpEndpoint, resp: H1Response, tmo: float) -> UpstreamReply:
-        return UpstreamReply(resp.status, self._answer_body(ep, resp, tmo), _relayed(resp.headers))
+        return UpstreamReply(resp.status, self._answer_body(ep, resp, tmo), _relayed(resp.headers), ep)
 
     def _answer_body(self, ep: HttpEndpoint, resp: H1Response, tmo: float) -> bytes | bytearray | BodyStream:
         if isinstance(resp.body, BodyStream):
@@ -275,9 +287,36 @@ class HttpPool(Pool[HttpEndpoint]):
         try:
             reply = await self._send(ep, "GET", "/v2/health/live", headers=self._check_headers, timeout=timeout,
                                      max_body=self.backend.max_check_answer_bytes)
-            return reply.status == 200
         except (GatewayError, Refused):
+            ep.family = None  # (a restarted endpoint may be another server)
             return False
+        if reply.status != 200:
+            return False
+        if ep.family is None and self.backend.server_family == "auto":
+            ep.family = await self._read_family(ep, timeout)
+        return True
+
+    async def _read_family(self, ep: HttpEndpoint, timeout: float) -> str | None:
+        """The endpoint's server family from its server metadata's ``name`` (spec "Server
+        Metadata"): Triton answers "triton", MLServer "mlserver", KServe's server "kserve"."""
+        try:
+            reply = await self._send(ep, "GET", "/v2", headers=self._check_headers, timeout=timeout,
+                                     max_body=self.backend.max_check_answer_bytes)
+            if reply.status != 200 or isinstance(reply.body, BodyStream):
+                return "other"
+            name = orjson.loads(reply.body).get("name")
+        except (GatewayError, Refused):
+            return None  # asked again at the next round
+        except (orjson.JSONDecodeError, AttributeError):
+            return "other"
+        return family_of(name)
+
+    def family(self, ep: HttpEndpoint) -> str:
+        """How this endpoint's servers answer over gRPC: config ``server_family``, or read."""
+        configured = self.backend.server_family
+        if configured != "auto":
+            return configured
+        return ep.family or "other"
 
     async def check_index(self, ep: HttpEndpoint, timeout: float) -> list[IndexEntry] | None:
         headers = {"content-type": "application/json", **self._check_headers}
@@ -416,8 +455,9 @@ class HttpPool(Pool[HttpEndpoint]):
                 if reply.status != 200:
                     raise error_from_reply(reply)
                 assert not isinstance(reply.body, BodyStream)
+                triton = self.family(ep) == "triton"
                 answer = http_answer_to_grpc(reply.body, reply.headers, self.backend.max_message_bytes, self.name,
-                                             typed=typed)
+                                             typed=typed and not triton, final_flag=triton)
             except GatewayError as err:
                 yield encode_stream_response(error=err.message)
                 continue
@@ -521,8 +561,13 @@ class HttpPool(Pool[HttpEndpoint]):
                 raise InvalidRequest(refusal)
             raise error
         assert not isinstance(reply.body, BodyStream)  # no stream_min asked
+        # The answer's form is the one the pool's servers give over gRPC: Triton's gRPC side
+        # always answers raw_output_contents (tritonclient reads nothing else); MLServer and
+        # KServe answer a typed request typed.
+        ep = reply.endpoint
+        triton = ep is not None and self.family(ep) == "triton"
         return http_answer_to_grpc(reply.body, reply.headers, self.backend.max_message_bytes, self.name,
-                                   typed=typed)
+                                   typed=typed and not triton)
 
     async def generate(self, model: str, version: str, body: bytes, headers: Mapping[str, str],
                        forwarded: Sequence[str], stream: bool) -> HttpReply:

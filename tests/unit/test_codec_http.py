@@ -407,3 +407,29 @@ def test_bool_in_a_backend_answer_is_refused() -> None:
 def test_bool_tokens(text: bytes, found: bool, pad: int) -> None:
     assert http._bool_tokens(memoryview(b" " * pad + text)) is found
     assert http._bool_tokens(memoryview(text + b" " * pad)) is found
+
+
+# -- what KServe's server writes (issue 36) ----------------------------------------------
+@pytest.mark.parametrize("field", ["model_version", "id"])
+def test_null_is_absent_in_an_answer(field):
+    """KServe's REST answers carry "model_version": null for a model without versions."""
+    body = orjson.dumps({"model_name": "m", field: None, "outputs": [
+        {"name": "OUT", "datatype": "INT32", "shape": [2], "data": [1, 2], "parameters": None}]})
+    resp = http.decode_response(body, None)
+    assert getattr(resp, field) == "" and resp.outputs[0].data.tobytes() == np.array([1, 2], "<i4").tobytes()
+
+
+@pytest.mark.parametrize("datatype, shape", [("FP32", [0, 3]), ("INT64", [2, 0]), ("BYTES", [0, 3]),
+                                             ("BOOL", [2, 0])])
+@pytest.mark.parametrize("binary", [True, False])
+def test_an_empty_tensor_goes_as_an_empty_data_array(datatype, shape, binary):
+    """The one form every server reads: KServe takes binary_data_size 0 without a binary section
+    as plain JSON and wants data; Triton takes every form."""
+    dtype = {"FP32": "<f4", "INT64": "<i8", "BYTES": object, "BOOL": "?"}[datatype]
+    req = InferRequest(model_name="m", inputs=(from_numpy("IN", np.zeros(shape, dtype=dtype), datatype),))
+    chunks, header_length = http.encode_request(req, binary=binary)
+    doc = orjson.loads(chunks[0])
+    assert doc["inputs"][0]["data"] == [] and "binary_data_size" not in doc["inputs"][0].get("parameters", {})
+    assert header_length is None and len(chunks) == 1
+    back = http.decode_request(b"".join(bytes(c) for c in chunks), header_length, "m")
+    assert back.inputs[0].shape == tuple(shape) and back.inputs[0].data.nbytes == 0
