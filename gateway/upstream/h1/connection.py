@@ -471,8 +471,8 @@ class Connection(asyncio.BufferedProtocol):
             self._pos = 0
 
     def _limit_name(self) -> str:
-        return f"the {'check' if self._max_body < self._limits.max_body_bytes else 'pool'}'s limit " \
-               f"({self._max_body} bytes)"
+        key = "max_check_answer_bytes" if self._max_body < self._limits.max_body_bytes else "max_message_bytes"
+        return f"the pool's {key} ({self._max_body})"
 
     def on_body(self, body: bytes) -> None:
         self._last_body = body
