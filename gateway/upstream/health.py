@@ -14,6 +14,20 @@ Each round, for every endpoint of every pool:
    hundreds of calls per round, not 10,000 — the benchmark measured 10,000
    never-ready routes doubling gRPC CPU per request when each was probed every round.
 
+What a check's outcome does (Envoy's active health checking): liveness goes through
+the thresholds (``EndpointHealth.checked``) — a live endpoint goes down after
+``unhealthy_threshold`` failed checks in a row, a down one comes up after
+``healthy_threshold`` good ones, a new one is decided by its first check. A failed
+check is a not-live answer, a refused or broken connection, or no answer at all
+within ``timeout_s + interval_s``. A slow answer that arrives is not a failure: a
+round waits ``timeout_s`` for each call, then goes on without it (the other
+endpoints are not held up); the call is *late*, not failed — its answer is taken
+when it arrives (and the gateway's readiness recomputed then), and the endpoint is
+not asked again until it has ended. Meanwhile the endpoint keeps what is known of it.
+The first check of a new endpoint is the exception: late is down, at once (a late
+answer then counts as a good check). An index that does not come keeps the last one
+known for ``unhealthy_threshold`` rounds (``EndpointHealth.index_missing``).
+
 The gateway is ready when every exact route has an endpoint with its model ready,
 and never with no live backend. Results live on the endpoints (``ep.health``) and
 in ``ready`` / ``not_ready``; the pools read them to choose endpoints.
@@ -22,11 +36,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from ..config.schema import Health
 from ..routing.readiness import Ready
 from .pool import Endpoint, Pool
 
@@ -39,6 +55,9 @@ T = TypeVar("T")
 # pools (a split's sides): it is ready when one of them is. Group -1: checked, never
 # required (a mirror's shadow pool). Without a group, each entry is a route of its own.
 Route = tuple[str, str | None, str] | tuple[str, str | None, str, int]
+
+
+_DEFAULTS = Health()
 
 
 class _Schedule:
@@ -64,9 +83,13 @@ class HealthChecker:
         concurrency: int = 16,
         recheck_per_round: int = 256,
         max_backoff_rounds: int = 32,
+        unhealthy_threshold: int = _DEFAULTS.unhealthy_threshold,
+        healthy_threshold: int = _DEFAULTS.healthy_threshold,
     ) -> None:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
+        self.unhealthy_threshold = unhealthy_threshold
+        self.healthy_threshold = healthy_threshold
         self.ready = False
         self.rounds = 0
         self.not_ready: list[str] = []
@@ -80,6 +103,8 @@ class HealthChecker:
         self._kick = asyncio.Event()
         self._first = asyncio.Event()
         self._schedules: dict[int, _Schedule] = {}
+        # id(endpoint) -> its late calls still running (the endpoint is skipped until they end).
+        self._late: dict[int, set[asyncio.Future[Any]]] = {}
         self.pools: Mapping[str, Pool[Any]] = {}
         self.exact_routes: list[tuple[str, str | None, str, int]] = []
         self._keys: dict[str, list[tuple[str, str]]] = {}
@@ -102,64 +127,153 @@ class HealthChecker:
             pool.on_new_endpoints = self.kick
         self.kick()
 
+    def late_calls(self) -> int:
+        """Check calls still running past their round (their answers not taken yet)."""
+        return sum(len(tasks) for tasks in self._late.values())
+
     def kick(self) -> None:
         """Run the next round now (new endpoints, a reload)."""
         self._kick.set()
 
-    async def _bounded(self, coro: Awaitable[T]) -> T:
+    async def _ask(self, ep: Endpoint, call: Callable[[float], Awaitable[T]],
+                   apply: Callable[[T], None]) -> bool:
+        """One check call (``call(transport timeout)``), within the concurrency bound, and
+        ``apply`` on its answer. True: it ended within ``timeout_s`` (applied). False: it is
+        late — the round goes on without it; it runs on (out of the bound: a slow endpoint
+        does not hold the others' checks up) until it ends, within ``timeout_s + interval_s``,
+        and its answer is applied then."""
         async with self._sem:
-            return await coro
-
-    async def _check_endpoint(self, pool: Pool[Any], ep: Endpoint) -> bool:
-        live = await self._bounded(pool.check_live(ep, self.timeout_s))
-        ep.health.set_live(live)
-        if not live:
-            return False
-        ep.health.readmit(time.monotonic())
-        index = await self._bounded(pool.check_index(ep, self.timeout_s)) if pool.backend.repository_index else None
-        # An empty index tells nothing a per-model call would not (a server whose index
-        # covers only part of what it serves — another gateway in front of OVMS — answers
-        # [] too): per-model calls decide then.
-        if index:
-            ep.health.set_index(index)
+            task = asyncio.ensure_future(call(self.timeout_s + self.interval_s))
+            try:
+                done, _ = await asyncio.wait((task,), timeout=self.timeout_s)
+            except asyncio.CancelledError:
+                task.cancel()
+                raise
+        if done:
+            apply(task.result())
             return True
-        ep.health.set_no_index()  # index gone (restricted, or never had one): per-model calls
-        await self._check_models(pool, ep)
-        ep.health.set_models_checked()
-        return True
+        self._late.setdefault(id(ep), set()).add(task)
+        task.add_done_callback(functools.partial(self._arrived, id(ep), apply))
+        return False
 
-    async def _check_models(self, pool: Pool[Any], ep: Endpoint) -> None:
+    def _arrived(self, key: int, apply: Callable[[Any], None], task: asyncio.Future[Any]) -> None:
+        """A late call ended: its answer counts now, and the gateway's readiness follows."""
+        late = self._late.get(key)
+        if late is not None:
+            late.discard(task)
+            if not late:
+                del self._late[key]
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("late health check failed", exc_info=exc)
+            return
+        try:
+            apply(task.result())
+            if self.rounds:
+                self._summarise()
+        except Exception:
+            log.exception("applying a late health check failed")
+
+    def _live(self, ep: Endpoint) -> Callable[[bool], None]:
+        def apply(ok: bool) -> None:
+            ep.health.checked(ok, self.unhealthy_threshold, self.healthy_threshold)
+            if ok and ep.health.live:
+                ep.health.readmit(time.monotonic())
+        return apply
+
+    async def _check_endpoint(self, pool: Pool[Any], ep: Endpoint) -> None:
+        if id(ep) in self._late:
+            return  # a call of an earlier round still running: its answer decides when it comes
+        health = ep.health
+        answered: list[Any] = []
+
+        def live(ok: bool) -> None:
+            answered.append(ok)
+            self._live(ep)(ok)
+
+        if not await self._ask(ep, lambda t: pool.check_live(ep, t), live):
+            if health.live is None:
+                health.checked(False, self.unhealthy_threshold, self.healthy_threshold)  # the first check decides
+            return
+        if not answered[0] or not health.live:
+            return  # a failed check (below the threshold, what is known stays) or down
+        if pool.backend.repository_index:
+
+            def got(entries: list[Any] | None) -> None:
+                answered.append(entries)
+                if entries and health.live:  # (late: only while still up — see _check_models)
+                    health.set_index(entries)
+
+            if not await self._ask(ep, lambda t: pool.check_index(ep, t), got):
+                return  # late: the index known stays until the answer comes
+            index = answered[1]
+            if index:
+                return
+            # An empty index tells nothing a per-model call would not (a server whose index
+            # covers only part of what it serves — another gateway in front of OVMS — answers
+            # [] too): per-model calls decide then. No index at all (no answer, refused, not
+            # readable) keeps the last one for unhealthy_threshold rounds.
+            if index is None and health.index_missing(self.unhealthy_threshold):
+                return
+        health.set_no_index()  # index gone (restricted, or never had one): per-model calls
+        if await self._check_models(pool, ep):
+            health.set_models_checked()
+
+    async def _check_models(self, pool: Pool[Any], ep: Endpoint) -> bool:
+        """Per-model ready calls; True when every one answered in time (the models are then
+        checked: a model not asked is no longer "not checked since the server came up")."""
         keys = self._keys.get(pool.name, [])
         if not keys:
-            return
+            return True
         sched = self._schedules.setdefault(id(ep), _Schedule())
-        known = ep.health.per_model
+        health = ep.health
+        known = health.per_model
         todo = {k for k in keys if k not in known or (not known[k] and sched.due.get(k, 0) <= self.rounds)}
         window = min(self._recheck, len(keys))
         todo.update(keys[(sched.cursor + i) % len(keys)] for i in range(window))
         sched.cursor = (sched.cursor + window) % len(keys)
 
-        async def one(key: tuple[str, str]) -> None:
-            ok = await self._bounded(pool.check_model(ep, key[0], key[1], self.timeout_s))
-            was = known.get(key)
-            ep.health.set_model(key, ok)
-            if ok:
-                sched.backoff.pop(key, None)
-                return
-            backoff = 1 if was else min(sched.backoff.get(key, 1) * 2, self._max_backoff)
-            sched.backoff[key] = backoff
-            sched.due[key] = self.rounds + backoff
+        def answer(key: tuple[str, str]) -> Callable[[bool | None], None]:
+            def apply(ok: bool | None) -> None:
+                # A late answer counts only while the endpoint is still up: the checker does
+                # not ask it again before this call ends, so "up" is the same process.
+                if not health.live:
+                    return
+                was = known.get(key)
+                if ok is None:  # no answer (a pool that tells it from "not ready"): keep what is known
+                    if was is not None:
+                        return
+                    ok = False
+                health.set_model(key, ok)
+                if ok:
+                    sched.backoff.pop(key, None)
+                    return
+                backoff = 1 if was else min(sched.backoff.get(key, 1) * 2, self._max_backoff)
+                sched.backoff[key] = backoff
+                sched.due[key] = self.rounds + backoff
+            return apply
 
-        await asyncio.gather(*(one(k) for k in todo))
+        async def one(key: tuple[str, str]) -> bool:
+            return await self._ask(ep, lambda t: pool.check_model(ep, key[0], key[1], t), answer(key))
+
+        return all(await asyncio.gather(*(one(k) for k in todo)))
 
     async def check_once(self) -> bool:
         pairs = [(pool, ep) for pool in self.pools.values() for ep in list(pool.endpoints.values())]
-        live = await asyncio.gather(*(self._check_endpoint(p, ep) for p, ep in pairs))
+        await asyncio.gather(*(self._check_endpoint(p, ep) for p, ep in pairs))
         alive = {id(ep) for _, ep in pairs}
         for key in [k for k in self._schedules if k not in alive]:
             del self._schedules[key]
+        self.rounds += 1
+        self._summarise()
+        self._first.set()
+        return self.ready
 
-        not_ready = []
+    def _summarise(self) -> None:
+        """The gateway's readiness from the endpoints' decided state (after a round, and when
+        a late answer arrives)."""
         states: dict[tuple[str, str], bool] = {}
         groups: dict[int, tuple[str, bool]] = {}  # group -> (what, some pool has it ready)
         for model, version, backend, group in self.exact_routes:
@@ -171,14 +285,12 @@ class HealthChecker:
                 groups[group] = (what, groups.get(group, (what, False))[1] or ok)
             states[(model, backend)] = states.get((model, backend), True) and ok
         not_ready = [what for what, ok in groups.values() if not ok]
+        live = any(ep.health.live is True for pool in self.pools.values() for ep in pool.endpoints.values())
         self.not_ready = not_ready
         self.route_states = states
-        self.ready = any(live) and not not_ready
-        self.rounds += 1
-        self._first.set()
+        self.ready = live and not not_ready
         if self._on_round is not None:
             self._on_round(self)
-        return self.ready
 
     async def _run(self) -> None:
         while True:
@@ -204,3 +316,9 @@ class HealthChecker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        late = [task for tasks in self._late.values() for task in tasks]
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.gather(*late, return_exceptions=True)
+        self._late.clear()

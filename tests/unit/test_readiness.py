@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.config.schema import Outlier
+from gateway.config import parse_config
+from gateway.config.schema import Health, Outlier
+from gateway.errors import ConfigError
 from gateway.routing.readiness import EndpointHealth, Ready
 
 
@@ -48,6 +50,114 @@ def test_staying_live_keeps_what_is_known():
     p.set_model(("m", ""), True)
     p.set_live(True)
     assert p.per_model == {("m", ""): True}
+
+
+# -- thresholds (Envoy's unhealthy_threshold / healthy_threshold) ---------------------
+
+def test_first_check_decides_at_once_either_way():
+    up = EndpointHealth()
+    up.checked(True, 3, 2)
+    assert up.live is True and up.usable()
+    down = EndpointHealth()
+    down.checked(False, 3, 2)
+    assert down.live is False and not down.usable()
+
+
+def test_a_live_endpoint_goes_down_on_the_third_failed_check_in_a_row():
+    h = indexed(("m", "1", True))
+    gen = h.gen.n
+    for _ in range(2):
+        h.checked(False, 3, 1)
+        assert h.live is True and h.ready_for("m", "1") == Ready.YES  # what is known stays
+    assert h.gen.n == gen  # nothing that decides routing moved: cached choices stay valid
+    h.checked(False, 3, 1)
+    assert h.live is False and not h.usable() and h.names is None
+
+
+def test_a_good_check_between_failures_starts_the_count_again():
+    h = indexed(("m", "1", True))
+    for _ in range(10):
+        h.checked(False, 3, 1)
+        h.checked(False, 3, 1)
+        h.checked(True, 3, 1)
+    assert h.live is True and h.ready_for("m", "1") == Ready.YES
+
+
+def test_succeeded_traffic_clears_failed_checks_but_never_brings_an_endpoint_up():
+    h = indexed(("m", "1", True))
+    for _ in range(10):
+        h.checked(False, 3, 1)
+        h.checked(False, 3, 1)
+        h.succeeded()  # an inference that succeeded there: evidence of liveness
+    assert h.live is True and h.check_failures == 0
+    h.checked(False, 3, 1)
+    h.checked(False, 3, 1)
+    h.checked(False, 3, 1)
+    assert h.live is False
+    h.succeeded()
+    assert h.live is False  # only a check brings it back (its models are checked first)
+
+
+def test_healthy_threshold_good_checks_in_a_row_bring_it_back_as_a_new_process():
+    h = indexed(("m", "1", True))
+    h.set_live(False)  # (a refused connection on live traffic: out at once)
+    h.checked(True, 3, 2)
+    assert h.live is False
+    h.checked(False, 3, 2)  # a failure in between: the count starts again
+    h.checked(True, 3, 2)
+    assert h.live is False
+    h.checked(True, 3, 2)
+    assert h.live is True
+    assert h.ready_for("m", "1") == Ready.NO  # nothing ready before its models are checked again
+    one = EndpointHealth()
+    one.checked(False, 3, 1)
+    one.checked(True, 3, 1)
+    assert one.live is True
+
+
+def test_threshold_one_is_the_old_behaviour():
+    h = indexed(("m", "1", True))
+    h.checked(False, 1, 1)
+    assert h.live is False
+    h.checked(True, 1, 1)
+    assert h.live is True and not h.models_checked
+
+
+def test_a_missing_index_keeps_the_last_one_until_the_threshold():
+    h = indexed(("m", "1", True))
+    assert h.index_missing(3) is True
+    assert h.index_missing(3) is True
+    assert h.ready_for("m", "1") == Ready.YES and h.names is not None
+    assert h.index_missing(3) is False  # the third round in a row: per-model calls decide
+    fresh = indexed(("m", "1", True))
+    fresh.index_missing(3)
+    fresh.index_missing(3)
+    fresh.set_index([("m", "1", True)])  # it came back: the count starts again
+    assert fresh.index_missing(3) is True and fresh.index_missing(3) is True
+    never = EndpointHealth()
+    never.set_live(True)
+    assert never.index_missing(3) is False  # no index known: nothing to keep
+
+
+# -- the health section's thresholds --------------------------------------------------
+
+CONFIG = {"backends": {"t": {"protocol": "http", "endpoints": ["127.0.0.1:8000"]}},
+          "routes": [{"model": "m", "backend": "t"}]}
+
+
+def test_thresholds_default_and_load():
+    assert (Health().unhealthy_threshold, Health().healthy_threshold) == (3, 1)
+    cfg = parse_config({**CONFIG, "health": {"unhealthy_threshold": 5, "healthy_threshold": 2}})
+    assert (cfg.health.unhealthy_threshold, cfg.health.healthy_threshold) == (5, 2)
+    assert parse_config(CONFIG).health == Health()
+
+
+@pytest.mark.parametrize("key", ["unhealthy_threshold", "healthy_threshold"])
+@pytest.mark.parametrize("value", [0, -1, 2.5, True, "3"])
+def test_thresholds_are_integers_of_at_least_one(key, value):
+    with pytest.raises(ConfigError) as info:
+        parse_config({**CONFIG, "health": {key: value}})
+    assert any(f"health.{key}" in p or key in p for p in info.value.problems), info.value.problems
 
 
 # -- model readiness -----------------------------------------------------------------
