@@ -275,6 +275,8 @@ class Gateway:
             interval_s=config.health.interval_s,
             timeout_s=config.health.timeout_s,
             on_round=self._record_health,
+            unhealthy_threshold=config.health.unhealthy_threshold,
+            healthy_threshold=config.health.healthy_threshold,
         )
         self.discovery = Discovery(config.dns)
         self.auto_inflight = auto_inflight_limit(memory_limit, workers)
@@ -395,6 +397,8 @@ class Gateway:
         self.health.reconfigure(pools, exact_routes(config))
         self.health.interval_s = config.health.interval_s
         self.health.timeout_s = config.health.timeout_s
+        self.health.unhealthy_threshold = config.health.unhealthy_threshold
+        self.health.healthy_threshold = config.health.healthy_threshold
         self.discovery.update(pools, config.dns)
         self.proxy.swap(routing)
         self.config = config

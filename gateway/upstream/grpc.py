@@ -276,13 +276,17 @@ class GrpcPool(Pool[GrpcEndpoint]):
         except (GatewayError, Refused):
             return None  # no repository extension (UNIMPLEMENTED), or restricted
 
-    async def check_model(self, ep: GrpcEndpoint, model: str, version: str, timeout: float) -> bool:
+    async def check_model(self, ep: GrpcEndpoint, model: str, version: str, timeout: float) -> bool | None:
+        """Whether the model is ready there; None: no answer (the checker keeps what it knew). The
+        backend's own error status is its "no" (Triton: NOT_FOUND for a model it does not have)."""
         try:
             resp = await self._call(ep, lambda e: e.typed["ModelReady"],
                                     pb.ModelReadyRequest(name=model, version=version), timeout, self._check_metadata)
             return bool(resp.ready)
-        except (GatewayError, Refused):
+        except UpstreamError:
             return False
+        except (GatewayError, Refused):
+            return None
 
     # -- client-facing -------------------------------------------------------------------
     async def model_ready(self, model: str, version: str) -> bool:

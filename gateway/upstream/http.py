@@ -329,14 +329,15 @@ class HttpPool(Pool[HttpEndpoint]):
         except (GatewayError, Refused):
             return None
 
-    async def check_model(self, ep: HttpEndpoint, model: str, version: str, timeout: float) -> bool:
+    async def check_model(self, ep: HttpEndpoint, model: str, version: str, timeout: float) -> bool | None:
+        """Whether the model is ready there; None: no answer (the checker keeps what it knew)."""
         try:
             reply = await self._send(ep, "GET", model_path(model, version) + "/ready",
                                      headers=self._check_headers, timeout=timeout,
                                      max_body=self.backend.max_check_answer_bytes)
             return reply.status == 200
         except (GatewayError, Refused):
-            return False
+            return None
 
     # -- client-facing ------------------------------------------------------------------
     async def model_ready(self, model: str, version: str) -> bool:
@@ -520,7 +521,7 @@ class HttpPool(Pool[HttpEndpoint]):
                     return
                 done(error)
                 return
-            if ep.health.failures:
+            if ep.health.failures or ep.health.check_failures:  # live traffic is evidence too
                 ep.health.succeeded()
             if result.status in _NOT_READY_STATUS and not isinstance(result.body, BodyStream):
                 error = error_from_reply(self._reply(ep, result, tmo))

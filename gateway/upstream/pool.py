@@ -314,7 +314,7 @@ class Pool(Generic[E]):
                     elif exc.kind == Refused.NOT_READY:
                         ep.health.not_ready(model, version)
                     continue
-                if ep.health.failures:
+                if ep.health.failures or ep.health.check_failures:  # live traffic is evidence too
                     ep.health.succeeded()
                 return result
             assert error is not None
@@ -359,7 +359,8 @@ class Pool(Generic[E]):
         """The endpoint's repository index, or None when it has none (or refuses it)."""
         raise NotImplementedError
 
-    async def check_model(self, ep: E, model: str, version: str, timeout: float) -> bool:
+    async def check_model(self, ep: E, model: str, version: str, timeout: float) -> bool | None:
+        """Whether ``model`` is ready on ``ep``; None when no answer came (not a "no")."""
         raise NotImplementedError
 
     # -- client-facing calls ----------------------------------------------------------
