@@ -2,6 +2,8 @@
 upstream/http.py)."""
 from __future__ import annotations
 
+from typing import ClassVar
+
 __all__ = ["BadAnswer", "ConnectFailed", "ConnectionDropped", "SourceStalled"]
 
 
@@ -26,7 +28,8 @@ class BadAnswer(Exception):
     ``kind``: FRAMING (invalid or ambiguous HTTP framing, RFC 9112 section 6; a malformed head;
     bytes where no answer was due) or TOO_LARGE (a head or body over the client's limits)."""
 
-    FRAMING, TOO_LARGE = "framing", "too_large"
+    FRAMING: ClassVar[str] = "framing"  # (ClassVar: class constants, also when mypyc compiles this module)
+    TOO_LARGE: ClassVar[str] = "too_large"
 
     def __init__(self, message: str, *, kind: str) -> None:
         super().__init__(message)
