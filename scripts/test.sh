@@ -7,6 +7,9 @@
 #   before the tests, settings in pyproject.toml).
 # - .mlserver-venv: MLServer in its own environment (its pins clash with ours);
 #   built by tests/support/mlserver.py on first use.
+# - .kserve-venv: KServe's ModelServer and its V2 clients in their own environment (kserve
+#   and tritonclient register the same protobuf names in one process); built by
+#   tests/support/kserve.py on first use.
 # - CI=1 makes a backend that cannot start a failure, not a skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
