@@ -54,7 +54,7 @@ _BACKEND_KEYS = {"protocol", "endpoints", "timeout_s", "connect_timeout_s", "max
                  "check_headers", "non_utf8_bytes", "queue_metrics", "max_answer_header_count",
                  "max_answer_head_bytes", "max_check_answer_bytes", "server_family"}
 _BACKEND_TLS_KEYS = {"ca", "cert", "key", "server_name"}
-_ROUTE_KEYS = {"model", "version", "backend", "split", "headers", "mirror", "auth", "rate"}
+_ROUTE_KEYS = {"model", "version", "backend", "split", "headers", "mirror", "auth", "rate", "stateful"}
 _SIDE_KEYS = {"backend", "weight"}
 _MIRROR_KEYS = {"backend", "percent", "max_inflight"}
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")
@@ -357,6 +357,10 @@ def _route(p: Problems, i: int, raw: Any) -> Route | None:
             auth = data["auth"]
     rate = parse_rate(p, f"{key}.rate", data["rate"]) if data.get("rate") is not None else None
     ok = ok and (rate is not None or data.get("rate") is None)
+    stateful = data.get("stateful", False)
+    if not isinstance(stateful, bool):
+        p.add(f"{key}.stateful", f"expected true or false, got {stateful!r}")
+        ok = False
     raw_version = data.get("version")
     version: str | None = None
     if raw_version is not None:
@@ -370,7 +374,7 @@ def _route(p: Problems, i: int, raw: Any) -> Route | None:
     backend = data["backend"] if "backend" in data else split[0].backend
     return p.build(key, lambda: Route(model=data["model"], backend=backend, version=version, split=tuple(split),
                                       headers=tuple(headers), mirror=mirror, auth=auth,
-                                      rate=rate))
+                                      rate=rate, stateful=stateful))
 
 
 def parse_config(raw: Any) -> GatewayConfig:

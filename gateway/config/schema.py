@@ -333,6 +333,9 @@ class Route:
     auth: bool | None = None
     # A token bucket per model of this route, every caller together.
     rate: Rate | None = None
+    # Every request of this route is stateful (as one carrying a sequence_id is): never sent
+    # to a backend a second time once any of its bytes were written.
+    stateful: bool = False
 
     @property
     def is_glob(self) -> bool:

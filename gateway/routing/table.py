@@ -13,6 +13,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from ..config.schema import Mirror, Route
@@ -20,7 +21,11 @@ from ..config.security import Rate
 from ..errors import ModelNotFound
 from .split import WeightedSplit
 
-__all__ = ["Match", "RouteTable"]
+__all__ = ["STATEFUL", "Match", "RouteTable"]
+
+# Whether the request being handled is on a ``stateful`` route: set with its route (proxy.py,
+# every inference), read by the pools when they decide whether a request may be sent again.
+STATEFUL: ContextVar[bool] = ContextVar("oip_gateway_stateful_route", default=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +37,7 @@ class Match:
     mirror: Mirror | None = None
     auth: bool | None = None  # the route's ``auth`` (security/guard.py)
     rate: Rate | None = None  # the route's per-model rate limit
+    stateful: bool = False  # the route's ``stateful``: no request of it is ever sent twice
 
     def takes(self, headers: Mapping[str, str] | None) -> bool:
         """The request carries every header this route asks for."""
@@ -51,7 +57,7 @@ class RouteTable:
         for r in routes:
             split = WeightedSplit([s.backend for s in r.split], [s.weight for s in r.split]) if r.split else None
             m = Match(backend=r.backend, label=r.model, split=split, headers=r.headers, mirror=r.mirror,
-                      auth=r.auth, rate=r.rate)
+                      auth=r.auth, rate=r.rate, stateful=r.stateful)
             if r.is_glob:
                 self._globs.append((re.compile(fnmatch.translate(r.model)), r.version, m))
             else:

@@ -53,6 +53,7 @@ from ..errors import (
     UpstreamTooLarge,
 )
 from ..grpcengine import READ_BUFFER_OPTION
+from ..routing.table import STATEFUL
 from .grpcdirect import DirectUnary
 from .grpcdirect import supported as direct_supported
 from .pool import TRITON_GRPC_PREFIX, Endpoint, Pool, Refused, is_not_ready_message
@@ -257,7 +258,8 @@ class GrpcPool(Pool[GrpcEndpoint]):
         # as they are, not wrapped: each coroutine between the front end and grpc's call is work
         # on every inference, once when it starts and again when the answer resumes it.)
         return self.attempt(model, version, affinity, self._call,
-                            (pick, request, timeout, metadata, model, version, True, affinity is not None))
+                            (pick, request, timeout, metadata, model, version, True,
+                             affinity is not None or STATEFUL.get()))
 
     # -- health checker ------------------------------------------------------------------
     async def check_live(self, ep: GrpcEndpoint, timeout: float) -> bool:
@@ -373,7 +375,7 @@ class GrpcPool(Pool[GrpcEndpoint]):
         try:
             answer, ep = await self.attempt(model, version, affinity, self._call_from,
                                             (_INFER, message, None, trace, model, version, True,
-                                             affinity is not None))
+                                             affinity is not None or STATEFUL.get()))
         except UpstreamError as err:
             if err.grpc_code == "INVALID_ARGUMENT" and err.message == version_refusal(version):
                 # Triton's HTTP route takes only digits: its answer to this version is a 404.

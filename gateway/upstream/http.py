@@ -45,6 +45,7 @@ from ..errors import (
     UpstreamTooLarge,
 )
 from ..observability.access import AccessRecord
+from ..routing.table import STATEFUL
 from .h1 import (
     AnswerLimits,
     BadAnswer,
@@ -268,7 +269,7 @@ class HttpPool(Pool[HttpEndpoint]):
         resendable = _always if body is None or isinstance(body, (bytes, bytearray, list)) \
             else (lambda: not body.consumed)
 
-        stateful = affinity is not None
+        stateful = affinity is not None or STATEFUL.get()
 
         async def send(ep: HttpEndpoint) -> UpstreamReply:
             reply = await self._send(ep, method, path, body=body, headers=headers, timeout=timeout,
@@ -450,7 +451,8 @@ class HttpPool(Pool[HttpEndpoint]):
                                                            base64_bytes=self._base64_bytes)
                 try:
                     reply = await self._send(ep, "POST", model_path(m, v) + "/infer", body=chunks,
-                                             headers={**headers, **ep_headers}, stateful=sequence is not None)
+                                             headers={**headers, **ep_headers},
+                                             stateful=sequence is not None or STATEFUL.get())
                 except Refused as exc:
                     raise exc.error from exc
                 if reply.status != 200:
@@ -504,6 +506,7 @@ class HttpPool(Pool[HttpEndpoint]):
         again through :meth:`infer_http`, which chooses again. Raises what
         :meth:`candidates` raises."""
         affinity = sequence_of_json(body, headers.get(HEADER_LENGTH))
+        stateful = affinity is not None or STATEFUL.get()
         ep = self.candidates(model, version, affinity)[0]
         tmo = self.backend.timeout_s
         budget = self.budget
@@ -511,7 +514,7 @@ class HttpPool(Pool[HttpEndpoint]):
         def answered(result: H1Response | Exception) -> None:
             budget.active -= 1
             if isinstance(result, Exception):
-                error = self._mapped(ep, result, tmo, affinity is not None)
+                error = self._mapped(ep, result, tmo, stateful)
                 if isinstance(error, Refused):
                     # Unreachable or reset before any answer on a fresh connection: as
                     # attempt() does, no traffic to it until a check sees it live; sent again.
@@ -536,7 +539,7 @@ class HttpPool(Pool[HttpEndpoint]):
         fwd = _picked(headers, forwarded)
         budget.active += 1
         if not ep.connections.request_now("POST", self._infer_path(model, version), body, fwd, tmo, STREAM_MIN,
-                                          answered, affinity is None):
+                                          answered, not stateful):
             budget.active -= 1
             return False
         if record is not None:
