@@ -114,7 +114,8 @@ class Routing:
         """The pool for one request (a split's side chosen now) and its route. The
         (route, pool) pair is noted for this request's metrics (``CHOSEN``)."""
         match = self.table.resolve(model, version, headers)
-        STATEFUL.set(match.stateful)
+        if match.stateful is not STATEFUL.get():  # (a get is cheaper than a set: most routes are not)
+            STATEFUL.set(match.stateful)
         if match.split is None:  # (choose's common case, inlined: every inference passes here)
             CHOSEN.set((match.label, match.backend))
             return self.pools[match.backend], match
@@ -124,7 +125,8 @@ class Routing:
         """``pick`` for a route already resolved."""
         name = match.backend if match.split is None else \
             match.pick(lambda n: self.pools[n].can_take(model, version), affinity)
-        STATEFUL.set(match.stateful)
+        if match.stateful is not STATEFUL.get():
+            STATEFUL.set(match.stateful)
         CHOSEN.set((match.label, name))
         return self.pools[name], match
 
@@ -512,7 +514,8 @@ class Proxy:
         match = self.routing.table.resolve(model, version, headers)
         if match.split is not None or match.mirror is not None:
             return None
-        STATEFUL.set(match.stateful)
+        if match.stateful is not STATEFUL.get():
+            STATEFUL.set(match.stateful)
         pool = self.routing.pools[match.backend]
         if not isinstance(pool, HttpPool):
             return None

@@ -19,9 +19,7 @@ Every refusal is a :class:`BadAnswer` and closes the connection."""
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import socket
-import termios
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -129,7 +127,6 @@ class Connection(asyncio.BufferedProtocol):
         "_deadline",
         "_drain",
         "_eof_body",
-        "_fd",
         "_fut",
         "_got_bytes",
         "_hbuf",
@@ -141,6 +138,8 @@ class Connection(asyncio.BufferedProtocol):
         "_interim_now",
         "_last_body",
         "_limits",
+        "_max_head",
+        "_max_headers",
         "_loop",
         "_max_body",
         "_on_end",
@@ -149,6 +148,7 @@ class Connection(asyncio.BufferedProtocol):
         "_raw",
         "_raw_keep_alive",
         "_rbuf",
+        "_status",
         "_stream",
         "_stream_min",
         "_stream_unsized",
@@ -164,8 +164,10 @@ class Connection(asyncio.BufferedProtocol):
     def __init__(self, loop: asyncio.AbstractEventLoop, read_buffer: memoryview, limits: AnswerLimits) -> None:
         self._loop = loop
         self._limits = limits
+        # (The limits read on every read and header, as plain ints of this object's own.)
+        self._max_head = limits.max_head_bytes
+        self._max_headers = limits.max_header_count
         self._rbuf = read_buffer
-        self._fd = -1  # the socket's descriptor (plain TCP only): unsolicited bytes are looked for before reuse
         # While an answer's head is awaited a read takes at most HEAD_READ bytes (rawbody.py):
         # the rest of a large body stays in the socket for the raw read.
         self._hbuf = read_buffer[:HEAD_READ]
@@ -183,6 +185,7 @@ class Connection(asyncio.BufferedProtocol):
         self._last_body = b""  # the last piece of it the parser handed over
         self._max_body = limits.max_body_bytes
         self._head_fed = 0  # bytes fed to the parser while a head was awaited (the head limit)
+        self._status = 0  # the answer's status, once its head is complete
         self._header_count = 0
         self._interim = 0  # interim (1xx) answers read in this exchange
         self._interim_now = False  # the answer being parsed is an interim one
@@ -224,20 +227,6 @@ class Connection(asyncio.BufferedProtocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
-            if transport.get_extra_info("ssl_object") is None:
-                self._fd = sock.fileno()
-
-    def unsolicited(self) -> bool:
-        """Whether bytes the backend sent unasked wait in the socket, unread (the loop has not
-        delivered them yet): such a connection must not carry another request, whose answer
-        they would become. One ioctl (FIONREAD), plain TCP only (under TLS the count would
-        include the TLS layer's own records)."""
-        if self._fd < 0:
-            return False
-        try:
-            return fcntl.ioctl(self._fd, termios.FIONREAD, b"\0\0\0\0") != b"\0\0\0\0"
-        except OSError:
-            return True
 
     def get_buffer(self, sizehint: int) -> memoryview:
         raw = self._raw
@@ -247,7 +236,7 @@ class Connection(asyncio.BufferedProtocol):
             return self._rbuf
         # A head is awaited: never more than one byte past the head limit is read for it (the
         # limit is then exact, whatever the reads' sizes).
-        room = self._limits.max_head_bytes + 1 - self._head_fed
+        room = self._max_head + 1 - self._head_fed
         return self._hbuf if room >= HEAD_READ else self._hbuf[: max(room, 1)]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -321,14 +310,14 @@ class Connection(asyncio.BufferedProtocol):
         elif not self._in_body:
             # The head limit holds for a head still arriving too: httptools gathers a header's
             # value until it ends, and would otherwise hold a 10 MiB header whole.
-            if self._head_fed > self._limits.max_head_bytes:
+            if self._head_fed > self._max_head:
                 self._refuse(BadAnswer(f"answer head over max_answer_head_bytes ({self._limits.max_head_bytes})",
                                        kind=BadAnswer.TOO_LARGE))
         elif self._chunk_open and self._body_len == self._chunk_at:
             # Bytes after a chunk's size line and none of its data: the last chunk's trailer
             # fields (or a long chunk line), which httptools gathers whole: bounded as a head.
             self._tail_fed += len(data)
-            if self._tail_fed > self._limits.max_head_bytes:
+            if self._tail_fed > self._max_head:
                 self._refuse(BadAnswer(f"answer trailers over max_answer_head_bytes "
                                        f"({self._limits.max_head_bytes})", kind=BadAnswer.TOO_LARGE))
         else:
@@ -409,7 +398,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_count += 1
-        if self._header_count > self._limits.max_header_count:
+        if self._header_count > self._max_headers:
             raise BadAnswer(f"answer head over max_answer_header_count ({self._limits.max_header_count})",
                             kind=BadAnswer.TOO_LARGE)
         if self._in_body:
@@ -428,7 +417,7 @@ class Connection(asyncio.BufferedProtocol):
         self._chunk_open = False
 
     def on_headers_complete(self) -> None:
-        status = self._parser.get_status_code()
+        status = self._status = self._parser.get_status_code()
         if status < 200:
             if status < 100:
                 raise BadAnswer(f"status {status:03d} (a status is 100 to 599)", kind=BadAnswer.FRAMING)
@@ -505,7 +494,7 @@ class Connection(asyncio.BufferedProtocol):
         self._in_body = False
         self._complete = True
         self.keep_alive = self._parser.should_keep_alive() and not self._eof_body
-        status = self._parser.get_status_code()
+        status = self._status
         if self._stream is not None:
             if self._body_len >= _FIRST_BUF:
                 large_answer()

@@ -240,7 +240,7 @@ class H1ConnectionPool:
         (``source``) goes out on a fresh connection rather than risk the keep-alive race on
         one idle for long: once sent, its chunks cannot be sent again. Connections idle past
         ``IDLE_S`` are closed (the most recently used is taken first, so all the others are
-        older), as is one found closed, or with bytes the backend sent unasked."""
+        older), as is one found closed."""
         idle = self._idle
         if not idle:
             return None
@@ -254,11 +254,8 @@ class H1ConnectionPool:
             conn = idle.pop()
             if conn.closed:
                 continue
-            if now - conn.idle_since > IDLE_S or conn._transport is None or conn._transport.is_closing() \
-                    or conn.unsolicited():
-                # Closed by the backend while idle, or bytes from it nobody asked for, and the
-                # loop has not told us yet.
-                conn.close()
+            if now - conn.idle_since > IDLE_S or conn._transport is None or conn._transport.is_closing():
+                conn.close()  # closed by the backend while idle; the loop has not said so yet
                 continue
             return conn
         return None
