@@ -1,7 +1,7 @@
 """Command line: ``oip-gateway serve | check | demo``.
 
     oip-gateway serve --config FILE [--watch] [--workers N] [--port-file PATH]
-    oip-gateway check FILE
+    oip-gateway check FILE [--strict]
     oip-gateway demo [--http HOST:PORT] [--grpc HOST:PORT] [--metrics HOST:PORT]
     oip-gateway reference [--http HOST:PORT] [--grpc HOST:PORT] [--metrics HOST:PORT]
 """
@@ -18,7 +18,8 @@ from collections.abc import Sequence
 
 from . import __version__
 from .config import DEFAULT_MAX_MESSAGE_BYTES, HostPort, load_config
-from .config.loader import read_config
+from .config.loader import check_config, read_config
+from .config.parsing import Presence
 from .errors import ConfigError, ListenError
 from .grpcengine import grpc_engine
 from .malloc import tune_malloc
@@ -147,14 +148,21 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.file)
-    except ConfigError as exc:
-        for p in exc.problems:
-            print(f"error: {p}", file=sys.stderr)
-        print(f"{args.file}: {len(exc.problems)} problem(s)", file=sys.stderr)
+    """Everything checkable here is checked. A file or variable the config names that does not
+    exist on this machine (a Secret mounted, a variable set only in the pod) is one note line
+    and no failure — unless ``--strict``, which loads the config exactly as ``serve`` does."""
+    found = check_config(args.file, Presence.STRICT if args.strict else Presence.LENIENT)
+    for note in found.notes:
+        print(f"note: {note}")
+    for p in found.problems:
+        print(f"error: {p}", file=sys.stderr)
+    if found.config is None:
+        print(f"{args.file}: {len(found.problems)} problem(s)", file=sys.stderr)
         return 1
-    print(f"{args.file}: OK ({len(config.backends)} backends, {len(config.routes)} routes)")
+    config = found.config
+    absent = f"; {len(found.notes)} file(s) or variable(s) not present here, not checked (--strict requires them)" \
+        if found.notes else ""
+    print(f"{args.file}: OK ({len(config.backends)} backends, {len(config.routes)} routes){absent}")
     return 0
 
 
@@ -202,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="validate a config file and exit")
     check.add_argument("file")
+    check.add_argument("--strict", action="store_true",
+                       help="files and environment variables the config names must exist here, as for "
+                            "serve (default: those absent here are noted, e.g. a pod's mounted Secrets)")
     check.set_defaults(func=cmd_check)
 
     demo = sub.add_parser("demo", help="run the gateway in front of the built-in reference V2 server")

@@ -12,12 +12,13 @@ import ipaddress
 import pathlib
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import yaml
 
 from ..errors import ConfigError
-from .parsing import Problems, mapping, number, secret
+from .parsing import NOT_HERE, Presence, Problems, mapping, number, read_file, secret
 from .schema import (
     BALANCES,
     Backend,
@@ -37,7 +38,7 @@ from .schema import (
 from .security import parse_auth, parse_limits, parse_rate
 from .v1 import parse_v1
 
-__all__ = ["load_config", "parse_config", "read_config"]
+__all__ = ["Checked", "check_config", "load_config", "parse_config", "read_config"]
 
 T = TypeVar("T")
 
@@ -98,7 +99,26 @@ def _tls(p: Problems, raw: Any) -> Tls | None:
         p.add("listen.tls.client_ca", "expected the path of a PEM file")
     if not all(isinstance(data.get(n), str) for n in ("cert", "key")):
         return None
+    if not _pem(p, "listen.tls", data, ("cert", "key", "client_ca")):
+        return None
     return p.build("listen.tls", lambda: Tls(cert=data["cert"], key=data["key"], client_ca=data.get("client_ca")))
+
+
+def _pem(p: Problems, key: str, data: dict[str, Any], names: tuple[str, ...]) -> bool:
+    """The PEM files ``data`` names under ``names`` (those given as strings): each read and
+    checked to start like PEM. A file not present here follows ``p.presence``. False: a problem."""
+    ok = True
+    for name in names:
+        path = data.get(name)
+        if not isinstance(path, str):
+            continue
+        head = read_file(p, f"{key}.{name}", path, 64)
+        if head is None:
+            ok = False
+        elif head is not NOT_HERE and b"-----BEGIN" not in head:
+            p.add(f"{key}.{name}", f"{path} is not a PEM file")
+            ok = False
+    return ok
 
 
 def _health(p: Problems, raw: Any) -> Health | None:
@@ -203,7 +223,8 @@ def _backend(p: Problems, name: str, raw: Any) -> Backend | None:
             bad = [k for k in _BACKEND_TLS_KEYS if k in tls and not isinstance(tls[k], str)]
             for k in bad:
                 p.add(f"{key}.tls.{k}", f"expected a string, got {tls[k]!r}")
-            built = None if bad else p.build(f"{key}.tls", lambda: BackendTls(
+            files_ok = _pem(p, f"{key}.tls", tls, ("ca", "cert", "key"))
+            built = None if bad or not files_ok else p.build(f"{key}.tls", lambda: BackendTls(
                 **{k: tls[k] for k in _BACKEND_TLS_KEYS if k in tls}))
             ok = ok and built is not None
             kwargs["tls"] = built
@@ -378,8 +399,12 @@ def _route(p: Problems, i: int, raw: Any) -> Route | None:
 
 
 def parse_config(raw: Any) -> GatewayConfig:
-    """Validate an already-parsed YAML document. Raises ConfigError listing every problem."""
-    p = Problems()
+    """Validate an already-parsed YAML document. Raises ConfigError listing every problem.
+    Every file and environment variable it names must exist here (Presence.STRICT)."""
+    return _parse(Problems(Presence.STRICT), raw)
+
+
+def _parse(p: Problems, raw: Any) -> GatewayConfig:
     if not isinstance(raw, dict):
         raise ConfigError(["(top level): expected a mapping with listen, backends and routes"])
     p.check_keys("", raw, _TOP_KEYS)
@@ -476,16 +501,55 @@ def parse_config(raw: Any) -> GatewayConfig:
 
 def read_config(path: str | pathlib.Path, unless: bytes | None = None) -> tuple[GatewayConfig | None, bytes]:
     """The config in ``path`` and the SHA-256 of the bytes it was read from; None (not
-    parsed) when that digest is ``unless`` — a watched file that did not really change."""
+    parsed) when that digest is ``unless`` — a watched file that did not really change.
+    Every file and environment variable it names must exist here (Presence.STRICT)."""
+    data, digest = _read(path)
+    if digest == unless:
+        return None, digest
+    raw = _yaml(path, data, digest)
+    try:
+        return parse_config(raw), digest
+    except ConfigError as exc:
+        raise ConfigError(exc.problems, digest) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """What ``check_config`` found: ``problems`` (none: the config is valid), and ``notes``,
+    one per file or environment variable not present here (Presence.LENIENT only).
+    ``config`` is None when there are problems; loaded under Presence.LENIENT it is for
+    checking only — a secret not present here holds parsing.NOT_HERE_SECRET."""
+
+    config: GatewayConfig | None
+    problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def check_config(path: str | pathlib.Path, presence: Presence = Presence.STRICT) -> Checked:
+    """``oip-gateway check``: the config in ``path`` validated under ``presence`` —
+    STRICT as ``serve`` loads it, LENIENT where the files and variables it names exist only
+    where it runs (a pod's mounted Secrets and environment): those are noted, not problems."""
+    p = Problems(presence)
+    try:
+        data, digest = _read(path)
+        config = _parse(p, _yaml(path, data, digest))
+    except ConfigError as exc:
+        return Checked(None, tuple(exc.problems), tuple(p.notes))
+    return Checked(config, (), tuple(p.notes))
+
+
+def _read(path: str | pathlib.Path) -> tuple[bytes, bytes]:
+    """The bytes of the config file and their SHA-256."""
     try:
         data = pathlib.Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read: {exc.strerror}"]) from exc
-    digest = hashlib.sha256(data).digest()
-    if digest == unless:
-        return None, digest
+    return data, hashlib.sha256(data).digest()
+
+
+def _yaml(path: str | pathlib.Path, data: bytes, digest: bytes) -> Any:
     try:
-        raw = yaml.safe_load(data)
+        return yaml.safe_load(data)
     except yaml.YAMLError as exc:
         raise ConfigError([f"{path}: not valid YAML: {exc}"], digest) from exc
     except Exception as exc:
@@ -494,10 +558,6 @@ def read_config(path: str | pathlib.Path, unless: bytes | None = None) -> tuple[
         # `!!bool x`: KeyError, `!!timestamp x`: AttributeError), and its composer recurses
         # once per nesting level (RecursionError). Parsing does nothing else: all mean bad YAML.
         raise ConfigError([f"{path}: not valid YAML: {type(exc).__name__}: {exc}"], digest) from exc
-    try:
-        return parse_config(raw), digest
-    except ConfigError as exc:
-        raise ConfigError(exc.problems, digest) from None
 
 
 def load_config(path: str | pathlib.Path) -> GatewayConfig:

@@ -65,35 +65,19 @@ class HostPort:
 @dataclass(frozen=True, slots=True)
 class Tls:
     """TLS for the HTTP and gRPC listeners (PEM files); ``client_ca`` set = clients must
-    present a certificate it signed (mutual TLS)."""
+    present a certificate it signed (mutual TLS). The files are read and checked to be PEM
+    by the loader (loader._pem), under the load's Presence policy."""
 
     cert: str
     key: str
     client_ca: str | None = None
-
-    def __post_init__(self) -> None:
-        _check_pem(self, ("cert", "key", "client_ca"))
-
-
-def _check_pem(owner: object, names: tuple[str, ...]) -> None:
-    for name in names:
-        path = getattr(owner, name)
-        if path is None:
-            continue
-        try:
-            with open(path, "rb") as fh:
-                head = fh.read(64)
-        except OSError as exc:
-            raise ValueError(f"{name}: cannot read {path}: {exc.strerror}") from None
-        if b"-----BEGIN" not in head:
-            raise ValueError(f"{name}: {path} is not a PEM file")
 
 
 @dataclass(frozen=True, slots=True)
 class BackendTls:
     """TLS to a backend's endpoints: ``ca`` (PEM; default: the system's CAs), a client
     certificate ``cert`` + ``key`` for mutual TLS, and ``server_name`` when the
-    certificate names a host other than the endpoint's."""
+    certificate names a host other than the endpoint's. The files are checked as ``Tls``'s."""
 
     ca: str | None = None
     cert: str | None = None
@@ -103,7 +87,6 @@ class BackendTls:
     def __post_init__(self) -> None:
         if (self.cert is None) != (self.key is None):
             raise ValueError("cert and key go together (a client certificate and its key)")
-        _check_pem(self, ("ca", "cert", "key"))
 
 
 @dataclass(frozen=True, slots=True)

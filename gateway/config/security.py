@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import pathlib
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .parsing import Problems, mapping, number, secret
+from .parsing import NOT_HERE, NOT_HERE_SECRET, Problems, mapping, number, read_file, secret
 
 __all__ = ["ApiKey", "Auth", "Jwt", "Limits", "Rate", "parse_auth", "parse_limits", "parse_rate"]
 
@@ -185,7 +184,7 @@ def _api_key(p: Problems, i: int, raw: Any) -> ApiKey | None:
         p.add(f"{key}.key", "required: {file: PATH} or {env: VARIABLE}")
         return None
     value = secret(p, f"{key}.key", data["key"])
-    if value is not None and len(value) < 16:
+    if value is not None and value is not NOT_HERE_SECRET and len(value) < 16:
         p.add(f"{key}.key", "too short: a key needs at least 16 characters")
         value = None
     models = _globs(p, f"{key}.models", data["models"]) if "models" in data else ()
@@ -208,16 +207,17 @@ def _jwt(p: Problems, raw: Any) -> Jwt | None:
     if not isinstance(path, str) or not path:
         p.add("auth.jwt.jwks_file", "required: path of a JWKS (JSON Web Key Set) file")
         return None
-    try:
-        doc = json.loads(pathlib.Path(path).read_text())
-        if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
-            raise ValueError("no keys list")
-    except OSError as exc:
-        p.add("auth.jwt.jwks_file", f"cannot read {path}: {exc.strerror}")
+    text = read_file(p, "auth.jwt.jwks_file", path)
+    if text is None:
         return None
-    except ValueError:
-        p.add("auth.jwt.jwks_file", f"{path} is not a JWKS document (a JSON object with a keys list)")
-        return None
+    if text is not NOT_HERE:  # not present here (Presence.LENIENT): checked where it runs
+        try:
+            doc = json.loads(text)
+            if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
+                raise ValueError("no keys list")
+        except ValueError:
+            p.add("auth.jwt.jwks_file", f"{path} is not a JWKS document (a JSON object with a keys list)")
+            return None
     kwargs: dict[str, Any] = {}
     ok = True
     if "algorithms" in data:
