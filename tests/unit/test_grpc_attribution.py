@@ -93,7 +93,7 @@ MAPPED = [
 
 
 @pytest.mark.parametrize("code, details, cls, status, grpc_code, words", MAPPED)
-def test_the_pool_raises_the_error_of_the_party_at_fault(code, details, cls, status, grpc_code, words):
+async def test_the_pool_raises_the_error_of_the_party_at_fault(code, details, cls, status, grpc_code, words):
     pool = GrpcPool(Backend("b", "grpc", (HostPort("127.0.0.1", 1),)))
     ep = pool._make(HostPort("127.0.0.1", 1))
     error = pool._mapped(ep, _error(code, details), 2.5)
@@ -109,7 +109,7 @@ def test_the_pool_raises_the_error_of_the_party_at_fault(code, details, cls, sta
     ("Stream removed (RST_STREAM (Received RST_STREAM with error code 7))", Refused.BUSY),
     ("Stream removed (Socket closed)", Refused.TRANSPORT),
 ])
-def test_what_was_not_processed_is_refused_so_another_endpoint_may_take_it(details, kind):
+async def test_what_was_not_processed_is_refused_so_another_endpoint_may_take_it(details, kind):
     pool = GrpcPool(Backend("b", "grpc", (HostPort("127.0.0.1", 1),)))
     ep = pool._make(HostPort("127.0.0.1", 1))
     error = pool._mapped(ep, _error(grpc.StatusCode.UNAVAILABLE, details), 1.0)
@@ -123,7 +123,7 @@ def test_what_was_not_processed_is_refused_so_another_endpoint_may_take_it(detai
     ("Connection reset by peer", True),
     ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Connection refused", False),
 ])
-def test_a_request_of_a_sequence_is_never_sent_twice(details, sent):
+async def test_a_request_of_a_sequence_is_never_sent_twice(details, sent):
     """A connection that went after the call may have been sent: a sequence's step is not sent
     again (UpstreamReset); one that never connected is refused, so another endpoint may take it."""
     pool = GrpcPool(Backend("b", "grpc", (HostPort("127.0.0.1", 1),)))

@@ -147,7 +147,9 @@ class Connection(asyncio.BufferedProtocol):
         "_pos",
         "_raw",
         "_raw_keep_alive",
+        "_poisoned",
         "_rbuf",
+        "_refusal",
         "_status",
         "_stream",
         "_stream_min",
@@ -186,6 +188,8 @@ class Connection(asyncio.BufferedProtocol):
         self._max_body = limits.max_body_bytes
         self._head_fed = 0  # bytes fed to the parser while a head was awaited (the head limit)
         self._status = 0  # the answer's status, once its head is complete
+        self._refusal: BadAnswer | None = None  # what a parser callback refused the answer with
+        self._poisoned = False  # a callback saw a message begin after the answer
         self._header_count = 0
         self._interim = 0  # interim (1xx) answers read in this exchange
         self._interim_now = False  # the answer being parsed is an interim one
@@ -291,11 +295,14 @@ class Connection(asyncio.BufferedProtocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            cause = exc.__context__
-            if isinstance(cause, _Poisoned) or self._complete:
+            # What a callback raised is kept on this object (_held), not read from the parser's
+            # exception: httptools chains it as __context__, which Python overwrites when the
+            # feed runs while another exception is being handled further up.
+            refusal = self._refusal
+            if self._poisoned or self._complete:
                 self.close()  # bytes after a complete answer (still delivered): never reused
-            elif isinstance(cause, BadAnswer):
-                self._refuse(cause)
+            elif refusal is not None:
+                self._refuse(refusal)
             else:
                 self._refuse(BadAnswer(f"malformed HTTP answer: {exc}", kind=BadAnswer.FRAMING))
         except httptools.HttpParserUpgrade:
@@ -322,6 +329,12 @@ class Connection(asyncio.BufferedProtocol):
                                        f"({self._limits.max_head_bytes})", kind=BadAnswer.TOO_LARGE))
         else:
             self._tail_fed = 0
+
+    def _held(self, exc: BadAnswer) -> BadAnswer:
+        """``exc``, kept as this answer's refusal: raised from a parser callback, it stops the
+        parser, and data_received refuses the answer with it."""
+        self._refusal = exc
+        return exc
 
     def _blank_after(self, data: bytes | memoryview) -> bool:
         """Whether the read that completed the answer went on with empty lines (CR / LF), which
@@ -392,6 +405,7 @@ class Connection(asyncio.BufferedProtocol):
     # -- httptools callbacks --------------------------------------------------
     def on_message_begin(self) -> None:
         if self._complete or (self._fut is None and self._on_end is None):
+            self._poisoned = True
             raise _Poisoned()
         self._headers = {}
         self._header_count = 0
@@ -399,14 +413,14 @@ class Connection(asyncio.BufferedProtocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_count += 1
         if self._header_count > self._max_headers:
-            raise BadAnswer(f"answer head over max_answer_header_count ({self._limits.max_header_count})",
-                            kind=BadAnswer.TOO_LARGE)
+            raise self._held(BadAnswer(f"answer head over max_answer_header_count ({self._max_headers})",
+                                       kind=BadAnswer.TOO_LARGE))
         if self._in_body:
             return  # a trailer field: never merged into the head (RFC 9110 section 6.5.1)
         key = name.decode("latin-1").lower()
         if key == "transfer-encoding" and key in self._headers:
             # A second line could make "chunked" twice, or hide a coding (nginx refuses it too).
-            raise BadAnswer("Transfer-Encoding given twice", kind=BadAnswer.FRAMING)
+            raise self._held(BadAnswer("Transfer-Encoding given twice", kind=BadAnswer.FRAMING))
         self._headers[key] = value.decode("latin-1")
 
     def on_chunk_header(self) -> None:
@@ -420,14 +434,16 @@ class Connection(asyncio.BufferedProtocol):
         status = self._status = self._parser.get_status_code()
         if status < 200:
             if status < 100:
-                raise BadAnswer(f"status {status:03d} (a status is 100 to 599)", kind=BadAnswer.FRAMING)
+                raise self._held(BadAnswer(f"status {status:03d} (a status is 100 to 599)",
+                                           kind=BadAnswer.FRAMING))
             if status == 101:
-                raise BadAnswer("a 101 (protocol switch) answer: the gateway asked for no upgrade",
-                                kind=BadAnswer.FRAMING)
+                raise self._held(BadAnswer("a 101 (protocol switch) answer: the gateway asked for no upgrade",
+                                           kind=BadAnswer.FRAMING))
             # Interim (RFC 9110 section 15.2): read and dropped; the final answer follows.
             self._interim += 1
             if self._interim > MAX_INTERIM:
-                raise BadAnswer(f"more than {MAX_INTERIM} interim (1xx) answers", kind=BadAnswer.FRAMING)
+                raise self._held(BadAnswer(f"more than {MAX_INTERIM} interim (1xx) answers",
+                                           kind=BadAnswer.FRAMING))
             self._interim_now = True
             return
         self._in_body = True
@@ -439,11 +455,12 @@ class Connection(asyncio.BufferedProtocol):
             # Only chunked alone: another coding would reach the client still applied (the
             # gateway removes none), and one not ending in chunked would be read to the end
             # (RFC 9112 section 6.3 rule 4). nginx refuses both.
-            raise BadAnswer(f"Transfer-Encoding {coding!r} (only chunked is read)", kind=BadAnswer.FRAMING)
+            raise self._held(BadAnswer(f"Transfer-Encoding {coding!r} (only chunked is read)",
+                                       kind=BadAnswer.FRAMING))
         claim = int(length) if sized else 0
         if claim > self._max_body:
-            raise BadAnswer(f"answer of {claim} bytes (Content-Length) over {self._limit_name()}",
-                            kind=BadAnswer.TOO_LARGE)
+            raise self._held(BadAnswer(f"answer of {claim} bytes (Content-Length) over {self._limit_name()}",
+                                       kind=BadAnswer.TOO_LARGE))
         self._eof_body = not sized and coding is None and status not in (204, 304)
         if (self._stream_min is not None and sized and claim >= self._stream_min) or \
                 (self._stream_unsized and not sized):
@@ -467,7 +484,7 @@ class Connection(asyncio.BufferedProtocol):
         self._last_body = body
         self._body_len += len(body)
         if self._body_len > self._max_body:
-            raise BadAnswer(f"answer body over {self._limit_name()}", kind=BadAnswer.TOO_LARGE)
+            raise self._held(BadAnswer(f"answer body over {self._limit_name()}", kind=BadAnswer.TOO_LARGE))
         if self._stream is not None:
             self._body_got += len(body)
             self._stream._push(body)
@@ -652,6 +669,7 @@ class Connection(asyncio.BufferedProtocol):
         """A new exchange begins: ``fut`` gets its answer (a future, or the pool's ``Pending``)."""
         self._fut = fut
         self._answer = None
+        self._refusal = None
         self._headers = {}
         self._body = []
         self._buf = None
