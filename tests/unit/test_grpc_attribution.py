@@ -1,4 +1,4 @@
-"""Who is at fault when a gRPC pool's call fails (upstream/grpc.py ``fault`` and
+"""Who is at fault when a gRPC pool's call fails (upstream/grpcfault.py ``fault`` and
 ``GrpcPool._mapped``): grpc-core reports a backend's reset as CANCELLED and an answer over the
 channel's receive limit as RESOURCE_EXHAUSTED — a client's codes — so what grpc-core says
 itself is told apart from the status a backend chose. The table pins grpc-core's words; the
@@ -21,7 +21,8 @@ from gateway.errors import (
     UpstreamTimeout,
     UpstreamTooLarge,
 )
-from gateway.upstream.grpc import METHOD_PREFIX, Fault, GrpcPool, channel_options, fault
+from gateway.upstream.grpc import METHOD_PREFIX, GrpcPool, channel_options
+from gateway.upstream.grpcfault import Fault, fault
 from gateway.upstream.grpcdirect import DirectUnary
 from gateway.upstream.pool import Refused
 from tests.support.badgrpc import BadGrpc
