@@ -91,7 +91,9 @@ class QueueScraper:
             if ep.address not in self._unreadable:
                 self._unreadable.add(ep.address)
                 log.warning("backend '%s' endpoint %s: queue metrics unreadable (%s); balanced by its requests "
-                            "in flight until they can be read", self.pool.name, ep.address, exc)
+                            "in flight until they can be read", self.pool.name, ep.address,
+                            str(exc) or f"{type(exc).__name__}: no answer within {timeout:g}s"
+                            if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__)
             ep.queue = None
             self.on_scrape(self.pool.name, False, 0.0)
             return
