@@ -58,6 +58,7 @@ _GOAWAY = re.compile(r"GOAWAY received; Error code: (\d+)")
 # received too large a message (the gateway's request, over the backend's limit) has neither.
 _TOO_LARGE = re.compile(r"(CLIENT: )?Received message larger than max \((\d+) vs\. (\d+)\)")
 _ENCODING = re.compile(r"grpc-encoding|decompress|compression (bit|algorithm)|encoding configured", re.IGNORECASE)
+_METADATA = re.compile(r"metadata size exceeds (?:hard |soft )?limit \((\d+) vs\. (\d+)\)")
 _LOCAL = "Stream removed ("  # grpc-core's wrapper of the error that ended a stream on its side
 _NO_STATUS = "No status received"
 
@@ -93,6 +94,13 @@ def fault(code: str, details: str) -> tuple[str, str] | None:
         if big is not None and (big.group(1) or details.startswith(_LOCAL)):
             return Fault.TOO_LARGE, (f"answered with a message of {big.group(2)} bytes, over the pool's "
                                      f"max_message_bytes ({big.group(3)})")
+        meta = _METADATA.search(details)
+        if meta is not None and details.startswith(_LOCAL):
+            # grpc-core's own bound on a head (grpc.max_metadata_size): the answer's headers
+            return Fault.TOO_LARGE, (f"answered with {meta.group(1)} bytes of headers (metadata), over grpc's "
+                                     f"limit ({meta.group(2)})")
+        if details.startswith(_LOCAL):
+            return Fault.TOO_LARGE, f"sent more than the gateway accepts ({details})"
         return None
     if code in ("INTERNAL", "UNIMPLEMENTED") and _ENCODING.search(details):
         return Fault.ENCODING, f"answered in an encoding the gateway cannot read ({details})"

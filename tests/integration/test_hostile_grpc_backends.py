@@ -51,6 +51,7 @@ EXPECTED: dict[str, tuple[int, str, str, str]] = {
     "close": (503, "UNAVAILABLE", "NoEndpointAvailable", "Stream removed (Socket closed)"),
     "too_large": (502, "INTERNAL", "UpstreamTooLarge",
                   f"answered with a message of {LIMIT + 1024} bytes, over the pool's max_message_bytes ({LIMIT})"),
+    "huge_metadata": (502, "INTERNAL", "UpstreamTooLarge", "bytes of headers (metadata), over grpc's limit"),
     "bad_encoding": (502, "INTERNAL", "UpstreamEncoding", "answered in an encoding the gateway cannot read"),
     "bad_gzip": (502, "INTERNAL", "UpstreamEncoding", "answered in an encoding the gateway cannot read"),
     "compressed_identity": (502, "INTERNAL", "UpstreamEncoding", "answered in an encoding the gateway cannot read"),

@@ -45,6 +45,7 @@ BEHAVIOURS = {
     "compressed_identity": "the compressed flag set with no grpc-encoding",
     "no_status": "trailers without grpc-status",
     "silent": "never answers",
+    "huge_metadata": "response headers carrying 1 MiB of metadata (one header and many)",
     "own_cancelled": "grpc-status CANCELLED with the backend's own message",
     "own_exhausted": "grpc-status RESOURCE_EXHAUSTED with the backend's own message (its queue)",
     "own_too_large": "grpc-status RESOURCE_EXHAUSTED 'Received message larger than max' from the backend's own "
@@ -237,6 +238,8 @@ class _Conn(asyncio.Protocol):
             self._reply(sid, ok_answer(model), status=None)
         elif model == "silent":
             pass
+        elif model == "huge_metadata":
+            self._reply(sid, ok_answer(name), headers=tuple((f"x-pad-{i}", "v" * 1000) for i in range(1024)))
         elif model == "own_cancelled":
             self._reply(sid, None, "1", "the backend cancelled this request itself")
         elif model == "own_exhausted":

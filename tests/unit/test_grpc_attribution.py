@@ -43,6 +43,8 @@ TABLE = [
     ("RESOURCE_EXHAUSTED", "Stream removed (CLIENT: Received message larger than max (1048676 vs. 1048576))",
      Fault.TOO_LARGE),
     ("RESOURCE_EXHAUSTED", "CLIENT: Received message larger than max (5 vs. 4)", Fault.TOO_LARGE),
+    ("RESOURCE_EXHAUSTED", "Stream removed (received metadata size exceeds hard limit (16732 vs. 16384);  "
+     ":status:42B x-pad-0:1039B)", Fault.TOO_LARGE),  # an answer head over grpc's metadata limit
     ("INTERNAL", "Stream removed (Error parsing 'grpc-encoding' metadata)", Fault.ENCODING),
     ("INTERNAL", "Decompression failed due to zlib error", Fault.ENCODING),
     ("INTERNAL", "Compression bit set but no encoding configured", Fault.ENCODING),
@@ -143,7 +145,7 @@ WIRE = {
     "reset_internal": Fault.RESET, "refused_stream": Fault.REFUSED_STREAM, "goaway_unprocessed": Fault.UNPROCESSED,
     "goaway_processed": Fault.RESET, "close": Fault.TRANSPORT, "too_large": Fault.TOO_LARGE,
     "bad_encoding": Fault.ENCODING, "bad_gzip": Fault.ENCODING, "compressed_identity": Fault.ENCODING,
-    "no_status": Fault.FRAMING, "silent": Fault.TIMEOUT, "own_cancelled": Fault.RESET,
+    "no_status": Fault.FRAMING, "silent": Fault.TIMEOUT, "huge_metadata": Fault.TOO_LARGE, "own_cancelled": Fault.RESET,
     "own_exhausted": None, "own_too_large": None, "unknown_status": None,
 }
 
