@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -17,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__
-from .config import DEFAULT_MAX_MESSAGE_BYTES, HostPort, load_config
+from .config import DEFAULT_MAX_MESSAGE_BYTES, HostPort
 from .config.loader import check_config, read_config
 from .config.parsing import Presence
 from .errors import ConfigError, ListenError
@@ -46,8 +45,8 @@ def _install_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-async def _serve_one(config, *, config_path: str, port_file: str | None, http_port: int | None,
-                     grpc_port: int | None, worker: bool, watch: bool) -> int:
+async def _serve_one(config, *, config_path: str, digest: bytes | None, port_file: str | None,
+                     http_port: int | None, grpc_port: int | None, worker: bool, watch: bool) -> int:
     from .gcpolicy import settle
     from .server import Gateway, wait_for_signal
     from .supervisor import announce
@@ -59,8 +58,7 @@ async def _serve_one(config, *, config_path: str, port_file: str | None, http_po
     if gw.auto_inflight and config.max_inflight_bytes is None:
         log.info("max_inflight_bytes: %d per process (a share of the memory limit; set it to override)",
                  gw.auto_inflight)
-    with contextlib.suppress(ConfigError):
-        gw.config_digest = read_config(config_path)[1]  # what --watch compares changes against
+    gw.config_digest = digest  # what --watch compares changes against: the content this config came from
     # SIGHUP reloads the config file (a worker's supervisor forwards it); --watch also
     # reloads when the file changes. A SIGHUP during start-up is applied once started.
     loop = asyncio.get_running_loop()
@@ -116,7 +114,10 @@ def _hold_sighup() -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     _hold_sighup()
     try:
-        config = load_config(args.config)
+        # (Read once: the digest comes with the config, not from parsing the file a second time —
+        # 1.3 s at 10,000 routes.)
+        config, digest = read_config(args.config)
+        assert config is not None  # (None only when asked to skip an unchanged file)
     except ConfigError as exc:
         for p in exc.problems:
             print(f"error: {p}", file=sys.stderr)
@@ -130,19 +131,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         return asyncio.run(
             supervise(args.config, config, workers, port_file=args.port_file, log_level=args.log_level,
-                      watch=args.watch)
+                      watch=args.watch, digest=digest)
         )
-    return asyncio.run(_serve_one(config, config_path=args.config, port_file=args.port_file, http_port=None,
-                                  grpc_port=None, worker=False, watch=args.watch))
+    return asyncio.run(_serve_one(config, config_path=args.config, digest=digest, port_file=args.port_file,
+                                  http_port=None, grpc_port=None, worker=False, watch=args.watch))
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
     _hold_sighup()
-    config = load_config(args.config)
+    config, digest = read_config(args.config)
+    assert config is not None
     tune_malloc(config.max_message_bytes)
     _install_uvloop()
     return asyncio.run(
-        _serve_one(config, config_path=args.config, port_file=None, http_port=args.http_port,
+        _serve_one(config, config_path=args.config, digest=digest, port_file=None, http_port=args.http_port,
                    grpc_port=args.grpc_port, worker=True, watch=False)
     )
 

@@ -13,7 +13,6 @@ every worker, which reloads the file itself.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import shutil
@@ -50,7 +49,7 @@ async def _wait_ready(proc: asyncio.subprocess.Process, timeout: float) -> None:
 
 async def supervise(
     config_path: str, config: GatewayConfig, workers: int, *, port_file: str | None, log_level: str,
-    watch: bool = False,
+    watch: bool = False, digest: bytes | None = None,
 ) -> int:
     listen = config.listen
     held = []
@@ -123,8 +122,7 @@ async def supervise(
         task.add_done_callback(reloads.discard)
 
     loop.add_signal_handler(signal.SIGHUP, on_hup)
-    with contextlib.suppress(ConfigError):
-        seen[0] = read_config(config_path)[1]
+    seen[0] = digest  # the content ``config`` was read from (cli: read once)
     watcher = loop.create_task(watch_file(config_path, lambda: reload(if_changed=True))) if watch else None
 
     restarts: list[float] = []
