@@ -139,6 +139,12 @@ def model_path(model: str, version: str) -> str:
     return path
 
 
+def _refused(where: str, exc: BadAnswer) -> GatewayError:
+    """The h1 client's refusal of an answer as the gateway's error (502 / INTERNAL)."""
+    cls = UpstreamTooLarge if exc.kind == BadAnswer.TOO_LARGE else UpstreamFraming
+    return cls(f"{where}: {exc}")
+
+
 def family_of(name: Any) -> str:
     """A server family (config FAMILIES) from a server metadata ``name``."""
     text = name.lower() if isinstance(name, str) else ""
@@ -228,9 +234,7 @@ class HttpPool(Pool[HttpEndpoint]):
             return Refused(NoEndpointAvailable(f"{where}: {exc}"), kind=Refused.TRANSPORT)
         self.transport_failed(ep)
         if isinstance(exc, BadAnswer):
-            if exc.kind == BadAnswer.TOO_LARGE:
-                return UpstreamTooLarge(f"{where}: {exc}")
-            return UpstreamFraming(f"{where}: {exc}")
+            return _refused(where, exc)
         if isinstance(exc, ConnectionDropped) and exc.before_response:
             return UpstreamReset(f"{where}: {exc} before answering a request of a sequence (not sent again: "
                                  f"it may have run)")
@@ -253,8 +257,7 @@ class HttpPool(Pool[HttpEndpoint]):
                 return UpstreamTimeout(f"backend '{self.name}' endpoint {ep.address}: "
                                        f"answer not complete within {tmo}s")
             if isinstance(exc, BadAnswer):
-                cls = UpstreamTooLarge if exc.kind == BadAnswer.TOO_LARGE else UpstreamFraming
-                return cls(f"backend '{self.name}' endpoint {ep.address}: {exc}")
+                return _refused(self._where(ep), exc)
             return UpstreamReset(f"backend '{self.name}' endpoint {ep.address}: {exc}")
 
         return mapped
