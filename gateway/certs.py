@@ -21,7 +21,6 @@ one, so nothing is dropped.
 from __future__ import annotations
 
 import logging
-import os
 import ssl
 import threading
 from collections.abc import Callable
@@ -29,22 +28,13 @@ from collections.abc import Callable
 import grpc
 
 from .config.schema import Tls
+from .fileid import FileId, file_id
 
 __all__ = ["CertFiles"]
 
 log = logging.getLogger("oip_gateway.tls")
 
-Signature = tuple[tuple[int, int, int, int] | None, ...]
-
-
-def _stat(path: str | None) -> tuple[int, int, int, int] | None:
-    if path is None:
-        return None
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
+Signature = tuple[FileId | None, ...]
 
 
 class CertFiles:
@@ -58,7 +48,7 @@ class CertFiles:
         self.reloads = 0
 
     def _signature(self) -> Signature:
-        return (_stat(self.tls.cert), _stat(self.tls.key), _stat(self.tls.client_ca))
+        return (file_id(self.tls.cert), file_id(self.tls.key), file_id(self.tls.client_ca))
 
     def _read(self) -> tuple[bytes, bytes, bytes | None] | None:
         """The files' bytes, when they form a usable certificate chain + key (and CA)."""

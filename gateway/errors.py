@@ -8,14 +8,18 @@ transports (codec, routing, config) import no grpc.
 
     GatewayError
     ├── InvalidRequest        400  INVALID_ARGUMENT   malformed body, bad tensor, bad header
+    │   ├── LimitExceeded     400  INVALID_ARGUMENT   a request over a hard limit (names the limit)
+    │   └── NegativeDimension 400  INVALID_ARGUMENT   a tensor shape with a negative dimension
     ├── ModelNotFound         404  NOT_FOUND          no route for the model / version
     ├── PayloadTooLarge       413  RESOURCE_EXHAUSTED body over the configured limit
+    ├── HeadTooLarge          431  RESOURCE_EXHAUSTED a request head over max_header_count / max_header_bytes
     ├── Unsupported           400  UNIMPLEMENTED      a valid request the gateway cannot carry
     ├── UnsupportedEncoding   415  INVALID_ARGUMENT   a body in a Content-Encoding other than gzip/deflate
-    ├── LimitExceeded         400  INVALID_ARGUMENT   a request over a hard limit (names the limit)
     ├── Unauthenticated       401  UNAUTHENTICATED    no credential, or one that does not verify
     ├── PermissionDenied      403  PERMISSION_DENIED  a credential not allowed this model / operation
     ├── RateLimited           429  RESOURCE_EXHAUSTED a credential's or a model's rate limit (Retry-After)
+    ├── RequestTimeout        408  DEADLINE_EXCEEDED  the client stopped sending its request body
+    ├── Overloaded            503  UNAVAILABLE        admission control refused it (max_inflight_bytes; Retry-After)
     ├── NoEndpointAvailable   503  UNAVAILABLE        no endpoint of the pool answered
     │   └── ModelNotReady     503  UNAVAILABLE        the route exists; no endpoint has the model ready
     ├── UpstreamTimeout       504  DEADLINE_EXCEEDED  the backend did not answer in time
@@ -25,6 +29,9 @@ transports (codec, routing, config) import no grpc.
     │   ├── UpstreamTooLarge  502  INTERNAL           its head or body is over the gateway's limit
     │   └── UpstreamEncoding  502  INTERNAL           a Content-Encoding / grpc-encoding not readable
     └── UpstreamError         any  any                the backend's own error, relayed as-is
+
+Not GatewayErrors, also defined here: ListenError (a listener could not be bound) and ConfigError
+(an invalid configuration file); neither ever reaches a client.
 
 A backend's fault is never a client's 4xx: what the gateway refuses of a backend's answer is a
 502 (INTERNAL), a reset the client did not cause 502 (UNAVAILABLE), never 413 / 429 /

@@ -43,7 +43,7 @@ CHOSEN = "OIP_GATEWAY_GRPC_ENGINE_CHOSEN"
 # The most grpc reads ahead on one connection (a listener's and a backend channel's option alike).
 # grpc sizes each connection's next read from what the last ones brought (doubling while reads
 # fill it) and keeps the unused part of that read buffer allocated between reads, with no upper
-# bound by default (grpc/grpc issue 42194). After bursts of 16 MB tensors that was tens of MB per
+# bound by default (grpc/grpc#42194). After bursts of 16 MB tensors that was tens of MB per
 # connection, held until the connection closes or later traffic fills it — in use at the allocator,
 # not the idle trim's to give back: a
 # ModelStreamInfer burst left +22 to +73 MB on the one backend connection, and 16 clients that kept

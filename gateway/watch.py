@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Awaitable, Callable
+
+from .fileid import file_id
 
 __all__ = ["WATCH_INTERVAL_S", "watch_file"]
 
@@ -24,24 +25,16 @@ log = logging.getLogger("oip_gateway.watch")
 WATCH_INTERVAL_S = 0.25
 
 
-def _stat(path: str) -> tuple[int, int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
-
-
 async def watch_file(path: str, on_change: Callable[[], Awaitable[object]],
                      interval: float = WATCH_INTERVAL_S, recheck_every: int = 8) -> None:
     """Call ``on_change`` after each change of ``path``'s file (and every
     ``recheck_every`` polls), until cancelled."""
-    seen = _stat(path)
+    seen = file_id(path)
     polls = 0
     while True:
         await asyncio.sleep(interval)
         polls += 1
-        now = _stat(path)
+        now = file_id(path)
         if now is None or (now == seen and polls % recheck_every):
             continue
         seen = now

@@ -13,7 +13,6 @@ import fnmatch
 import hashlib
 import hmac
 import logging
-import os
 import re
 import time
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ import jwt
 
 from ..config.security import ApiKey, Jwt, Rate
 from ..errors import Unauthenticated
+from ..fileid import FileId, file_id
 
 __all__ = ["JwtVerifier", "KeyRing", "Principal", "bearer"]
 
@@ -60,21 +60,13 @@ def bearer(value: str | None) -> str:
     return token
 
 
-def _stat(path: str) -> tuple[int, int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
-
-
 class _Key:
     __slots__ = ("config", "digest", "principal", "seen")
 
     def __init__(self, config: ApiKey) -> None:
         self.config = config
         self.digest = hashlib.sha256(config.value.encode()).digest()
-        self.seen = _stat(config.source[1]) if config.source[0] == "file" else None
+        self.seen = file_id(config.source[1]) if config.source[0] == "file" else None
         self.principal = Principal(f"key:{config.name}", _globs(config.models) if config.models else None,
                                    config.control, config.rate)
 
@@ -82,7 +74,7 @@ class _Key:
         kind, path = self.config.source
         if kind != "file":
             return
-        now = _stat(path)
+        now = file_id(path)
         if now is None or now == self.seen:
             return  # a file briefly missing (a Secret's symlink swap) keeps the key it had
         try:
@@ -130,13 +122,13 @@ class JwtVerifier:
     def __init__(self, config: Jwt) -> None:
         self.config = config
         self._keys: dict[str | None, list[jwt.PyJWK]] = {}
-        self._seen: tuple[int, int, int, int] | None = None
+        self._seen: FileId | None = None
         self._checked = 0.0
         self._load()
 
     def _load(self) -> None:
         path = self.config.jwks_file
-        now = _stat(path)
+        now = file_id(path)
         if now is None or now == self._seen:
             return
         try:

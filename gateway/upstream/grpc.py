@@ -6,13 +6,14 @@ through a generic multi-callable with no serializers: the request bytes are
 sent as received and the response bytes returned as received. An HTTP client's
 request is converted (``codec/convert.py``).
 
-A backend is untrusted input here too (issue 35). grpc-core reports what went wrong on the
-backend's side in the status codes of a client's faults — a stream reset with CANCEL as
-CANCELLED, an answer over ``grpc.max_receive_message_length`` as RESOURCE_EXHAUSTED — so every
-failed call is read by :func:`fault` first: what grpc-core itself says of the exchange becomes
-the error of the party at fault (UpstreamReset, UpstreamTooLarge, UpstreamEncoding,
-UpstreamFraming, UpstreamTimeout, or a Refused when nothing can have run); only a status the
-backend chose is relayed as its own (UpstreamError).
+A backend is untrusted input here too (docs/design-notes.md, "Backends are untrusted input").
+grpc-core reports what went wrong on the backend's side in the status codes of a client's
+faults — a stream reset with CANCEL as CANCELLED, an answer over
+``grpc.max_receive_message_length`` as RESOURCE_EXHAUSTED — so every failed call is read by
+:func:`fault` first: what grpc-core itself says of the exchange becomes the error of the party
+at fault (UpstreamReset, UpstreamTooLarge, UpstreamEncoding, UpstreamFraming, UpstreamTimeout,
+or a Refused when nothing can have run); only a status the backend chose is relayed as its own
+(UpstreamError).
 """
 from __future__ import annotations
 

@@ -64,7 +64,8 @@ __all__ = ["STREAM_MIN", "BodyStream", "HttpEndpoint", "HttpPool", "UpstreamRepl
 # Pass-through answers at least this large are relayed chunk by chunk as they
 # arrive instead of being held whole; large binary-extension requests stream to
 # the backend the same way (the front end hands them over unread). A request in
-# flight then holds a few chunks, not 2x its payload (issue 3's memory target).
+# flight then holds a few chunks, not 2x its payload: the memory target is a peak growth of at
+# most 1.5 x the payload per request in flight on the binary and raw paths (benchmarks/conversion).
 STREAM_MIN = 256 * 1024
 
 # Response headers worth relaying to the client; hop-by-hop and framing

@@ -1,5 +1,5 @@
 """watch_file on real temp files. Synchronisation is on observed polls (a counting wrapper
-around ``watch._stat``) and on an event the callback sets, never on sleeps."""
+around ``watch.file_id``) and on an event the callback sets, never on sleeps."""
 from __future__ import annotations
 
 import asyncio
@@ -56,8 +56,8 @@ async def watching(path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
     """watch_file(path) running as a task of the test's own loop (the periodic
     recheck far away unless a test asks for it)."""
     w = Watcher(path)
-    real = watch._stat
-    monkeypatch.setattr(watch, "_stat", lambda p: w.count_poll(real, p))
+    real = watch.file_id
+    monkeypatch.setattr(watch, "file_id", lambda p: w.count_poll(real, p))
     w.task = asyncio.create_task(watch.watch_file(str(path), w.on_change, interval=0.01,
                                                   recheck_every=recheck_every))
     try:

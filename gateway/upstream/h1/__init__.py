@@ -29,8 +29,9 @@ free slot and a kept-alive connection): its answer is handed to a callback from 
 connection's own protocol callbacks (the inference path served from callbacks,
 frontend/http.py ``infer_now``).
 
-Large bodies stream both ways, so a pass-through proxy never holds one whole
-(issue 3's memory target):
+Large bodies stream both ways, so a pass-through proxy never holds one whole (the memory
+target: a peak growth of at most 1.5 × the payload per request in flight on the binary and raw
+paths, benchmarks/conversion):
 - a request body can be a *source* (an object with ``length``, ``consumed`` and
   ``async for`` chunks, e.g. the front end's IncomingBody): chunks are written as
   they come, waiting whenever the socket's write buffer is full. Once a chunk has
