@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         report.write(result, args.report_from)
         print((args.report_from / "results.md").read_text())
         if args.update_readme == "yes" or (args.update_readme == "auto" and not old["meta"]["quick"]):
-            for readme in (HERE / "README.md", HERE.parent / "README.md"):
+            for readme in (HERE / "README.md", HERE.parent / "docs" / "performance.md"):
                 report.update_readme(readme, result, args.report_from)
         return 0
 
@@ -354,9 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     if args.update_readme == "yes" or (args.update_readme == "auto" and not quick and args.workloads is None
                                         and args.concurrency is None):
-        for readme in (HERE / "README.md", HERE.parent / "README.md"):
+        for readme in (HERE / "README.md", HERE.parent / "docs" / "performance.md"):
             report.update_readme(readme, result, out)
-        log("benchmarks/README.md and README.md updated")
+        log("benchmarks/README.md and docs/performance.md updated")
     shutil.rmtree(workdir, ignore_errors=True)
     log(f"done in {meta['elapsed_s']} s; results in {out}")
     return 0
