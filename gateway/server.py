@@ -14,11 +14,10 @@ import logging
 import signal
 import socket
 import ssl
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 from grpc import aio
 from prometheus_client import CollectorRegistry, make_asgi_app
 
@@ -29,7 +28,8 @@ from .config.security import Limits
 from .dataplane import DataPlane
 from .errors import ConfigError, ListenError
 from .frontend.grpc import build_grpc_handler, server_options
-from .frontend.h1listen import limited_protocol
+from .frontend.h1asgi import AsgiApp
+from .frontend.h1listen import HttpListener, Router, server_context
 from .frontend.http import build_http_app
 from .frontend.v1_grpc import build_v1_grpc_handler
 from .malloc import IdleTrimmer, large_answer_at
@@ -76,45 +76,6 @@ def bind_socket(addr: HostPort, *, listen: bool = True, reuse_port: bool = False
     return sock
 
 
-DEFAULT_LIMITS = Limits()
-
-
-class _Uvicorn(uvicorn.Server):
-    """uvicorn without its own signal handling: the process owner decides when to stop."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def _uvicorn(app, *, access_log: bool = False, tls: Tls | None = None, limits: Limits = DEFAULT_LIMITS,
-             on_refusal: Callable[[str], None] | None = None) -> _Uvicorn:
-    ssl_kwargs: dict[str, Any] = {}
-    if tls is not None:
-        ssl_kwargs = {"ssl_certfile": tls.cert, "ssl_keyfile": tls.key}
-        if tls.client_ca is not None:
-            ssl_kwargs.update(ssl_ca_certs=tls.client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
-    cfg = uvicorn.Config(
-        app,
-        loop="none",
-        # uvicorn's httptools protocol with connection limits and read timeouts, and the
-        # inference path served without ASGI (h1listen.py, h1direct.py).
-        http=limited_protocol(limits, on_refusal, getattr(app, "direct", None)),
-        lifespan="off",
-        access_log=access_log,
-        log_level="warning",
-        server_header=False,
-        # The gateway does not trust X-Forwarded-* (it is not behind a known proxy).
-        proxy_headers=False,
-        timeout_graceful_shutdown=10,
-        # Keep-alive longer than typical client pools so we are not the side that races a reuse.
-        timeout_keep_alive=limits.idle_timeout_s,  # type: ignore[arg-type]
-        h11_max_incomplete_event_size=256 * 1024,
-        **ssl_kwargs,
-    )
-    return _Uvicorn(cfg)
-
-
 @dataclass
 class Ports:
     http: int | None = None
@@ -139,23 +100,18 @@ class Listeners:
     max_header_bytes: int = 32768
     limits: Limits = field(default_factory=Limits)  # hard limits (config ``limits``)
     ports: Ports = field(default_factory=Ports)
-    _servers: list[tuple[_Uvicorn, asyncio.Task[None]]] = field(default_factory=list)
+    _servers: list[HttpListener] = field(default_factory=list)
     _grpc: aio.Server | None = None
     _certs: CertFiles | None = None
     _cert_watch: asyncio.Task[None] | None = None
 
-    async def _watch_certs(self, config: uvicorn.Config) -> None:
+    async def _watch_certs(self, context: ssl.SSLContext, tls: Tls) -> None:
         """Poll the TLS files once a second; a change goes to the new handshakes of the HTTP
-        listener whose uvicorn config is ``config`` (gRPC asks CertFiles itself at each handshake)."""
-        assert self._certs is not None and config.ssl is not None
-        context = config.ssl
+        listener whose context is ``context`` (gRPC asks CertFiles itself at each handshake)."""
+        assert self._certs is not None
 
         def fresh() -> ssl.SSLContext:
-            # As uvicorn made the listener's own (uvicorn.Config.load), from the files as they are now.
-            return uvicorn.config.create_ssl_context(
-                certfile=config.ssl_certfile, keyfile=config.ssl_keyfile,  # type: ignore[arg-type]
-                password=config.ssl_keyfile_password, ssl_version=config.ssl_version,
-                cert_reqs=config.ssl_cert_reqs, ca_certs=config.ssl_ca_certs, ciphers=config.ssl_ciphers)
+            return server_context(tls)
 
         while True:
             await asyncio.sleep(1.0)
@@ -164,22 +120,19 @@ class Listeners:
             except Exception:  # a bad rotation must not end the watch
                 log.exception("reloading the TLS certificate failed")
 
-    async def _serve_http(self, app, sock: socket.socket, tls: Tls | None = None,
-                          limits: Limits | None = None) -> int:
+    async def _serve_http(self, app: AsgiApp, sock: socket.socket, tls: Tls | None = None,
+                          limits: Limits | None = None, direct: Router | None = None) -> HttpListener:
         refused = self.metrics.connection_refused if self.metrics is not None else None
-        server = _uvicorn(app, tls=tls, limits=limits or Limits(), on_refusal=refused)
-        task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
-        # uvicorn sets .started once its listeners accept; wait on that, bounded.
-        for _ in range(500):
-            if server.started or task.done():
-                break
-            await asyncio.sleep(0.01)
-        if task.done():
-            task.result()
-        if not server.started:
-            raise RuntimeError("HTTP listener did not start within 5 s")
-        self._servers.append((server, task))
-        return sock.getsockname()[1]
+        try:
+            context = server_context(tls) if tls is not None else None
+        except (OSError, ssl.SSLError) as exc:
+            sock.close()
+            raise ListenError(f"cannot use the TLS files {tls.cert}, {tls.key}: {exc}") from exc  # type: ignore[union-attr]
+        listener = HttpListener(app, limits=limits or Limits(), direct=direct, on_refusal=refused, context=context,
+                                head_limit=4 * self.max_header_bytes + 65536)
+        await listener.start(sock)
+        self._servers.append(listener)
+        return listener
 
     async def start(
         self,
@@ -193,12 +146,13 @@ class Listeners:
             app = build_http_app(self.plane, self.metrics, max_message_bytes=self.max_message_bytes,
                                  max_json_depth=self.max_json_depth, max_header_count=self.max_header_count,
                                  max_header_bytes=self.max_header_bytes, limits=self.limits)
-            self.ports.http = await self._serve_http(app, bind_socket(http, reuse_port=self.reuse_port), self.tls,
-                                                     self.limits)
-            config = self._servers[-1][0].config
-            if self.tls is not None and config.ssl is not None:
+            sock = bind_socket(http, reuse_port=self.reuse_port)
+            listener = await self._serve_http(app.asgi, sock, self.tls, self.limits, app.direct)
+            self.ports.http = sock.getsockname()[1]
+            if self.tls is not None and listener.context is not None:
                 self._certs = self._certs or CertFiles(self.tls)
-                self._cert_watch = asyncio.get_running_loop().create_task(self._watch_certs(config))
+                self._cert_watch = asyncio.get_running_loop().create_task(
+                    self._watch_certs(listener.context, self.tls))
         if grpc is not None:
             self._grpc = aio.server(options=server_options(self.max_message_bytes, reuse_port=self.reuse_port,
                                                            max_metadata_bytes=self.max_header_bytes,
@@ -216,7 +170,9 @@ class Listeners:
             await self._grpc.start()
             self.ports.grpc = port
         if metrics_addr is not None and metrics_registry is not None:
-            self.ports.metrics = await self._serve_http(make_asgi_app(metrics_registry), bind_socket(metrics_addr))
+            sock = bind_socket(metrics_addr)
+            await self._serve_http(make_asgi_app(metrics_registry), sock)
+            self.ports.metrics = sock.getsockname()[1]
         return self.ports
 
     async def stop(self, grace: float = 5.0) -> None:
@@ -226,11 +182,8 @@ class Listeners:
         if self._grpc is not None:
             await self._grpc.stop(grace)
             self._grpc = None
-        for server, _ in self._servers:
-            server.should_exit = True
-        for _, task in self._servers:
-            with contextlib.suppress(Exception):
-                await task
+        # Busy HTTP connections finish their answers (up to 10 s) and close.
+        await asyncio.gather(*(listener.stop(10.0) for listener in self._servers))
         self._servers.clear()
 
 

@@ -4,15 +4,10 @@ Why: measured with real Triton behind, a bare Python HTTP/1.1 pass-through costs
 CPU per small request when its handler gets the request from an httptools protocol, and
 ~124 µs behind uvicorn's ASGI cycle (an asyncio.Event, message dicts, header regexes per
 answer, the head and the body as two writes, every body chunk copied twice) —
-benchmarks/http_floor.py measures both. The listener (``h1listen.py``) still is uvicorn's
-httptools protocol for everything else (metadata, health, control, v1, generate) and for
-connection handling (keep-alive, pipelining, shutdown); for a request its router claims it
-makes a :class:`DirectExchange` instead of uvicorn's ``RequestResponseCycle``.
-
-The exchange stands where uvicorn's cycle stands (``protocol.cycle``, the pipeline queue,
-the server's task set), so it carries the attributes uvicorn's protocol reads of a cycle:
-``response_started``, ``response_complete``, ``disconnected``, ``keep_alive``,
-``more_body``, ``message_event.set()`` and ``run_asgi()``.
+benchmarks/http_floor.py measures both. The listener (``h1listen.py``) hands every other
+request to the ASGI application (``h1asgi.py``); for a request its router claims it makes a
+:class:`DirectExchange`, which answers through the connection the same way (in order, with
+keep-alive, pipelining and shutdown handled by the connection).
 
 Body: chunks are kept as the parser hands them over (no copy) — or, for a large body read past
 the parser (h1listen.py ``go_raw``), as views of buffers nothing writes over again — until the
@@ -31,7 +26,7 @@ from typing import Any
 from ..dataplane import ClientDisconnected
 from .incoming import body_chunks
 
-__all__ = ["DirectExchange", "DirectRoute", "Handler", "Now", "status_line"]
+__all__ = ["INTERNAL_ANSWER", "DirectExchange", "DirectRoute", "Handler", "Now", "status_line"]
 
 log = logging.getLogger("oip_gateway.http")
 
@@ -55,7 +50,9 @@ def status_line(code: int) -> bytes:
 
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_INTERNAL = (b'{"error":"internal gateway error"}')
+# The answer to a failure of the gateway's own (a bug): every HTTP path writes this one.
+INTERNAL_ANSWER = b'{"error":"internal gateway error"}'
+_INTERNAL = INTERNAL_ANSWER
 
 
 def _one(chunk: bytes | memoryview) -> bytes:
@@ -73,7 +70,7 @@ class DirectExchange:
 
     def __init__(self, protocol: Any, route: DirectRoute, method: str, path: str, raw_path: bytes, query: bytes,
                  headers: list[tuple[bytes, bytes]], keep_alive: bool, expect_continue: bool) -> None:
-        self._protocol = protocol
+        self._protocol = protocol  # the listener's Connection (h1listen.py)
         self.transport: asyncio.Transport = protocol.transport
         self._handler, self._now = route
         # Held by the listener until the whole body is here, then served by ``now`` (or,
@@ -84,7 +81,7 @@ class DirectExchange:
         # limit would be charged twice).
         self.admitted = False
         self.method = method
-        self.path = path  # %-decoded, as uvicorn gives it to ASGI apps
+        self.path = path  # %-decoded, as ASGI gives it to applications
         self.raw_path = raw_path
         self.query = query
         self.headers = headers  # (lower-case name, value) in order
@@ -99,11 +96,7 @@ class DirectExchange:
         self._waiter: asyncio.Future[None] | None = None
         self._chunked = False
 
-    # -- what the protocol calls (uvicorn's cycle interface) ---------------------------
-    @property
-    def message_event(self) -> DirectExchange:
-        return self  # connection_lost() calls message_event.set()
-
+    # -- what the connection calls ------------------------------------------------------
     def set(self) -> None:
         """Wake the handler if it waits for body bytes (new bytes, the end, or a disconnect)."""
         waiter = self._waiter
@@ -117,7 +110,7 @@ class DirectExchange:
         self._chunks.append(chunk)
         self._queued += len(chunk)
         if self._queued > _HIGH:
-            self._protocol.flow.pause_reading()
+            self._protocol.pause_reading()
         self.set()
 
     def finish(self) -> None:
@@ -135,7 +128,7 @@ class DirectExchange:
             log.exception("unhandled error serving %s %s", self.method, self.path)
             self.fail()
             return
-        self._protocol._start_asgi_task(self, None)
+        self._protocol.listener.start_task(self.run())
 
     def run_later(self, body: bytes | bytearray | memoryview) -> None:
         """``now`` took the body and then handed the request back (nothing was answered):
@@ -143,7 +136,7 @@ class DirectExchange:
         self.resent = True
         self._chunks.clear()
         self._chunks.append(body)  # type: ignore[arg-type]
-        self._protocol._start_asgi_task(self, None)
+        self._protocol.listener.start_task(self.run())
 
     def spawn(self, work: Awaitable[None]) -> None:
         """The rest of an answer ``now`` began (a streamed body) as a task of the server's."""
@@ -154,7 +147,7 @@ class DirectExchange:
                 log.exception("unhandled error serving %s %s", self.method, self.path)
                 self.fail()
 
-        self._protocol._start_task(run())
+        self._protocol.listener.start_task(run())
 
     def fail(self) -> None:
         """Something broke while answering: a 500 if nothing went out yet, else the
@@ -164,8 +157,8 @@ class DirectExchange:
         elif not self.response_complete:
             self.transport.close()
 
-    async def run_asgi(self, app: Any = None) -> None:
-        """The handler, run as uvicorn runs an ASGI app (the name is uvicorn's)."""
+    async def run(self) -> None:
+        """The handler, as a task of the listener's."""
         try:
             await self._handler(self)
         except BaseException as exc:
@@ -186,9 +179,8 @@ class DirectExchange:
     # -- request body -------------------------------------------------------------------
     def _taken(self) -> None:
         self._queued = 0
-        flow = self._protocol.flow
-        if flow.read_paused and not self.transport.is_closing():
-            flow.resume_reading()
+        if not self.transport.is_closing():
+            self._protocol.resume_reading()
 
     async def _wait(self) -> None:
         if self._continue:
@@ -296,9 +288,9 @@ class DirectExchange:
 
     async def send(self, chunk: bytes | bytearray | memoryview, more: bool) -> None:
         """A piece of a started answer; waits while the client is not reading."""
-        flow = self._protocol.flow
-        if flow.write_paused and not self.disconnected:
-            await flow.drain()
+        conn = self._protocol
+        if conn.write_paused and not self.disconnected:
+            await conn.drain()
         if self.disconnected:
             return
         if self._chunked:
@@ -320,7 +312,7 @@ class DirectExchange:
         self.set()
         if not self.keep_alive:
             self.transport.close()
-        self._protocol.on_response_complete()
+        self._protocol.response_complete()
 
 
 Handler = Callable[[DirectExchange], Awaitable[None]]

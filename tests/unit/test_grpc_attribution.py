@@ -23,7 +23,6 @@ from gateway.errors import (
 )
 from gateway.upstream.grpc import METHOD_PREFIX, GrpcPool, channel_options
 from gateway.upstream.grpcfault import Fault, fault
-from gateway.upstream.grpcdirect import DirectUnary
 from gateway.upstream.pool import Refused
 from tests.support.badgrpc import BadGrpc
 
@@ -151,7 +150,7 @@ WIRE = {
 
 
 async def test_the_installed_grpcio_says_what_the_table_expects():
-    """Each hostile behaviour on a real socket, through the direct call and grpc.aio's own:
+    """Each hostile behaviour on a real socket, through grpc.aio's call:
     grpc-core's code and words for it read as the table says (a grpcio upgrade that changes
     them fails here, not in production)."""
     limit = 1 << 16
@@ -160,7 +159,7 @@ async def test_the_installed_grpcio_says_what_the_table_expects():
             # (A channel each: a GOAWAY or a close ends the connection.)
             async with aio.insecure_channel(bad.address, options=channel_options(limit)) as ch:
                 method = METHOD_PREFIX + "ModelInfer"
-                for call in (DirectUnary(ch, method), ch.unary_unary(method)):
+                for call in (ch.unary_unary(method),):
                     with pytest.raises(aio.AioRpcError) as info:
                         # (Only the silent one waits out its deadline: the others must not meet
                         # theirs on a loaded machine.)

@@ -136,20 +136,25 @@ def test_no_low_water_mark_under_tls():
 
 
 def test_the_listener_reads_heads_in_small_reads_and_bodies_in_large_ones():
-    """frontend/h1listen.py's reader: HEAD_READ while a request head is awaited (body bytes read
-    with a head go through the parser, a copy), READ_SIZE while a body is under way, the body's
-    own buffer once it is read raw."""
-    from gateway.frontend.h1listen import _Reader
+    """frontend/h1listen.py's connection: HEAD_READ while a request head is awaited (body bytes
+    read with a head go through the parser, a copy), READ_SIZE while a body is under way, the
+    body's own buffer once it is read raw."""
+    import asyncio
+
+    from gateway.config.security import Limits
+    from gateway.frontend.h1listen import Connection, HttpListener
     from gateway.rawbody import HEAD_READ
 
-    class Protocol:
-        raw: RawBody | None = None
-        _body_at: float | None = None
+    async def app(scope, receive, send):  # pragma: no cover - never called
+        raise AssertionError
 
-    protocol = Protocol()
-    reader = _Reader(protocol, memoryview(bytearray(READ_SIZE)))
-    assert len(reader.get_buffer(-1)) == HEAD_READ < READ_SIZE
-    protocol._body_at = 1.0
-    assert len(reader.get_buffer(-1)) == READ_SIZE
-    protocol.raw = RawBody(1000)
-    assert len(reader.get_buffer(-1)) == 1000
+    loop = asyncio.new_event_loop()
+    try:
+        conn = Connection(HttpListener(app, limits=Limits()), loop)
+        assert len(conn.get_buffer(-1)) == HEAD_READ < READ_SIZE
+        conn._body_at = 1.0
+        assert len(conn.get_buffer(-1)) == READ_SIZE
+        conn.raw = RawBody(1000)
+        assert len(conn.get_buffer(-1)) == 1000
+    finally:
+        loop.close()
