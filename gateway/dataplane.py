@@ -12,12 +12,14 @@ raised as :class:`gateway.errors.GatewayError`.
 """
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeGuard, runtime_checkable
 
-__all__ = ["TRACE_HEADERS", "ClientDisconnected", "DataPlane", "HttpReply", "IncomingBody", "StreamedBody",
-           "is_streamed", "pick_headers"]
+from .errors import InvalidRequest, PayloadTooLarge, Unsupported
+
+__all__ = ["CLIENTS_FAULT", "TRACE_HEADERS", "UNROUTED", "ClientDisconnected", "DataPlane", "HttpReply", "IncomingBody", "RouteLabel",
+           "Plan", "StreamedBody", "is_streamed", "pick_headers"]
 
 # Request context a client sends that the backend should always see: W3C trace context
 # (Triton's OpenTelemetry tracing continues the client's trace) and a request id. HTTP
@@ -42,6 +44,10 @@ def pick_headers(pairs: Mapping[str, str] | Sequence[tuple[str, str]],
 
 class ClientDisconnected(Exception):
     """The client went away before its request body arrived: there is no one to answer."""
+
+
+# Failures that are the client's doing, never counted against a backend.
+CLIENTS_FAULT = (ClientDisconnected, InvalidRequest, Unsupported, PayloadTooLarge)
 
 
 @runtime_checkable
@@ -101,39 +107,76 @@ class HttpReply:
     headers: Mapping[str, str] = field(default_factory=dict)
 
 
-class DataPlane(Protocol):
-    """What every data plane answers. Optional, looked up with ``getattr`` (a data plane
-    without one answers "not supported"): ``repository_index``, ``repository_http`` /
-    ``repository_grpc`` (model control), ``route_label``, and Triton's generate extension
-    (docs/protocol/extension_generate.md)::
+@dataclass(slots=True)
+class Plan:
+    """How one HTTP inference goes, decided once from its head (before its body is read):
+    the route it took (the data plane's own), what admission counts per byte of its body, and
+    whether it can be served from callbacks once its whole body is here (one pool that can,
+    no split, no mirror). The front end passes it back with the body."""
 
-        async def generate(self, model: str, version: str, body: bytes,
-                           headers: Mapping[str, str], stream: bool) -> HttpReply
+    route: Any
+    cost: int
+    now: bool
 
-    ``body`` is the JSON request as received (``headers`` lower-cased); ``stream`` is False
-    for ``/generate`` (the answer: its JSON) and True for ``/generate_stream`` (server-sent
-    events: a StreamedBody of unknown length, relayed as they come)."""
 
-    def server_live(self) -> bool: ...
+# The (route pattern, pool) label of a request's metrics; what a request no route took is labelled.
+RouteLabel = tuple[str, str]
+UNROUTED: RouteLabel = ("_unrouted", "")
 
-    def server_ready(self) -> bool: ...
+
+class DataPlane:
+    """What every data plane answers, in one class the front ends are typed against: the
+    gateway's :class:`~gateway.proxy.Proxy`, the demo's ``DemoPlane``. Each method here that a
+    data plane may lack (model control, the repository index, settings, generate, callbacks)
+    answers "not supported" by default; a data plane overrides what it serves. The front ends
+    call these methods, never look them up: a renamed method is a type error, not a feature
+    silently gone.
+
+    Triton's generate extension (docs/protocol/extension_generate.md): ``body`` is the JSON
+    request as received (``headers`` lower-cased); ``stream`` is False for ``/generate`` (the
+    answer: its JSON) and True for ``/generate_stream`` (server-sent events: a StreamedBody of
+    unknown length, relayed as they come)."""
+
+    # Set while the process drains (SIGTERM with drain_s): "not ready" while still serving.
+    draining = False
+
+    def server_live(self) -> bool:
+        raise NotImplementedError
+
+    def server_ready(self) -> bool:
+        raise NotImplementedError
 
     def server_metadata(self) -> dict[str, Any]:
         """{"name": str, "version": str, "extensions": [str, ...]}"""
-        ...
+        raise NotImplementedError
 
-    async def model_ready(self, model: str, version: str) -> bool: ...
+    async def model_ready(self, model: str, version: str) -> bool:
+        raise NotImplementedError
 
     async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
         """The V2 model metadata object (spec "Model Metadata Response JSON Object")."""
-        ...
+        raise NotImplementedError
+
+    def plan_http(self, model: str, version: str, headers: Mapping[str, str]) -> Plan | None:
+        """The plan of an HTTP inference from its head; raises what routing raises (an
+        unknown model). None: the data plane plans nothing (infer_http decides alone)."""
+        return None
 
     async def infer_http(
-        self, model: str, version: str, body: bytes | bytearray | IncomingBody, headers: Mapping[str, str]
+        self, model: str, version: str, body: bytes | bytearray | IncomingBody, headers: Mapping[str, str],
+        plan: Plan | None = None,
     ) -> HttpReply:
         """``body`` is the HTTP request body as received, or (large bodies with a
-        Content-Length) an IncomingBody still to be read; ``headers`` lower-cased names."""
-        ...
+        Content-Length) an IncomingBody still to be read; ``headers`` lower-cased names;
+        ``plan`` what :meth:`plan_http` gave for this request, if it was asked."""
+        raise NotImplementedError
+
+    def infer_http_now(self, plan: Plan, model: str, version: str, body: bytes | bytearray | memoryview,
+                       headers: Mapping[str, str], record: Any,
+                       done: Callable[[HttpReply | Exception | None], None]) -> RouteLabel | None:
+        """:meth:`infer_http` from callbacks for a request whose plan says it can be (``now``):
+        the answer goes to ``done``. None: nothing was done, await :meth:`infer_http`."""
+        return None
 
     async def infer_grpc(
         self, message: bytes, model: str, version: str, timeout: float | None, affinity: str | None = None,
@@ -143,7 +186,7 @@ class DataPlane(Protocol):
         ``affinity`` is the request's ``sequence_id`` (None outside sequences): requests that
         share one must reach the same backend endpoint. ``metadata``: the client's request
         metadata; the entries the data plane forwards (trace context…) go on to the backend."""
-        ...
+        raise NotImplementedError
 
     def infer_stream(
         self, first: bytes, rest: AsyncIterator[bytes], model: str, version: str, timeout: float | None,
@@ -152,15 +195,41 @@ class DataPlane(Protocol):
         """Triton's ModelStreamInfer: ``first`` and then ``rest`` are serialized
         ModelInferRequests (routed by ``first``'s model); yields serialized
         ModelStreamInferResponses as they come."""
-        ...
+        raise NotImplementedError
 
     async def model_extension_http(self, model: str, version: str, what: str) -> HttpReply:
         """Triton's per-model extensions over HTTP: ``what`` is ``config`` (GET
         /v2/models/{m}/config) or ``stats`` (GET /v2/models/{m}/stats)."""
-        ...
+        raise NotImplementedError
 
     async def model_extension_grpc(self, rpc: str, message: bytes, model: str, version: str,
                                    timeout: float | None) -> bytes:
         """Triton's per-model extension RPCs (``ModelConfig``, ``ModelStatistics``):
         serialized request in, serialized response out."""
-        ...
+        raise NotImplementedError
+
+    # -- what a data plane may not serve -------------------------------------------------
+    def route_label(self, model: str, version: str) -> RouteLabel:
+        """(route pattern, pool) for the metrics of a request for ``model``."""
+        return UNROUTED
+
+    def v1_settings(self) -> Any:
+        """The config's ``v1`` section (None: the bridge's defaults)."""
+        return None
+
+    async def repository_index(self, ready_only: bool) -> Sequence[Any]:
+        raise Unsupported("this server has no repository index")
+
+    async def repository_http(self, action: str, model: str, body: bytes, headers: Mapping[str, str]) -> HttpReply:
+        raise Unsupported("this server has no model control")
+
+    async def repository_grpc(self, rpc: str, model: str, message: bytes, timeout: float | None,
+                              metadata: Sequence[tuple[str, str]] = ()) -> bytes:
+        raise Unsupported("this server has no model control")
+
+    async def settings(self, kind: str, model: str, request: tuple[str, bytes | None], update: bool) -> bytes:
+        raise Unsupported(f"this server has no {kind} settings")
+
+    async def generate(self, model: str, version: str, body: bytes, headers: Mapping[str, str],
+                       stream: bool) -> HttpReply:
+        raise Unsupported("this server does not serve Triton's generate extension")

@@ -94,7 +94,7 @@ class IdleTrimmer:
     """Gives the allocator's free pages back to the system once large-tensor traffic has
     gone quiet: the tuning above keeps freed buffers for reuse while large requests come
     (their speed), and this returns them after the burst (the pod's memory). ``activity()``
-    is the monotonic time of the last large request entering or leaving (proxy.Admission);
+    is the monotonic time of the last large request entering or leaving (admission.Admission);
     ``quiet_s`` after it, with none in flight (``busy()``), ``malloc_trim(0)`` runs once, in a
     thread (it takes the arena locks and walks the heap: milliseconds for a few hundred MiB).
     glibc only; a no-op elsewhere."""
@@ -105,7 +105,7 @@ class IdleTrimmer:
     def __init__(self, activity: Callable[[], float], quiet_s: float = 2.0, period_s: float = 0.5,
                  busy: Callable[[], bool] = lambda: False) -> None:
         self.activity = activity
-        # Large requests in flight (proxy.Admission.large_inflight): one taking longer than
+        # Large requests in flight (admission.Admission.large_inflight): one taking longer than
         # quiet_s (a 16 MB conversion under a burst takes seconds) is not quiet. Trimming then
         # gave back buffers the burst re-faulted at once (four trims inside one 16-client burst).
         self.busy = busy

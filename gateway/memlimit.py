@@ -4,7 +4,7 @@ In a Kubernetes pod (cgroup v2 ``memory.max``, or cgroup v1 ``memory.limit_in_by
 older nodes), the kernel OOM-kills a process that passes the limit; a burst of large requests
 the gateway would happily accept can do that. When ``max_inflight_bytes`` is not set,
 admission control sizes itself from the limit: a fifth of it, shared by the worker processes
-(each request counted as what its path holds: ``proxy.COST_*``), so a burst past it gets
+(each request counted as what its path holds: ``admission.COST_*``), so a burst past it gets
 503 / UNAVAILABLE with Retry-After instead of an OOM kill. Read once at start-up.
 
 ``OIP_GATEWAY_MEMORY_LIMIT`` (bytes) stands in for the cgroup's limit where there is none to

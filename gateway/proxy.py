@@ -16,40 +16,25 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from . import __version__
-from .budget import ByteBudget
-from .codec.repository import IndexEntry, PoolIndexEntry
-from .codec.triton import stats_from_json, stats_from_pb, stats_sum, stats_to_json, stats_to_pb
+from .admission import Admission, StreamHeld
+from .codec.repository import PoolIndexEntry
 from .codec.wire import scan_infer_routing
-from .config.schema import Backend, GatewayConfig
-from .dataplane import TRACE_HEADERS, ClientDisconnected, HttpReply, IncomingBody, pick_headers
-from .errors import (
-    GatewayError,
-    InvalidRequest,
-    ModelNotFound,
-    NoEndpointAvailable,
-    Overloaded,
-    PayloadTooLarge,
-    Unsupported,
-    UpstreamError,
-)
+from .dataplane import CLIENTS_FAULT, TRACE_HEADERS, DataPlane, HttpReply, IncomingBody, Plan, pick_headers
+from .errors import GatewayError, InvalidRequest, ModelNotFound, NoEndpointAvailable
+from .fleet import Fleet
 from .observability.access import AccessRecord
 from .observability.metrics import UNROUTED, Metrics, RouteLabel
-from .routing.readiness import Ready
-from .routing.table import STATEFUL, Match, RouteTable
-from .security.guard import Guard, guard_for
-from .upstream.grpc import GrpcPool
+from .routing.table import STATEFUL, Match
+from .security.guard import Gate, guard_for
+from .snapshot import CHOSEN, Routing
 from .upstream.health import HealthChecker
-from .upstream.http import HttpPool, http_affinity
+from .upstream.http import http_affinity
 from .upstream.mirror import Mirrors
-from .upstream.pool import Pool, Refused
+from .upstream.pool import Pool
 
-__all__ = ["EXTENSIONS", "Proxy", "Routing", "build_pool"]
+__all__ = ["EXTENSIONS", "Proxy"]
 
 T = TypeVar("T")
-
-# The (route pattern, pool) the current request was routed to: one request per task
-# (uvicorn and grpc.aio run each in its own), read back by route_label for its metrics.
-CHOSEN: ContextVar[RouteLabel | None] = ContextVar("oip_gateway_chosen_route", default=None)
 
 # What works end to end through the gateway, on every client × pool path, in Triton's
 # spelling (spec "Server Metadata": the extensions field; Triton's own list, core
@@ -67,194 +52,12 @@ EXTENSIONS = ["binary_tensor_data", "parameters", "sequence", "model_repository"
 _FORWARDED = ("content-type", "inference-header-content-length", "content-encoding", "accept-encoding")
 
 
-_JSON = {"content-type": "application/json"}
-
-
-def _stats(part: tuple[bytes, str]) -> Any:
-    """One endpoint's statistics answer (see Pool.endpoint_stats) as a message."""
-    body, form = part
-    return stats_from_json(body) if form == "json" else stats_from_pb(body)
-
-
-def _lacks_extension(err: GatewayError) -> bool:
-    """A backend without Triton's trace / logging extension: no such path or RPC."""
-    return isinstance(err, UpstreamError) and (err.grpc_code == "UNIMPLEMENTED" or err.http_status == 404)
-
-
-def _first_failure(errors: Sequence[GatewayError], kind: str) -> GatewayError:
-    return errors[0] if errors else NoEndpointAvailable(f"no endpoint to ask for {kind} settings")
-
-
 def _metadata_map(metadata: Sequence[tuple[str, str]]) -> dict[str, str]:
     """gRPC metadata as a header mapping for header routes (text entries only)."""
     return {k: v for k, v in metadata if isinstance(v, str)}
 
 
-_CLIENTS_FAULT = (ClientDisconnected, InvalidRequest, Unsupported, PayloadTooLarge)
-
-
-def build_pool(backend: Backend) -> Pool[Any]:
-    return HttpPool(backend) if backend.protocol == "http" else GrpcPool(backend)
-
-
-@dataclass(frozen=True, slots=True)
-class Routing:
-    """What a request is routed with: replaced whole on a reload, never changed in place."""
-
-    config: GatewayConfig
-    table: RouteTable
-    pools: Mapping[str, Pool[Any]]
-
-    def pool(self, model: str, version: str, headers: Mapping[str, str] | None = None,
-             affinity: str | None = None) -> Pool[Any]:
-        return self.pick(model, version, headers, affinity)[0]
-
-    def pick(self, model: str, version: str, headers: Mapping[str, str] | None = None,
-             affinity: str | None = None) -> tuple[Pool[Any], Match]:
-        """The pool for one request (a split's side chosen now) and its route. The
-        (route, pool) pair is noted for this request's metrics (``CHOSEN``)."""
-        match = self.table.resolve(model, version, headers)
-        if match.stateful is not STATEFUL.get():  # (a get is cheaper than a set: most routes are not)
-            STATEFUL.set(match.stateful)
-        if match.split is None:  # (choose's common case, inlined: every inference passes here)
-            CHOSEN.set((match.label, match.backend))
-            return self.pools[match.backend], match
-        return self.choose(match, model, version, affinity)
-
-    def choose(self, match: Match, model: str, version: str, affinity: str | None = None) -> tuple[Pool[Any], Match]:
-        """``pick`` for a route already resolved."""
-        name = match.backend if match.split is None else \
-            match.pick(lambda n: self.pools[n].can_take(model, version), affinity)
-        if match.stateful is not STATEFUL.get():
-            STATEFUL.set(match.stateful)
-        CHOSEN.set((match.label, name))
-        return self.pools[name], match
-
-    def pools_of(self, model: str, version: str = "") -> list[Pool[Any]]:
-        """Every pool of the model's route (all sides of a split): model control,
-        statistics and per-model settings go to each."""
-        match = self.table.resolve(model, version)
-        return [self.pools[n] for n in (match.split.names if match.split is not None else (match.backend,))]
-
-
-class Admission:
-    """Bytes of inference request bodies in flight in this process, held against
-    ``max_inflight_bytes`` (0: unbounded, only counted). Over the limit a request is
-    refused at once (503 / UNAVAILABLE: retry later), before its body is read or sent."""
-
-    __slots__ = ("auto", "budget", "gauge", "large_at", "large_inflight")
-
-    # A request this large marks "large-tensor activity" (when it enters and leaves): the
-    # allocator's freed pages go back to the system once it has been quiet (``idle_trim``).
-    LARGE = 1 << 20
-
-    def __init__(self, limit: int | None, gauge: Any, auto: int = 0,
-                 track: Callable[[Any, Callable[[], float]], bool] | None = None) -> None:
-        self.auto = auto  # the limit when the config leaves it unset (memlimit.py)
-        budget = self.budget = ByteBudget(self.auto if limit is None else limit)
-        # The gauge reads the budget when scraped (Metrics.track), else it is set as it changes.
-        self.gauge = None if track is not None and track(gauge, lambda: budget.used) else gauge
-        self.large_at = 0.0  # time.monotonic() of the last large request entering or leaving
-        self.large_inflight = 0  # large requests in flight: no idle trim while any is (it would re-fault)
-
-    def configure(self, limit: int | None) -> None:
-        self.budget.limit = self.auto if limit is None else limit
-
-    def enter(self, n: int) -> None:
-        # One request is always admitted when none is in flight: a limit below the message
-        # size (a small pod) bounds concurrency, it does not refuse a request forever.
-        budget = self.budget
-        if not budget.take(n):
-            if budget.used:
-                raise Overloaded(f"gateway overloaded: {budget.used} bytes of requests in flight, {n} more "
-                                 f"would pass max_inflight_bytes ({budget.limit}); retry later")
-            budget.used += n  # alone: admitted though larger than the limit
-        if n >= self.LARGE:
-            self.large_at = time.monotonic()
-            self.large_inflight += 1
-        if self.gauge is not None:
-            self.gauge.set(self.budget.used)
-
-    def leave(self, n: int) -> None:
-        self.budget.give(n)
-        if n >= self.LARGE:
-            self.large_at = time.monotonic()
-            self.large_inflight -= 1
-        if self.gauge is not None:
-            self.gauge.set(self.budget.used)
-
-
-# What a request is expected to hold in this process while in flight, per byte of its body:
-# admission control counts a request as its body's size times this (``max_inflight_bytes`` is
-# a memory budget). Measured here as peak RSS over idle per request, 8 concurrent 16 MB
-# requests to real Triton (session 17): HTTP binary → gRPC pool 6.8 ×, gRPC → HTTP pool 2.4 ×,
-# HTTP JSON → gRPC pool 2.3 × (of the JSON text), gRPC → gRPC 1.4 × (grpcio's own copies),
-# HTTP → HTTP 0.2–1.2 × (binary bodies stream; JSON bodies are read whole). Without the factors
-# a 640 MiB cgroup with the default share (a fifth) was OOM-killed by 24 clients of 16 MB
-# through the binary → gRPC conversion (tests/integration/test_memory_cgroup.py).
-COST_PASS_HTTP = 1
-COST_PASS_GRPC = 2
-COST_CONVERT = 3  # JSON → gRPC, gRPC → HTTP, ModelStreamInfer to an HTTP pool, generate → gRPC
-COST_CONVERT_BINARY = 7  # HTTP binary extension → gRPC: the body, its tensors and the message
-
-
-def http_cost(routing: Routing, match: Match, headers: Mapping[str, str]) -> int:
-    """The factor for an HTTP inference on ``match``'s route: the dearest of its pools."""
-    pools = routing.pools
-    if match.split is None:
-        if isinstance(pools.get(match.backend), HttpPool):
-            return COST_PASS_HTTP
-    elif all(isinstance(pools.get(n), HttpPool) for n in match.split.names):
-        return COST_PASS_HTTP
-    return COST_CONVERT_BINARY if "inference-header-content-length" in headers else COST_CONVERT
-
-
-def grpc_cost(pool: Pool[Any]) -> int:
-    """The factor for a gRPC inference (ModelInfer, or a ModelStreamInfer request) to ``pool``."""
-    return COST_PASS_GRPC if isinstance(pool, GrpcPool) else COST_CONVERT
-
-
-class StreamHeld:
-    """The request messages of one ModelStreamInfer held against admission control: each from
-    when it is read until grpc asks for the next (it has been handed to the backend's stream),
-    so a stream of large tensors counts as the unary calls do — and marks large-tensor activity
-    for the idle trim (each large request, and the end of a stream that carried one). One
-    message is held at a time (the next is read once the last was handed on). ``close()``
-    gives back one that a stream ended while holding; a message handed on after that is not
-    given back twice."""
-
-    __slots__ = ("admission", "cost", "held", "large", "open")
-
-    def __init__(self, admission: Admission, cost: int = 1) -> None:
-        self.admission = admission
-        self.cost = cost  # per byte of a request (COST_*)
-        self.held = 0  # the message held now, in admission's units (0: none)
-        self.large = False
-        self.open = True
-
-    def take(self, n: int) -> None:
-        assert self.held == 0, "one message at a time"
-        n *= self.cost
-        self.admission.enter(n)  # raises Overloaded past max_inflight_bytes
-        self.held = n
-        self.large = self.large or n >= Admission.LARGE
-
-    def give(self) -> None:
-        if self.open and self.held:
-            self.admission.leave(self.held)
-            self.held = 0
-
-    def close(self) -> None:
-        if self.open:
-            self.give()
-            self.open = False
-            if self.large:
-                # Answers to large requests flow until the stream's end, after its last request
-                # was handed on: the idle trim counts its quiet from here.
-                self.admission.large_at = time.monotonic()
-
-
-class Proxy:
+class Proxy(DataPlane):
     """Implements :class:`gateway.dataplane.DataPlane` by forwarding to backend pools."""
 
     def __init__(self, routing: Routing, health: HealthChecker, metrics: Metrics, auto_inflight: int = 0) -> None:
@@ -272,7 +75,8 @@ class Proxy:
         self.context_headers = frozenset(TRACE_HEADERS) | frozenset(config.forward_headers)
         self._http_forwarded = (*_FORWARDED, *sorted(self.context_headers))
         # Who may call what, and how often (security/guard.py); None: an open gateway.
-        self.guard: Guard | None = guard_for(config, routing.table)
+        self.gate = Gate(guard_for(config, routing.table))
+        self.fleet = Fleet(lambda: self.routing, self.timed)
 
     def swap(self, routing: Routing) -> None:
         """A reload: new requests route with ``routing``; those in flight keep theirs.
@@ -282,7 +86,7 @@ class Proxy:
         self.admission.configure(config.max_inflight_bytes)
         self.context_headers = frozenset(TRACE_HEADERS) | frozenset(config.forward_headers)
         self._http_forwarded = (*_FORWARDED, *sorted(self.context_headers))
-        self.guard = guard_for(config, routing.table, self.guard)
+        self.gate.current = guard_for(config, routing.table, self.gate.current)
         self.routing = routing
 
     # -- server-level answers are the gateway's own ------------------------------
@@ -326,7 +130,7 @@ class Proxy:
             self.metrics.upstream_timer(pool.name).observe(time.perf_counter() - start)
 
     def _failed(self, pool: Pool[Any], exc: Exception) -> None:
-        if not isinstance(exc, _CLIENTS_FAULT):
+        if not isinstance(exc, CLIENTS_FAULT):
             # (A bad request, or the client left while its body streamed: not the backend's failure.)
             self.metrics.upstream_errors.labels(pool.name, type(exc).__name__).inc()
 
@@ -344,138 +148,48 @@ class Proxy:
         pool = self.routing.pool(model, version)
         return await self.timed(pool, pool.model_metadata(model, version))
 
-    # -- Triton's repository extension, across the fleet ----------------------------
+    # -- the fleet: repository, per-model extensions, settings (fleet.py) ----------
     async def repository_index(self, ready_only: bool) -> list[PoolIndexEntry]:
-        """Every pool's endpoints' repository indexes merged: one entry per pool, model and
-        version — READY when some endpoint has it ready (``endpoints``: those), else the
-        state and reason one endpoint gave (``endpoints``: those listing it). Endpoints
-        without an index (OVMS) add nothing. Asked now, in parallel, within health timeout_s."""
-        routing = self.routing
-        timeout = routing.config.health.timeout_s
-        jobs = [(pool, ep) for pool in routing.pools.values() for ep in list(pool.endpoints.values())]
-        answers = await asyncio.gather(*(pool.check_index(ep, timeout) for pool, ep in jobs))
-        merged: dict[tuple[str, str, str], list[Any]] = {}  # -> [first entry, ready eps, listing eps]
-        for (pool, ep), entries in zip(jobs, answers):
-            if not entries:
-                # No index there (OVMS, the reference server): the exact-routed models, as the
-                # health checker's per-model calls found them — so a gateway in front of this
-                # one reads a complete index.
-                entries = [IndexEntry(m, "", ep.health.ready_for(m, "") == Ready.YES,
-                                      "READY" if ep.health.ready_for(m, "") == Ready.YES else "UNAVAILABLE")
-                           for m in sorted(pool.routed)]
-            for e in entries:
-                slot = merged.setdefault((e.name, e.version, pool.name), [e, [], []])
-                slot[1 if e.ready else 2].append(str(ep.address))
-        out = []
-        for (name, version, pool_name), (first, ready, listing) in sorted(merged.items()):
-            if ready:
-                out.append(PoolIndexEntry(name, version, True, "READY", "", pool_name, tuple(ready)))
-            elif not ready_only:
-                out.append(PoolIndexEntry(name, version, False, first.state, first.reason, pool_name, tuple(listing)))
-        return out
+        return await self.fleet.repository_index(ready_only)
 
     async def repository_http(self, action: str, model: str, body: bytes, headers: Mapping[str, str]) -> HttpReply:
-        """Load / unload ``model`` on every endpoint of the pool(s) it routes to."""
-        reply = None
-        for pool in self.routing.pools_of(model):
-            reply = await self.timed(pool, pool.repository_http(action, model, body, headers))
-        assert reply is not None
-        return reply
+        return await self.fleet.repository_http(action, model, body, headers)
 
     async def repository_grpc(self, rpc: str, model: str, message: bytes, timeout: float | None,
-                              metadata: Sequence[tuple[str, str]]) -> bytes:
-        answer = b""
-        for pool in self.routing.pools_of(model):
-            answer = await self.timed(pool, pool.repository_grpc(rpc, model, message, timeout, tuple(metadata)))
-        return answer
+                              metadata: Sequence[tuple[str, str]] = ()) -> bytes:
+        return await self.fleet.repository_grpc(rpc, model, message, timeout, metadata)
 
-    # -- Triton's per-model extensions (model configuration, statistics) --------
-    # Triton's own messages (model_config.proto, grpc_service.proto): relayed as they are
-    # between same-protocol pools, converted exactly otherwise (codec/triton.py).
     async def model_extension_http(self, model: str, version: str, what: str) -> HttpReply:
-        if what == "stats":
-            parts = await self._statistics(model, version, None)
-            if len(parts) == 1 and parts[0][1] == "json":
-                return HttpReply(200, parts[0][0], _JSON)  # one Triton's own answer, untouched
-            return HttpReply(200, stats_to_json(stats_sum([_stats(p) for p in parts])), _JSON)
-        pool = self.routing.pool(model, version)
-        return await self.timed(pool, pool.config_http(model, version))
+        return await self.fleet.model_extension_http(model, version, what)
 
     async def model_extension_grpc(self, rpc: str, message: bytes, model: str, version: str,
                                    timeout: float | None) -> bytes:
-        if rpc == "ModelStatistics":
-            parts = await self._statistics(model, version, timeout)
-            if len(parts) == 1 and parts[0][1] == "pb":
-                return parts[0][0]
-            return stats_to_pb(stats_sum([_stats(p) for p in parts]))
-        pool = self.routing.pool(model, version)
-        return await self.timed(pool, pool.config_grpc(message, model, version, timeout))
+        return await self.fleet.model_extension_grpc(rpc, message, model, version, timeout)
 
-    async def _statistics(self, model: str, version: str, timeout: float | None) -> list[tuple[bytes, str]]:
-        """Every endpoint's statistics: of the model's pool, or (no model: Triton's "all
-        models") of every pool. Summed per model and version by the caller."""
-        pools = self.routing.pools_of(model, version) if model else list(self.routing.pools.values())
-        answers = await asyncio.gather(*(self.timed(p, p.statistics(model, version, timeout)) for p in pools),
-                                       return_exceptions=True)
-        parts = [part for a in answers if isinstance(a, list) for part in a]
-        if not parts:
-            failure = next((a for a in answers if isinstance(a, BaseException)), None)
-            raise failure if failure is not None else NoEndpointAvailable("no backend has endpoints to ask")
-        return parts
-
-    # -- Triton's trace and log settings --------------------------------------------
     async def settings(self, kind: str, model: str, request: tuple[str, bytes | None], update: bool) -> bytes:
-        """Trace settings of ``model`` (its pool's endpoints) or server-wide trace / log
-        settings (every endpoint of every pool). A change (``update``) goes to all of
-        them and succeeds when every endpoint that has the extension took it (one that
-        answers 404 / UNIMPLEMENTED has none: MLServer, OVMS); the answer is the first
-        endpoint's. A read is answered by the first endpoint that can."""
-        pools = self.routing.pools_of(model) if model else list(self.routing.pools.values())
-        if not update:
-            errors: list[GatewayError] = []
-            for pool in pools:
-                for ep in list(pool.endpoints.values()):
-                    try:
-                        return (await self.timed(pool, pool.endpoint_settings(ep, kind, model, request)))[1]
-                    except Refused as exc:
-                        errors.append(exc.error)
-                    except _CLIENTS_FAULT:
-                        raise
-                    except GatewayError as exc:
-                        errors.append(exc)
-            raise _first_failure(errors, kind)
-        answers: list[bytes] = []
-        lacking: list[GatewayError] = []
-        failed: list[tuple[str, GatewayError]] = []
-        def change(pool: Pool[Any]) -> Awaitable[list[tuple[Any, tuple[str, bytes] | None, GatewayError | None]]]:
-            return pool.each_endpoint(lambda ep: pool.endpoint_settings(ep, kind, model, request))
-
-        for pool, results in zip(pools, await asyncio.gather(*(change(p) for p in pools))):
-            for ep, answer, err in results:
-                if err is None and answer is not None:
-                    answers.append(answer[1])
-                elif isinstance(err, _CLIENTS_FAULT):
-                    raise err
-                elif err is not None and _lacks_extension(err):
-                    lacking.append(err)
-                elif err is not None:
-                    failed.append((f"backend '{pool.name}' endpoint {ep.address}", err))
-        if failed:
-            first = failed[0][1]
-            total = len(answers) + len(failed)
-            detail = "; ".join(f"{where}: {err.message}" for where, err in failed)
-            raise UpstreamError(f"{kind} settings failed on {len(failed)} of {total} endpoints: {detail}",
-                                http_status=first.http_status, grpc_code=first.grpc_code)
-        if not answers:
-            raise _first_failure(lacking, kind)
-        return answers[0]
+        return await self.fleet.settings(kind, model, request, update)
 
     # -- inference --------------------------------------------------------------
+    def plan_http(self, model: str, version: str, headers: Mapping[str, str]) -> Plan:
+        """The route of an HTTP inference, its admission cost (the dearest of its pools: a
+        split's side is chosen later, from the body's sequence_id), and whether it can be
+        served from callbacks: one pool that serves so, no split, no mirror."""
+        routing = self.routing
+        match = routing.table.resolve(model, version, headers)
+        if match.stateful is not STATEFUL.get():
+            STATEFUL.set(match.stateful)
+        binary = "inference-header-content-length" in headers
+        if match.split is None:
+            pool = routing.pools[match.backend]
+            return Plan(match, pool.http_cost(binary), pool.serves_now and match.mirror is None)
+        return Plan(match, max(routing.pools[n].http_cost(binary) for n in match.split.names), False)
+
     async def infer_http(self, model: str, version: str, body: bytes | bytearray | IncomingBody,
-                         headers: Mapping[str, str]) -> HttpReply:
-        match = self.routing.table.resolve(model, version, headers)
-        size = (len(body) if isinstance(body, (bytes, bytearray)) else body.length) * \
-            http_cost(self.routing, match, headers)
+                         headers: Mapping[str, str], plan: Plan | None = None) -> HttpReply:
+        if plan is None:
+            plan = self.plan_http(model, version, headers)
+        match: Match = plan.route
+        size = (len(body) if isinstance(body, (bytes, bytearray)) else body.length) * plan.cost
         self.admission.enter(size)
         try:
             affinity = None
@@ -500,26 +214,19 @@ class Proxy:
         finally:
             self.admission.leave(size)
 
-    def infer_http_now(self, model: str, version: str, body: bytes | bytearray | memoryview,
-                       headers: Mapping[str, str],
-                       record: AccessRecord | None,
+    def infer_http_now(self, plan: Plan, model: str, version: str, body: bytes | bytearray | memoryview,
+                       headers: Mapping[str, str], record: AccessRecord | None,
                        done: Callable[[HttpReply | Exception | None], None]) -> RouteLabel | None:
-        """:meth:`infer_http` without a coroutine for a whole, uncompressed body, when its
-        route is one plain HTTP pool (no split, no mirror) and that pool can send it at once
-        (``HttpPool.infer_http_now``): the answer, or the error :meth:`infer_http` would
-        raise, goes to ``done`` from the backend connection's callbacks; ``done(None)``:
-        send it again through :meth:`infer_http` (nothing was answered). Returns the
-        request's (route, pool) label, or None when nothing was done (await
-        :meth:`infer_http` instead). Raises what routing and admission raise."""
-        match = self.routing.table.resolve(model, version, headers)
-        if match.split is not None or match.mirror is not None:
-            return None
-        if match.stateful is not STATEFUL.get():
-            STATEFUL.set(match.stateful)
+        """:meth:`infer_http` without a coroutine for a whole, uncompressed body whose plan
+        says it can be (``now``), when the pool can send it at once (``HttpPool.infer_http_now``:
+        a kept-alive connection free): the answer, or the error :meth:`infer_http` would raise,
+        goes to ``done`` from the backend connection's callbacks; ``done(None)``: send it again
+        through :meth:`infer_http` (nothing was answered). Returns the request's (route, pool)
+        label, or None when nothing was done (await :meth:`infer_http` instead). Raises what
+        admission raises."""
+        match: Match = plan.route
         pool = self.routing.pools[match.backend]
-        if not isinstance(pool, HttpPool):
-            return None
-        size = len(body)
+        size = len(body) * plan.cost
         admission = self.admission
         admission.enter(size)
         start = time.perf_counter()
@@ -564,7 +271,7 @@ class Proxy:
         routing = self.routing
         headers = _metadata_map(metadata) if routing.table.by_headers else None
         pool, match = routing.pick(model, version, headers, affinity)
-        size = len(message) * grpc_cost(pool)
+        size = len(message) * pool.grpc_cost()
         self.admission.enter(size)
         try:
             trace = pick_headers(metadata, self.context_headers) if metadata else ()
@@ -602,7 +309,7 @@ class Proxy:
         headers = _metadata_map(metadata)
         pool = routing.pool(model, version, headers, affinity)
         refused: list[GatewayError] = []
-        held = StreamHeld(self.admission, grpc_cost(pool))
+        held = StreamHeld(self.admission, pool.grpc_cost())
         held.take(len(first))  # over max_inflight_bytes: UNAVAILABLE before a backend stream opens
 
         async def requests() -> AsyncIterator[bytes]:
@@ -638,7 +345,7 @@ class Proxy:
     async def generate(self, model: str, version: str, body: bytes, headers: Mapping[str, str],
                        stream: bool) -> HttpReply:
         pool = self.routing.pool(model, version, headers)
-        size = len(body) * (COST_PASS_HTTP if isinstance(pool, HttpPool) else COST_CONVERT)
+        size = len(body) * pool.generate_cost()
         self.admission.enter(size)
         try:
             return await self.timed(pool, pool.generate(model, version, body, headers, self._http_forwarded, stream))

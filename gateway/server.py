@@ -27,6 +27,7 @@ from .config.schema import Backend, GatewayConfig, HostPort, Tls
 from .config.security import Limits
 from .dataplane import DataPlane
 from .errors import ConfigError, ListenError
+from .security.guard import Gate
 from .frontend.grpc import build_grpc_handler, server_options
 from .frontend.h1asgi import AsgiApp
 from .frontend.h1listen import HttpListener, Router, server_context
@@ -35,7 +36,8 @@ from .frontend.v1_grpc import build_v1_grpc_handler
 from .malloc import IdleTrimmer, large_answer_at
 from .memlimit import auto_inflight_limit
 from .observability.metrics import Metrics
-from .proxy import Proxy, Routing, build_pool
+from .proxy import Proxy
+from .snapshot import Routing, build_pool
 from .routing.table import RouteTable
 from .upstream.discovery import Discovery
 from .upstream.health import HealthChecker
@@ -92,6 +94,7 @@ class Listeners:
 
     plane: DataPlane
     max_message_bytes: int
+    gate: Gate  # who may call what: the guard the front ends ask before a request is read
     metrics: Metrics | None = None
     reuse_port: bool = False
     tls: Tls | None = None  # for the HTTP and gRPC listeners; metrics stay plain
@@ -143,7 +146,7 @@ class Listeners:
         metrics_registry: CollectorRegistry | None = None,
     ) -> Ports:
         if http is not None:
-            app = build_http_app(self.plane, self.metrics, max_message_bytes=self.max_message_bytes,
+            app = build_http_app(self.plane, self.metrics, self.gate, max_message_bytes=self.max_message_bytes,
                                  max_json_depth=self.max_json_depth, max_header_count=self.max_header_count,
                                  max_header_bytes=self.max_header_bytes, limits=self.limits)
             sock = bind_socket(http, reuse_port=self.reuse_port)
@@ -157,8 +160,9 @@ class Listeners:
             self._grpc = aio.server(options=server_options(self.max_message_bytes, reuse_port=self.reuse_port,
                                                            max_metadata_bytes=self.max_header_bytes,
                                                            limits=self.limits))
-            self._grpc.add_generic_rpc_handlers((build_grpc_handler(self.plane, self.metrics, self.limits),
-                                                 build_v1_grpc_handler(self.plane, self.metrics, limits=self.limits)))
+            self._grpc.add_generic_rpc_handlers((build_grpc_handler(self.plane, self.metrics, self.gate, self.limits),
+                                                 build_v1_grpc_handler(self.plane, self.metrics, self.gate,
+                                                                       limits=self.limits)))
             target = f"[{grpc.host}]:{grpc.port}" if ":" in grpc.host else f"{grpc.host}:{grpc.port}"
             if self.tls is None:
                 port = self._grpc.add_insecure_port(target)
@@ -238,7 +242,8 @@ class Gateway:
         self.trimmer = IdleTrimmer(lambda: max(self.proxy.admission.large_at, large_answer_at()),
                                    busy=lambda: self.proxy.admission.large_inflight > 0)
         self._trimmer: asyncio.Task[None] | None = None
-        self.listeners = Listeners(self.proxy, config.max_message_bytes, self.metrics, reuse_port=reuse_port,
+        self.listeners = Listeners(self.proxy, config.max_message_bytes, self.proxy.gate, self.metrics,
+                                   reuse_port=reuse_port,
                                    max_json_depth=config.max_json_depth, max_header_count=config.max_header_count,
                                    max_header_bytes=config.max_header_bytes, limits=config.limits,
                                    tls=config.listen.tls)

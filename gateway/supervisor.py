@@ -27,17 +27,15 @@ from prometheus_client import CollectorRegistry, multiprocess
 
 from .config.loader import read_config
 from .config.schema import GatewayConfig
+from .dataplane import DataPlane
 from .errors import ConfigError
+from .security.guard import Gate
 from .server import Listeners, Ports, bind_socket
 from .watch import watch_file
 
 __all__ = ["supervise"]
 
 log = logging.getLogger("oip_gateway.supervisor")
-
-
-class _MetricsOnly:
-    """A DataPlane stand-in: the supervisor serves only the metrics port."""
 
 
 async def _wait_ready(proc: asyncio.subprocess.Process, timeout: float) -> None:
@@ -83,7 +81,7 @@ async def supervise(
     if listen.metrics is not None:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry, path=mpdir)
-        metrics_listeners = Listeners(_MetricsOnly(), config.max_message_bytes)  # type: ignore[arg-type]
+        metrics_listeners = Listeners(DataPlane(), config.max_message_bytes, Gate())
         mports = await metrics_listeners.start(
             http=None, grpc=None, metrics_addr=listen.metrics, metrics_registry=registry
         )

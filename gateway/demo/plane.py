@@ -22,7 +22,7 @@ from ..codec import http as http_codec
 from ..codec.content import HEADER_LENGTH, decode_content, encode_content, header_length, reply_headers
 from ..codec.wire import encode_len_field, scan_infer_routing
 from ..config import DEFAULT_MAX_MESSAGE_BYTES
-from ..dataplane import HttpReply, IncomingBody
+from ..dataplane import DataPlane, HttpReply, IncomingBody, Plan
 from ..errors import GatewayError, Unsupported
 from .models import ModelRepository, default_repository
 
@@ -35,7 +35,7 @@ EXTENSIONS = ("binary_tensor_data",)
 
 
 
-class DemoPlane:
+class DemoPlane(DataPlane):
     """A :class:`gateway.dataplane.DataPlane` answering from a :class:`ModelRepository`."""
 
     def __init__(
@@ -73,7 +73,8 @@ class DemoPlane:
         raise Unsupported(f"the reference server does not implement {rpc} (a Triton extension)")
 
     async def infer_http(
-        self, model: str, version: str, body: bytes | bytearray | IncomingBody, headers: Mapping[str, str]
+        self, model: str, version: str, body: bytes | bytearray | IncomingBody, headers: Mapping[str, str],
+        plan: Plan | None = None,
     ) -> HttpReply:
         target = self.repository.resolve(model, version)
         if not isinstance(body, (bytes, bytearray)):

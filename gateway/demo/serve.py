@@ -14,6 +14,7 @@ from ..observability.metrics import Metrics
 from ..server import Gateway, Listeners, Ports, wait_for_signal
 from ..supervisor import announce
 from .models import default_repository
+from ..security.guard import Gate
 from .plane import DemoPlane
 
 __all__ = ["demo_config", "run_demo", "run_reference"]
@@ -29,7 +30,7 @@ _LOOPBACK = HostPort("127.0.0.1", 0)
 async def start_reference(http: HostPort | None, grpc: HostPort | None, max_message_bytes: int,
                           metrics: HostPort | None = None) -> Listeners:
     observed = Metrics() if metrics is not None else None
-    listeners = Listeners(DemoPlane(default_repository()), max_message_bytes, observed)
+    listeners = Listeners(DemoPlane(default_repository()), max_message_bytes, Gate(), observed)
     await listeners.start(http=http, grpc=grpc, metrics_addr=metrics,
                           metrics_registry=observed.registry if observed else None)
     return listeners

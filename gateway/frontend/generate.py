@@ -26,7 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..codec.content import is_count
 from ..codec.generate import error_json, sse_event
-from ..dataplane import ClientDisconnected, DataPlane, StreamedBody
+from ..dataplane import ClientDisconnected, DataPlane, StreamedBody, is_streamed
 from ..errors import GatewayError, PayloadTooLarge, Unsupported, UpstreamError
 from ..observability.metrics import Metrics, RouteLabel
 
@@ -99,7 +99,6 @@ def build_generate(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
     """``check``: run on every body before it goes on (the HTTP front end's JSON nesting limit)."""
     from .http import error_parts  # (frontend/http.py imports this module)
 
-    generate: Callable[..., Awaitable[Any]] | None = getattr(plane, "generate", None)
     access = metrics.access if metrics is not None else None
 
     async def send_whole(send: Send, out: _Outcome, status: int, body: bytes | bytearray,
@@ -141,9 +140,7 @@ def build_generate(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
     async def respond(send: Send, out: _Outcome, record: Any, model: str, version: str, body: bytes,
                       headers: dict[str, str], stream: bool) -> None:
         try:
-            if generate is None:
-                raise Unsupported("this server does not serve Triton's generate extension")
-            reply = await generate(model, version, body, headers, stream)
+            reply = await plane.generate(model, version, body, headers, stream)
         except GatewayError as err:
             out.label = route_label(model, version)
             status, content, ctype = error_parts(err)
@@ -162,11 +159,12 @@ def build_generate(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         head = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers.items()]
         if isinstance(reply.body, (bytes, bytearray)):
             await send_whole(send, out, reply.status, reply.body, head)
-        elif isinstance(reply.body, (list, tuple)):
-            await send_whole(send, out, reply.status, b"".join(reply.body), head)
-        else:
+        elif is_streamed(reply.body):
             events = reply.headers.get("content-type", "").startswith(_SSE)
             await relay(send, out, reply.status, reply.body, head, events)
+        else:
+            parts: Any = reply.body  # (not streamed: a sequence of parts)
+            await send_whole(send, out, reply.status, b"".join(parts), head)
 
     async def run(receive: Receive, send: Send, out: _Outcome, record: Any, model: str, version: str,
                   body: bytes, headers: dict[str, str], stream: bool) -> None:

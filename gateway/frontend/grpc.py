@@ -24,6 +24,7 @@ from ..config.security import Limits
 from ..dataplane import DataPlane
 from ..errors import SHARED_MEMORY_REFUSAL, GatewayError, InvalidRequest, Unsupported
 from ..grpcengine import READ_BUFFER_OPTION
+from ..security.guard import Gate
 from ..observability.access import AccessRecord
 from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
 from .grpcunary import CALL_METADATA, Infer, Seen, Unary, abort_with, call_metadata, failure_code, grpc_trailers
@@ -79,9 +80,9 @@ def _metadata_message(d: dict[str, Any]) -> pb.ModelMetadataResponse:
     )
 
 
-def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
+def build_grpc_handler(plane: DataPlane, metrics: Metrics | None, gate: Gate,
                        limits: Limits = DEFAULT_LIMITS) -> grpc.GenericRpcHandler:
-    route_label: Callable[[str, str], RouteLabel] = getattr(plane, "route_label", lambda m, v: UNROUTED)
+    route_label: Callable[[str, str], RouteLabel] = plane.route_label
 
     access = metrics.access if metrics is not None else None
 
@@ -96,7 +97,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
         names ``model``: raises LimitExceeded, Unauthenticated, PermissionDenied or
         RateLimited."""
         check_names(model, version, limits)
-        guard = getattr(plane, "guard", None)
+        guard = gate.current
         if guard is None:
             return
         try:
@@ -210,37 +211,28 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None,
         return handler
 
     async def repository_index(message: bytes, ctx: aio.ServicerContext, seen: Seen):
-        index = getattr(plane, "repository_index", None)
-        if index is None:
-            raise Unsupported("this server has no repository index")
         admit(ctx, "RepositoryIndex")
-        return encode_index_pb(await index(index_request_ready(message)))
+        return encode_index_pb(await plane.repository_index(index_request_ready(message)))
 
     def model_control(rpc: str):
         async def handler(message: bytes, ctx: aio.ServicerContext, seen: Seen):
-            control = getattr(plane, "repository_grpc", None)
-            if control is None:
-                raise Unsupported("this server has no model control")
             _, model = scan_name_version(message)  # RepositoryModel{Load,Unload}Request: model_name is field 2
             if not model:
                 raise InvalidRequest(f"{rpc}Request.model_name is required: the gateway routes by model")
             seen.note(model, "")
             admit(ctx, rpc, model)
-            return await control(rpc, model, message, ctx.time_remaining(), call_metadata(ctx))
+            return await plane.repository_grpc(rpc, model, message, ctx.time_remaining(), call_metadata(ctx))
 
         return handler
 
     def settings(kind: str):
         # Triton's TraceSetting (model_name: field 2; none: server-wide) and LogSettings.
         async def handler(message: bytes, ctx: aio.ServicerContext, seen: Seen):
-            change = getattr(plane, "settings", None)
-            if change is None:
-                raise Unsupported(f"this server has no {kind} settings")
             model = scan_name_version(message)[1] if kind == "trace" else ""
             if model:
                 seen.note(model, "")
             admit(ctx, "TraceSetting" if kind == "trace" else "LogSettings", model)
-            return await change(kind, model, ("pb", message), settings_change(message))
+            return await plane.settings(kind, model, ("pb", message), settings_change(message))
 
         return handler
 

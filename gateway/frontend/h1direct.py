@@ -65,8 +65,9 @@ class DirectExchange:
     """One request and its answer on an HTTP/1.1 connection; see the module text."""
 
     __slots__ = ("_chunked", "_chunks", "_continue", "_handler", "_now", "_protocol", "_queued", "_waiter",
-                 "admitted", "deferred", "disconnected", "headers", "keep_alive", "method", "more_body", "path",
-                 "query", "raw_path", "resent", "response_complete", "response_started", "transport")
+                 "admitted", "checked", "deferred", "disconnected", "fields", "headers", "keep_alive", "method",
+                 "more_body", "path", "plan", "query", "raw_path", "resent", "response_complete",
+                 "response_started", "transport")
 
     def __init__(self, protocol: Any, route: DirectRoute, method: str, path: str, raw_path: bytes, query: bytes,
                  headers: list[tuple[bytes, bytes]], keep_alive: bool, expect_continue: bool) -> None:
@@ -80,6 +81,12 @@ class DirectExchange:
         # The head's checks passed in ``now`` (the handler must not run them again: a rate
         # limit would be charged twice).
         self.admitted = False
+        # What the handler's first look found, kept for the task if it serves the request:
+        # the head as a lower-cased mapping, the data plane's plan, whether the body passed
+        # its checks (each is done once per request).
+        self.fields: dict[str, str] | None = None
+        self.plan: Any = None
+        self.checked = False
         self.method = method
         self.path = path  # %-decoded, as ASGI gives it to applications
         self.raw_path = raw_path

@@ -41,6 +41,7 @@ from ..errors import (
     UnsupportedEncoding,
     UpstreamError,
 )
+from ..security.guard import Gate
 from ..observability.access import AccessRecord
 from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
 from .generate import build_generate, generate_target
@@ -199,14 +200,14 @@ def _json(obj: Any) -> Response:
 _PREALLOC_BUDGET_MESSAGES = 4
 
 
-def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_bytes: int,
+def build_http_app(plane: DataPlane, metrics: Metrics | None, gate: Gate, *, max_message_bytes: int,
                    max_json_depth: int = 64, max_header_count: int = 100,
                    max_header_bytes: int = 32768, limits: Limits = DEFAULT_LIMITS) -> HttpApp:
     """The V2 HTTP app. Inference (the hot path) is served by a plain ASGI handler
     — no Request/Response objects, no middleware stack, one string split to find
     the model — and everything else by a Starlette app; measured, Starlette's
     layers were a third of the pass-through proxy's own CPU per request."""
-    route_label: Callable[[str, str], RouteLabel] = getattr(plane, "route_label", lambda m, v: UNROUTED)
+    route_label: Callable[[str, str], RouteLabel] = plane.route_label
     # Preallocated bodies in flight are bounded: a client can declare 256 MiB and then send a
     # trickle; without a bound, a few hundred such connections would make the gateway allocate
     # (and zero) their declared sizes. Past it a body is gathered as it arrives instead.
@@ -290,7 +291,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                 check_names(name, version, limits)
             except GatewayError as err:
                 return err
-        guard = getattr(plane, "guard", None)
+        guard = gate.current
         if guard is not None:
             # Who may call what (security/guard.py), before a byte of the body is read.
             kind, model, version = http_kind(method, path)
@@ -376,7 +377,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         parts: list[bytes | bytearray | memoryview]
         try:
             # Header names come lower-cased from the protocol; the data plane relies on it.
-            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in ex.headers}
+            headers = ex.fields or {k.decode("latin-1"): v.decode("latin-1") for k, v in ex.headers}
             if access is not None:
                 record = access.begin(headers.get("x-request-id"))
             encoding = headers.get("content-encoding")
@@ -404,12 +405,13 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             else:
                 body = await ex.body(max_message_bytes, too_large)
                 size = len(body)
-                check_whole(body, encoding if compressed else None, ihcl)
+                if not ex.checked:
+                    check_whole(body, encoding if compressed else None, ihcl)
             if bytes_in is not None and not ex.resent:  # (a resent one was counted by infer_now)
                 bytes_in.observe(size)
             if record is not None:
                 record.bytes_in = size
-            call = plane.infer_http(model, version, body, headers)
+            call = plane.infer_http(model, version, body, headers, ex.plan)
             del body  # the data plane owns it now: freed as soon as it is encoded/sent upstream
             status, out_headers, parts, streamed = reply_answer(await call)
         except ClientDisconnected:
@@ -427,7 +429,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             length = sum(len(p) for p in parts) if record is not None else 0
         observe(route_label(model, version), model, version, status, start, record, length)
 
-    infer_http_now = getattr(plane, "infer_http_now", None)
+    infer_http_now = plane.infer_http_now
 
     def infer_now(ex: DirectExchange, model: str, version: str) -> bool:
         """:func:`infer` without a task, coroutine or future, when it can be: the listener
@@ -446,9 +448,15 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             ex.respond(status, out, (content,), close=isinstance(refusal, HeadTooLarge))
             return True
         ex.admitted = True  # (whichever path serves it now: the guard has counted it once)
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in ex.headers}
-        if "content-encoding" in headers or infer_http_now is None:
+        headers = ex.fields = {k.decode("latin-1"): v.decode("latin-1") for k, v in ex.headers}
+        if "content-encoding" in headers:
             return False
+        try:
+            plan = ex.plan = plane.plan_http(model, version, headers)
+        except GatewayError:
+            return False  # (the task answers it, after the body's checks, as any request)
+        if plan is None or not plan.now:
+            return False  # the task serves it with this plan; nothing is checked twice
         start = time.perf_counter()
         body = ex.whole()
         record = access.open(headers.get("x-request-id")) if access is not None else None
@@ -488,8 +496,8 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
             if len(body) > max_message_bytes:
                 raise too_large()
             check_whole(body, None, headers.get("inference-header-content-length"))
-            checked = True
-            label = infer_http_now(model, version, body, headers, record, answered)
+            checked = ex.checked = True
+            label = infer_http_now(plan, model, version, body, headers, record, answered)
         except GatewayError as err:
             if checked:  # (as infer(): a body that passed its checks is counted)
                 received(len(body), record)
@@ -514,9 +522,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         return PayloadTooLarge(f"request body exceeds the limit of {max_message_bytes} bytes")
 
     async def repository_index(request: Request, model: str, version: str) -> Response:
-        index = getattr(plane, "repository_index", None)
-        if index is None:
-            raise Unsupported("this server has no repository index")
+        index = plane.repository_index
         raw = await request.body()
         try:
             doc = orjson.loads(raw) if raw.strip() else {}
@@ -526,9 +532,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         return _json([e.as_json() for e in await index(ready)])
 
     async def model_control_handler(action: str, request: Request, model: str, version: str) -> Response:
-        control = getattr(plane, "repository_http", None)
-        if control is None:
-            raise Unsupported("this server has no model control")
+        control = plane.repository_http
         body = await request.body()
         check_depth(body, max_json_depth)  # relayed as it came to a same-protocol pool
         headers = {k.lower(): v for k, v in request.headers.items()}
@@ -541,9 +545,7 @@ def build_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
 
     # Triton's trace (server-wide or per model) and log settings: GET reads, POST changes.
     async def settings_handler(kind: str, request: Request, model: str, version: str) -> Response:
-        change = getattr(plane, "settings", None)
-        if change is None:
-            raise Unsupported(f"this server has no {kind} settings")
+        change = plane.settings
         body = (await request.body() or b"{}") if request.method == "POST" else None
         if body is not None:
             check_depth(body, max_json_depth)

@@ -33,7 +33,7 @@ from ..codec.v1 import (
 )
 from ..config.security import Limits
 from ..dataplane import DataPlane
-from ..errors import GatewayError, InvalidRequest, ModelNotFound, UpstreamError
+from ..errors import GatewayError, InvalidRequest, ModelNotFound, Unsupported, UpstreamError
 
 __all__ = ["V1Bridge", "path_version"]
 
@@ -65,8 +65,7 @@ class V1Bridge:
 
     # -- settings ----------------------------------------------------------------------
     def _settings(self) -> Any:
-        get = getattr(self.plane, "v1_settings", None)
-        return get() if get is not None else None
+        return self.plane.v1_settings()
 
     def server_id(self) -> str:
         return str(self.plane.server_metadata().get("name", ""))
@@ -86,7 +85,7 @@ class V1Bridge:
         (``v1: {ready: non_strict}``) — ready while the server is responsive."""
         settings = self._settings()
         if settings is not None and settings.ready == "non_strict":
-            return self.plane.server_live() and not getattr(self.plane, "draining", False)
+            return self.plane.server_live() and not self.plane.draining
         return self.plane.server_ready()
 
     # -- model information -------------------------------------------------------------
@@ -157,8 +156,10 @@ class V1Bridge:
     async def status(self, model: str = "") -> v1.ServerStatus:
         """ServerStatus of one model (its errors are the answer's) or of every routed model
         the backends list (a model that fails shows as unavailable with the reason)."""
-        index = getattr(self.plane, "repository_index", None)
-        entries = list(await index(False)) if index is not None else []
+        try:
+            entries = list(await self.plane.repository_index(False))
+        except Unsupported:  # (a data plane without an index: the models named are all there is)
+            entries = []
         names = [model] if model else sorted({e.name for e in entries})
         results = await asyncio.gather(*(self._model_status(n, entries) for n in names), return_exceptions=True)
         models = []

@@ -31,7 +31,7 @@ from ..config.security import Limits
 from ..dataplane import DataPlane
 from ..errors import GatewayError, InvalidRequest, UpstreamError
 from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
-from ..security.guard import INFER, METADATA
+from ..security.guard import Gate, INFER, METADATA
 from .grpc import grpc_trailers
 from .kinds import admit_grpc
 from .v1_bridge import V1Bridge
@@ -44,15 +44,15 @@ V1_SERVICE = "nvidia.inferenceserver.GRPCService"
 DEFAULT_LIMITS = Limits()
 
 
-def build_v1_grpc_handler(plane: DataPlane, metrics: Metrics | None, bridge: V1Bridge | None = None,
+def build_v1_grpc_handler(plane: DataPlane, metrics: Metrics | None, gate: Gate, bridge: V1Bridge | None = None,
                           limits: Limits = DEFAULT_LIMITS) -> grpc.GenericRpcHandler:
     bridge = bridge or V1Bridge(plane, limits)
-    route_label: Callable[[str, str], RouteLabel] = getattr(plane, "route_label", lambda m, v: UNROUTED)
+    route_label: Callable[[str, str], RouteLabel] = plane.route_label
     access = metrics.access if metrics is not None else None
 
     async def admit(ctx: aio.ServicerContext, kind: str, model: str, version: str) -> None:
         """The name limits and the guard; a refusal aborts the call with its gRPC status."""
-        guard = getattr(plane, "guard", None)
+        guard = gate.current
         try:
             check_names(model, version, limits)
             if guard is not None:

@@ -67,7 +67,7 @@ async def _body(receive: Receive, limit: int) -> bytes:
 def build_v1_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_bytes: int,
                       bridge: V1Bridge | None = None, limits: Limits | None = None) -> ASGIApp:
     bridge = bridge or V1Bridge(plane, limits)
-    route_label: Callable[[str, str], RouteLabel] = getattr(plane, "route_label", lambda m, v: UNROUTED)
+    route_label: Callable[[str, str], RouteLabel] = plane.route_label
     access = metrics.access if metrics is not None else None
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:

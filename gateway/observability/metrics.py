@@ -13,13 +13,12 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.values import MutexValue
 
+from ..dataplane import UNROUTED, RouteLabel
 from .access import AccessLog, AccessRecord
 
 __all__ = ["SERVER_LEVEL", "UNROUTED", "Metrics", "Observer", "RouteLabel", "counting"]
 
 # (route, backend) of a request: the matching route's model pattern and its pool.
-RouteLabel = tuple[str, str]
-UNROUTED: RouteLabel = ("_unrouted", "")
 SERVER_LEVEL: RouteLabel = ("", "")  # server live/ready/metadata: no route
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

@@ -27,7 +27,7 @@ from ..routing.table import Match, RouteTable
 from .bucket import Buckets, retry_after
 from .credentials import JwtVerifier, KeyRing, Principal, bearer
 
-__all__ = ["CONTROL", "INFER", "METADATA", "OPEN", "Guard", "guard_for"]
+__all__ = ["CONTROL", "INFER", "METADATA", "OPEN", "Gate", "Guard", "guard_for"]
 
 OPEN, METADATA, INFER, CONTROL = "open", "metadata", "infer", "control"
 
@@ -105,6 +105,16 @@ class Guard:
             mine.take()
         if route is not None:
             route.take()
+
+
+class Gate:
+    """The front ends' hold on the current :class:`Guard`: one object for the process's life,
+    whose guard a reload replaces (``current``; None: an open gateway, nothing checked)."""
+
+    __slots__ = ("current",)
+
+    def __init__(self, current: Guard | None = None) -> None:
+        self.current = current
 
 
 def guard_for(config: GatewayConfig, table: RouteTable, previous: Guard | None = None) -> Guard | None:

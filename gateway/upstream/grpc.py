@@ -27,6 +27,7 @@ from grpc import aio
 
 from .._pb import grpc_predict_v2_pb2 as pb
 from .._pb import triton_extensions_pb2 as tx
+from ..admission import COST_CONVERT, COST_CONVERT_BINARY, COST_PASS_GRPC
 from ..codec.convert import grpc_answer_to_http, http_request_to_grpc
 from ..codec.repository import INDEX_REQUEST_PB, IndexEntry, parse_index_pb
 from ..codec.triton import (
@@ -168,6 +169,15 @@ class GrpcEndpoint(Endpoint):
 
 class GrpcPool(Pool[GrpcEndpoint]):
     protocol = "grpc"
+
+    def http_cost(self, binary: bool) -> int:
+        return COST_CONVERT_BINARY if binary else COST_CONVERT
+
+    def grpc_cost(self) -> int:
+        return COST_PASS_GRPC
+
+    def generate_cost(self) -> int:
+        return COST_CONVERT
 
     def __init__(self, backend: Backend) -> None:
         super().__init__(backend)

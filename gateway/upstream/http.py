@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import orjson
 
+from ..admission import COST_CONVERT, COST_PASS_HTTP
 from ..codec.content import HEADER_LENGTH, inflate_prefix, is_count, sequence_of_compressed, sequence_of_json
 from ..codec.convert import grpc_request_to_http, http_answer_to_grpc
 from ..codec.grpc import encode_stream_response
@@ -179,6 +180,16 @@ Body = bytes | bytearray | list[bytes | memoryview] | IncomingBody | None
 
 class HttpPool(Pool[HttpEndpoint]):
     protocol = "http"
+    serves_now = True
+
+    def http_cost(self, binary: bool) -> int:
+        return COST_PASS_HTTP
+
+    def grpc_cost(self) -> int:
+        return COST_CONVERT
+
+    def generate_cost(self) -> int:
+        return COST_PASS_HTTP
 
     def __init__(self, backend: Backend) -> None:
         super().__init__(backend)

@@ -112,7 +112,33 @@ _TRANSPORT_FIELDS = ("protocol", "tls", "connect_timeout_s", "max_connections", 
 
 
 class Pool(Generic[E]):
+    """The endpoints of one backend (config ``backends``) and what the gateway can ask of them.
+    What differs between the pool kinds is said here, not asked with isinstance: the
+    protocol, what admission counts per request byte on each path through the pool, and
+    whether a whole small HTTP request can be served from callbacks (:meth:`infer_http_now`)."""
+
     protocol = ""
+    # Whether :meth:`infer_http_now` can take a request (else it always declines).
+    serves_now = False
+
+    def http_cost(self, binary: bool) -> int:
+        """Admission's factor per body byte of an HTTP inference sent here (``binary``: with
+        binary-extension tensors)."""
+        raise NotImplementedError
+
+    def grpc_cost(self) -> int:
+        """Admission's factor per byte of a gRPC ModelInfer (or ModelStreamInfer) request."""
+        raise NotImplementedError
+
+    def generate_cost(self) -> int:
+        """Admission's factor per byte of a generate-extension request."""
+        raise NotImplementedError
+
+    def infer_http_now(self, model: str, version: str, body: bytes | bytearray | memoryview,
+                       headers: Mapping[str, str], forwarded: Sequence[str], record: Any,
+                       done: Callable[[HttpReply | Exception | None], None]) -> bool:
+        """An HTTP inference served from callbacks; False: nothing was sent."""
+        return False
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend

@@ -8,7 +8,7 @@ import math
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from gateway.observability.metrics import _LATENCY_BUCKETS, _SIZE_BUCKETS, Metrics, Observer, counting
-from gateway.proxy import Admission
+from gateway.admission import Admission
 
 VALUES = [0.0, 1e-9, 0.0005, 0.00050001, 0.001, 0.003, 0.0099, 1.0, 2.5, 59.9, 60.0, 61.0, 1e12, math.inf, -1.0,
           256.0, 257.0, 4.0**14, 4.0**14 + 1, 123456.0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.errors import Overloaded
-from gateway.proxy import Admission, StreamHeld
+from gateway.admission import Admission, StreamHeld
 
 
 def test_each_request_is_held_until_handed_on_and_given_back_once():
