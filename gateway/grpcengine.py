@@ -31,13 +31,13 @@ import os
 import sys
 from collections.abc import MutableMapping
 
-__all__ = ["CHOSEN", "ENGINE_OFF", "READ_BUFFER_CAP", "READ_BUFFER_OPTION", "choose_grpc_engine", "grpc_engine",
+__all__ = ["ENGINE_CHOSEN", "ENGINE_OFF", "READ_BUFFER_CAP", "READ_BUFFER_OPTION", "choose_grpc_engine", "grpc_engine",
            "unchosen"]
 
 ENGINE_OFF = "-event_engine_client,-event_engine_listener"
 # Set beside it: the value is the gateway's choice, not the user's (a process started from this
 # one inherits both; a benchmark comparing two trees drops them so each tree chooses for itself).
-CHOSEN = "OIP_GATEWAY_GRPC_ENGINE_CHOSEN"
+ENGINE_CHOSEN = "OIP_GATEWAY_GRPC_ENGINE_CHOSEN"
 
 
 # The most grpc reads ahead on one connection (a listener's and a backend channel's option alike).
@@ -65,14 +65,14 @@ def choose_grpc_engine(environ: MutableMapping[str, str] | None = None, loaded: 
     if loaded or "GRPC_EXPERIMENTS" in env or env.get("OIP_GATEWAY_GRPC_EVENT_ENGINE", "1") != "0":
         return False
     env["GRPC_EXPERIMENTS"] = ENGINE_OFF
-    env[CHOSEN] = "1"
+    env[ENGINE_CHOSEN] = "1"
     return True
 
 
 def unchosen(environ: dict[str, str]) -> dict[str, str]:
     """``environ`` without the gateway's own choice (an explicit one stays)."""
-    if environ.get(CHOSEN) == "1":
-        return {k: v for k, v in environ.items() if k not in (CHOSEN, "GRPC_EXPERIMENTS")}
+    if environ.get(ENGINE_CHOSEN) == "1":
+        return {k: v for k, v in environ.items() if k not in (ENGINE_CHOSEN, "GRPC_EXPERIMENTS")}
     return environ
 
 

@@ -26,7 +26,7 @@ from .observability.access import AccessRecord
 from .observability.metrics import UNROUTED, Metrics, RouteLabel
 from .routing.table import STATEFUL, Match
 from .security.guard import Gate, guard_for
-from .snapshot import CHOSEN, Routing
+from .snapshot import ROUTED, Routing
 from .upstream.health import HealthChecker
 from .upstream.http import http_affinity
 from .upstream.mirror import Mirrors
@@ -109,7 +109,7 @@ class Proxy(DataPlane):
         """(route pattern, pool) for the metrics: bounded by the config, never a client's
         string. The pool this request went to when it was routed (a split's side, a header
         route), else the default route's."""
-        chosen = CHOSEN.get()
+        chosen = ROUTED.get()
         if chosen is not None:
             return chosen
         try:
@@ -263,7 +263,7 @@ class Proxy(DataPlane):
                                   affinity)
         if name == failed.name or not routing.pools[name].can_take(model, version):
             return None
-        CHOSEN.set((match.label, name))
+        ROUTED.set((match.label, name))
         return routing.pools[name]
 
     async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,

@@ -1,6 +1,6 @@
 """What a request is routed with: the route table and the pools, one immutable snapshot that a
 reload replaces whole (``Routing``), and the (route, pool) a request was routed to, noted for
-its metrics (``CHOSEN``).
+its metrics (``ROUTED``).
 """
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from .upstream.grpc import GrpcPool
 from .upstream.http import HttpPool
 from .upstream.pool import Pool
 
-__all__ = ["CHOSEN", "POOL_KINDS", "Routing", "build_pool"]
+__all__ = ["ROUTED", "POOL_KINDS", "Routing", "build_pool"]
 
 # The (route pattern, pool) the current request was routed to: one request per task (the
 # listeners run each in its own), read back by Proxy.route_label for its metrics.
-CHOSEN: ContextVar[RouteLabel | None] = ContextVar("oip_gateway_chosen_route", default=None)
+ROUTED: ContextVar[RouteLabel | None] = ContextVar("oip_gateway_chosen_route", default=None)
 
 # The pool class for each ``protocol`` of the config.
 POOL_KINDS: dict[str, type[Pool[Any]]] = {"http": HttpPool, "grpc": GrpcPool}
@@ -45,12 +45,12 @@ class Routing:
     def pick(self, model: str, version: str, headers: Mapping[str, str] | None = None,
              affinity: str | None = None) -> tuple[Pool[Any], Match]:
         """The pool for one request (a split's side chosen now) and its route. The
-        (route, pool) pair is noted for this request's metrics (``CHOSEN``)."""
+        (route, pool) pair is noted for this request's metrics (``ROUTED``)."""
         match = self.table.resolve(model, version, headers)
         if match.stateful is not STATEFUL.get():  # (a get is cheaper than a set: most routes are not)
             STATEFUL.set(match.stateful)
         if match.split is None:  # (choose's common case, inlined: every inference passes here)
-            CHOSEN.set((match.label, match.backend))
+            ROUTED.set((match.label, match.backend))
             return self.pools[match.backend], match
         return self.choose(match, model, version, affinity)
 
@@ -60,7 +60,7 @@ class Routing:
             match.pick(lambda n: self.pools[n].can_take(model, version), affinity)
         if match.stateful is not STATEFUL.get():
             STATEFUL.set(match.stateful)
-        CHOSEN.set((match.label, name))
+        ROUTED.set((match.label, name))
         return self.pools[name], match
 
     def pools_of(self, model: str, version: str = "") -> list[Pool[Any]]:

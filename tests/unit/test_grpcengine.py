@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from gateway.grpcengine import CHOSEN, ENGINE_OFF, choose_grpc_engine, grpc_engine, unchosen
+from gateway.grpcengine import ENGINE_CHOSEN, ENGINE_OFF, choose_grpc_engine, grpc_engine, unchosen
 
 # What a process sees once it has imported the gateway and then grpc, as the gateway's own
 # modules do: the variable grpc's core reads when it starts.
@@ -34,7 +34,7 @@ def test_grpc_default_unless_asked():
 def test_set_when_asked():
     env: dict[str, str] = {"OIP_GATEWAY_GRPC_EVENT_ENGINE": "0"}
     assert choose_grpc_engine(env, loaded=False) is True
-    assert env == {"OIP_GATEWAY_GRPC_EVENT_ENGINE": "0", "GRPC_EXPERIMENTS": ENGINE_OFF, CHOSEN: "1"}
+    assert env == {"OIP_GATEWAY_GRPC_EVENT_ENGINE": "0", "GRPC_EXPERIMENTS": ENGINE_OFF, ENGINE_CHOSEN: "1"}
     assert "EventEngine off" in grpc_engine(env)
     # A process started from this one inherits the choice as made (not as the user's)...
     assert choose_grpc_engine(dict(env), loaded=False) is False
