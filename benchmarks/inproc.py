@@ -36,7 +36,7 @@ from gateway.config.loader import parse_config
 from gateway.malloc import tune_malloc
 from gateway.server import Gateway
 
-from .workloads import _binary, _json_small
+from .workloads import MiB, _binary, _json_fp32, _json_small
 
 __all__ = ["main"]
 
@@ -47,7 +47,12 @@ SMALL_ANSWER = (b'{"id":"bench","model_name":"add_sub","model_version":"1","outp
                 b'"data":[-0.25,0.25,0.75,1.25,1.75,2.25,2.75,3.25,3.75,4.25,4.75,5.25,5.75,6.25,6.75,7.25]}]}')
 READY = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
 NO_INDEX = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
-BODIES = ("small", "1m", "16m")
+BODIES = ("small", "1m", "16m", "json1m", "json1mb")
+# All-JSON FP32 bodies (identity_FP32, workloads._json_fp32), tensor bytes → JSON bytes:
+# json1m is the load benchmark's http_json_to_grpc_1m body (1 MiB of FP32: 1,284,620 bytes of
+# JSON, over h1conn.DEFER_MAX / infer._LARGE, so streamed in from the socket); json1mb is
+# 816,000 bytes of FP32, 999,720 bytes of JSON (under DEFER_MAX: held whole, then served).
+JSON_BODIES = {"json1m": MiB, "json1mb": 816_000}
 MAX_MESSAGE_BYTES = 64 << 20
 
 
@@ -56,6 +61,12 @@ def _answer(body: str) -> bytes:
     identity model's answer of the request's size, as Triton sends it."""
     if body == "small":
         head, data, ctype = SMALL_ANSWER, b"", b"application/json"
+    elif body in JSON_BODIES:
+        # identity_FP32's JSON answer, as Triton gives it: the input's values back as JSON.
+        request = orjson.loads(_json_fp32(JSON_BODIES[body]))["inputs"][0]
+        head = orjson.dumps({"model_name": "identity_FP32", "model_version": "1", "outputs": [
+            {"name": "OUTPUT0", "datatype": "FP32", "shape": request["shape"], "data": request["data"]}]})
+        data, ctype = b"", b"application/json"
     else:
         size = (1 if body == "1m" else 16) << 20
         head = orjson.dumps({"model_name": "identity_UINT8", "model_version": "1", "outputs": [
@@ -68,6 +79,8 @@ def _answer(body: str) -> bytes:
 def _request_body(body: str) -> tuple[bytes, bytes]:
     if body == "small":
         return _json_small(), b"Content-Type: application/json\r\n"
+    if body in JSON_BODIES:
+        return _json_fp32(JSON_BODIES[body]), b"Content-Type: application/json\r\n"
     data, hlen = _binary((1 if body == "1m" else 16) << 20)
     return data, b"Content-Type: application/octet-stream\r\nInference-Header-Content-Length: %d\r\n" % hlen
 
@@ -185,7 +198,8 @@ async def measure(requests: int, batches: int, concurrency: int, profile: bool,
     config = parse_config({
         "listen": {"http": "127.0.0.1:0", "grpc": None, "metrics": None},
         "backends": {"triton": {"protocol": "http", "endpoints": [f"127.0.0.1:{backend_port}"], "timeout_s": 300}},
-        "routes": [{"model": "add_sub", "backend": "triton"}, {"model": "identity_UINT8", "backend": "triton"}],
+        "routes": [{"model": "add_sub", "backend": "triton"}, {"model": "identity_UINT8", "backend": "triton"},
+                   {"model": "identity_FP32", "backend": "triton"}],
         "max_message_bytes": MAX_MESSAGE_BYTES,
         "health": {"interval_s": 5.0, "timeout_s": 2.0},
     })
@@ -193,7 +207,7 @@ async def measure(requests: int, batches: int, concurrency: int, profile: bool,
     ports = await gateway.start()
     assert ports.http is not None
     data, headers = _request_body(body)
-    model = b"add_sub" if body == "small" else b"identity_UINT8"
+    model = b"add_sub" if body == "small" else b"identity_FP32" if body in JSON_BODIES else b"identity_UINT8"
 
     def request(host: str) -> bytes:
         return (b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n"
@@ -242,7 +256,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--body", choices=BODIES, default="small",
                         help="small: add_sub's JSON request; 1m / 16m: a binary-extension request and answer "
-                             "of that size (an identity model)")
+                             "of that size (an identity model); json1m: the load benchmark's 1 MiB FP32 JSON "
+                             "request (1,284,620 bytes, identity_FP32) and its JSON answer; json1mb: the same "
+                             "under 1 MiB of JSON (999,720 bytes: the whole-body path)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--only", choices=("via", "direct"),
                         help="run only the batches through the gateway (or only those direct), after a fixed "

@@ -38,6 +38,7 @@ from pathlib import Path
 from gateway.grpcengine import unchosen
 
 from .ab import REPO, Tree, _resolve_after, describe, materialise, remove_worktree
+from .inproc import BODIES
 
 __all__ = ["count", "main"]
 
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", help="a git revision to compare with (optional)")
     parser.add_argument("--after", default=str(REPO), help="a directory or revision (default: this checkout)")
-    parser.add_argument("--body", choices=("small", "1m", "16m", GRPC), default="small",
+    parser.add_argument("--body", choices=(*BODIES, GRPC), default="small",
                         help=f"{GRPC}: benchmarks/inproc_grpc.py, which also counts grpcio's bare pass-through")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--requests", default="500,2500", help="the two request counts (default 500,2500)")

@@ -31,7 +31,7 @@ with instrumented(__name__ == "__main__", ("gateway",)):
     from gateway._pb import triton_extensions_pb2 as tx
     from gateway.codec import convert
     from gateway.codec import grpc as grpc_codec
-    from gateway.codec import http as http_codec
+    from gateway.codec import httpdecode
     from gateway.codec.grpcscan import PARSE_MAX, scan_checked
     from gateway.codec.wire import scan_infer_routing, scan_name_version, settings_change
     from gateway.config.security import Limits
@@ -141,7 +141,7 @@ def _check_request(data: bytes, msg: Any) -> None:
                   f"grpc_request_to_http(binary=True) refused a decoded request: {exc.message}")
             continue
         hl = headers.get("inference-header-content-length")
-        again = http_codec.decode_request(b"".join(chunks), None if hl is None else int(hl), "", "")
+        again = httpdecode.decode_request(b"".join(chunks), None if hl is None else int(hl), "", "")
         where = f"gRPC -> HTTP (binary={binary})"
         same_tensors(req.inputs, again.inputs, where, exact=binary)
         same_outputs(req.outputs, again.outputs, where)
@@ -163,7 +163,7 @@ def _check_response(data: bytes) -> None:
     except GatewayError as exc:
         raise FuzzBug(f"a decodable response was refused on its way to HTTP: {exc}") from exc
     hl = headers.get("inference-header-content-length")
-    back = http_codec.decode_response(b"".join(chunks), None if hl is None else int(hl))
+    back = httpdecode.decode_response(b"".join(chunks), None if hl is None else int(hl))
     same_tensors(resp.outputs, back.outputs, "gRPC -> HTTP response")
 
 

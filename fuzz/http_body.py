@@ -40,7 +40,7 @@ with instrumented(__name__ == "__main__", ("gateway",), exclude=("gateway.codec.
     from gateway._pb import grpc_predict_v2_pb2 as pb
     from gateway.codec import content, convert
     from gateway.codec import grpc as grpc_codec
-    from gateway.codec import http as http_codec
+    from gateway.codec import httpdecode, httpencode
     from gateway.codec.jsondepth import InflatingScanner, too_deep
     from gateway.codec.jsonscan import JsonScanner, skeleton
     from gateway.codec.wire import scan_infer_routing
@@ -142,7 +142,7 @@ def _check_request(body: bytes, headers: dict[str, str], plain: bytes, ihcl: str
         message, sequence, _form = convert.http_request_to_grpc(body, headers, "m", "1", LIMIT)
     except GatewayError:
         return
-    req = http_codec.decode_request(plain, content.header_length(ihcl, len(plain)), "m", "1")
+    req = httpdecode.decode_request(plain, content.header_length(ihcl, len(plain)), "m", "1")
     try:
         pb.ModelInferRequest.FromString(message)
     except Exception as exc:
@@ -160,11 +160,11 @@ def _check_request(body: bytes, headers: dict[str, str], plain: bytes, ihcl: str
           f"pass-through affinity {passthrough!r} != converted {sequence!r}")
     for binary in (True, False):
         try:
-            chunks, hl = http_codec.encode_request(req, binary=binary)
+            chunks, hl = httpencode.encode_request(req, binary=binary)
         except InvalidRequest:
             check(not binary, "encode_request(binary=True) refused a decoded request")
             continue
-        again = http_codec.decode_request(b"".join(chunks), hl, "m", "1")
+        again = httpdecode.decode_request(b"".join(chunks), hl, "m", "1")
         same_tensors(req.inputs, again.inputs, f"HTTP re-encoded (binary={binary})", exact=binary)
         check(again.id == req.id, "HTTP re-encoded: id differs")
 
@@ -174,7 +174,7 @@ def _check_response(body: bytes, headers: dict[str, str], plain: bytes, ihcl: st
         message = convert.http_answer_to_grpc(body, headers, LIMIT, "b")
     except GatewayError:
         return
-    resp = http_codec.decode_response(plain, content.header_length(ihcl, len(plain)))
+    resp = httpdecode.decode_response(plain, content.header_length(ihcl, len(plain)))
     try:
         pb.ModelInferResponse.FromString(message)
     except Exception as exc:

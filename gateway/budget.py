@@ -1,6 +1,6 @@
 """A count of bytes held against a limit: pure state, no I/O.
 
-Two users: the HTTP front end's preallocated request bodies (frontend/http.py) and
+Two users: the HTTP front end's preallocated request bodies (frontend/infer.py) and
 admission control over request bytes in flight (``max_inflight_bytes``, proxy.py).
 """
 from __future__ import annotations

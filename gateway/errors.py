@@ -42,6 +42,7 @@ from __future__ import annotations
 
 __all__ = [
     "GRPC_TO_HTTP",
+    "INTERNAL_MESSAGE",
     "HTTP_TO_GRPC",
     "SHARED_MEMORY_REFUSAL",
     "BadUpstreamResponse",
@@ -70,6 +71,11 @@ __all__ = [
     "UpstreamTimeout",
     "UpstreamTooLarge",
 ]
+
+
+# What a client is told of a failure of the gateway's own (a bug; logged with its traceback):
+# every transport says this and nothing more (HTTP 500, gRPC INTERNAL).
+INTERNAL_MESSAGE = "internal gateway error"
 
 
 class GatewayError(Exception):

@@ -19,7 +19,7 @@ defaults serve neither well under load:
 
 Garbage in cycles is still collected, only later: up to :data:`YOUNG` objects of it. The
 gateway avoids making any per request (the body pump's idle timer is a class for that reason:
-upstream/h1/connection.py); what large buffers a cycle might hold is given back by the allocator's idle
+upstream/h1/clock.py); what large buffers a cycle might hold is given back by the allocator's idle
 trim, which collects first (malloc.py).
 
 ``OIP_GATEWAY_GC_TUNING=0`` keeps CPython's defaults.

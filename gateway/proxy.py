@@ -8,11 +8,8 @@ proxy never asks what kind of pool it holds.
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from . import __version__

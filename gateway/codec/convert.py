@@ -27,7 +27,7 @@ from ..errors import (
     UpstreamTooLarge,
 )
 from . import grpc as grpc_codec
-from . import http as http_codec
+from . import httpdecode, httpencode
 from .content import HEADER_LENGTH, decode_content, encode_content, header_length, reply_headers, sequence_key
 
 __all__ = ["AnswerForm", "grpc_answer_to_http", "grpc_request_to_http", "http_answer_to_grpc", "http_request_to_grpc"]
@@ -48,8 +48,8 @@ def http_request_to_grpc(body: bytes | bytearray, headers: Mapping[str, str], mo
                          limit: int) -> tuple[bytes, str | None, AnswerForm]:
     """An HTTP inference body → (ModelInferRequest bytes, sequence affinity, answer form)."""
     body = decode_content(body, headers.get("content-encoding"), limit)
-    request = http_codec.decode_request(body, header_length(headers.get(HEADER_LENGTH), len(body)), model, version)
-    default_binary, overrides = http_codec.binary_policy(request)
+    request = httpdecode.decode_request(body, header_length(headers.get(HEADER_LENGTH), len(body)), model, version)
+    default_binary, overrides = httpdecode.binary_policy(request)
     message = grpc_codec.encode_request(request)
     form = AnswerForm(default_binary, overrides, headers.get("accept-encoding"))
     return message, sequence_key(request.parameters.get("sequence_id")), form
@@ -61,7 +61,7 @@ def grpc_answer_to_http(answer: bytes, form: AnswerForm, backend: str) -> tuple[
         response = grpc_codec.decode_response(answer)
     except InvalidRequest as exc:
         raise BadUpstreamResponse(f"backend '{backend}' sent an unreadable response: {exc.message}") from exc
-    chunks, json_length = http_codec.encode_response(response, default_binary=form.default_binary,
+    chunks, json_length = httpencode.encode_response(response, default_binary=form.default_binary,
                                                      overrides=form.overrides)
     chunks, coding = encode_content(chunks, form.accept_encoding)
     return chunks, reply_headers(json_length, coding)
@@ -73,7 +73,7 @@ def grpc_request_to_http(message: bytes, *, binary: bool,
     so goes its answer): binary extension, or JSON only (``base64_bytes``: BYTES that are
     not UTF-8 go as MLServer's base64 content type instead of being refused)."""
     request = grpc_codec.decode_request(message)
-    chunks, json_length = http_codec.encode_request(request, binary=binary, base64_bytes=base64_bytes)
+    chunks, json_length = httpencode.encode_request(request, binary=binary, base64_bytes=base64_bytes)
     return chunks, reply_headers(json_length), grpc_codec.uses_typed_contents(message)
 
 
@@ -91,7 +91,7 @@ def http_answer_to_grpc(body: bytes | bytearray, headers: Mapping[str, str], lim
     try:
         # Read by Inference-Header-Content-Length, never by content type: OVMS sends
         # binary answers as application/json with that header.
-        response = http_codec.decode_response(body, header_length(headers.get(HEADER_LENGTH), len(body)))
+        response = httpdecode.decode_response(body, header_length(headers.get(HEADER_LENGTH), len(body)))
     except InvalidRequest as exc:
         raise BadUpstreamResponse(f"backend '{backend}' sent an unreadable response: {exc.message}") from exc
     if final_flag:

@@ -1,6 +1,10 @@
-"""Configuration: frozen dataclasses (schema) and the YAML loader."""
+"""Configuration: frozen dataclasses (schema, and by section: network, backends, routes, security, v1)
+and the YAML loader."""
+from .backends import DEFAULT_MAX_MESSAGE_BYTES, Backend
 from .loader import load_config, parse_config
-from .schema import DEFAULT_MAX_MESSAGE_BYTES, Backend, BackendTls, GatewayConfig, Health, HostPort, Listen, Route, Tls
+from .network import BackendTls, HostPort, Listen, Tls
+from .routes import Route
+from .schema import GatewayConfig, Health
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",

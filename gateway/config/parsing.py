@@ -144,3 +144,16 @@ def secret(p: Problems, key: str, raw: Any) -> str | None:
         p.add(key, "the value is empty or holds a line break")
         return None
     return value
+
+
+def _section(p: Problems, key: str, raw: Any, keys: set[str], cls: Callable[..., T],
+             ints: tuple[str, ...] = ()) -> T | None:
+    """A mapping of numbers onto a frozen dataclass (health, outlier, dns timings)."""
+    data = mapping(p, key, raw)
+    if data is None:
+        return None
+    p.check_keys(key, data, keys)
+    kwargs = {k: number(p, f"{key}.{k}", v, int if k in ints else float) for k, v in data.items() if k in keys}
+    if any(v is None for v in kwargs.values()):
+        return None
+    return p.build(key, lambda: cls(**kwargs))

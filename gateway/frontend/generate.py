@@ -24,10 +24,10 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from ..codec.content import is_count
 from ..codec.generate import error_json, sse_event
 from ..dataplane import ClientDisconnected, DataPlane, StreamedBody, is_streamed
-from ..errors import GatewayError, PayloadTooLarge, Unsupported, UpstreamError
+from ..errors import GatewayError, UpstreamError
+from .answers import INTERNAL_ANSWER, error_parts, read_body
 from ..observability.metrics import Metrics, RouteLabel
 
 __all__ = ["GenerateHandler", "build_generate", "generate_target"]
@@ -69,24 +69,6 @@ class _Outcome:
         self.label: RouteLabel | None = None
 
 
-async def _read_body(receive: Receive, declared: str | None, limit: int) -> bytes:
-    if declared is not None and is_count(declared) and int(declared) > limit:
-        raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnected
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
 async def _gone(receive: Receive) -> None:
     """Returns when the client has disconnected (the body has been read by then)."""
     while (await receive())["type"] != "http.disconnect":
@@ -97,8 +79,6 @@ def build_generate(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
                    route_label: Callable[[str, str], RouteLabel],
                    check: Callable[[bytes], None] = lambda body: None) -> GenerateHandler:
     """``check``: run on every body before it goes on (the HTTP front end's JSON nesting limit)."""
-    from .http import error_parts  # (frontend/http.py imports this module)
-
     access = metrics.access if metrics is not None else None
 
     async def send_whole(send: Send, out: _Outcome, status: int, body: bytes | bytearray,
@@ -151,7 +131,7 @@ def build_generate(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         except Exception:
             out.label = route_label(model, version)
             log.exception("unhandled error in generate")
-            await send_whole(send, out, 500, error_json("internal gateway error"), [(b"content-type", _JSON)])
+            await send_whole(send, out, 500, INTERNAL_ANSWER, [(b"content-type", _JSON)])
             return
         # The route's label is read in the task that routed the request (the data plane may
         # note there which side of a split it took).
@@ -191,7 +171,7 @@ def build_generate(plane: DataPlane, metrics: Metrics | None, *, max_message_byt
         record = access.begin(headers.get("x-request-id")) if access is not None else None
         out = _Outcome()
         try:
-            body = await _read_body(receive, headers.get("content-length"), max_message_bytes) \
+            body = await read_body(receive, max_message_bytes, headers.get("content-length")) \
                 if scope["method"] == "POST" else None
             if body is not None:
                 check(body)

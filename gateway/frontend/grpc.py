@@ -26,7 +26,7 @@ from ..errors import SHARED_MEMORY_REFUSAL, GatewayError, InvalidRequest, Unsupp
 from ..grpcengine import READ_BUFFER_OPTION
 from ..security.guard import Gate
 from ..observability.access import AccessRecord
-from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
+from ..observability.metrics import SERVER_LEVEL, Metrics, RouteLabel
 from .grpcunary import CALL_METADATA, Infer, Seen, Unary, abort_with, call_metadata, failure_code, grpc_trailers
 from .kinds import GRPC_KINDS, admit_grpc
 

@@ -23,7 +23,7 @@ from grpc import aio
 
 from ..codec.grpcscan import InferScan
 from ..dataplane import DataPlane
-from ..errors import GatewayError, InvalidRequest, UpstreamError
+from ..errors import INTERNAL_MESSAGE, GatewayError, InvalidRequest, UpstreamError
 from ..observability.access import AccessRecord
 from ..observability.metrics import SERVER_LEVEL, Metrics, Observer, RouteLabel
 
@@ -72,7 +72,7 @@ async def abort_with(context: Any, exc: Exception, record: AccessRecord | None, 
         await context.abort(grpc.StatusCode[exc.grpc_code], exc.message, grpc_trailers(exc))
     else:
         log.error("unhandled error in %s", api, exc_info=exc)
-        await context.abort(grpc.StatusCode.INTERNAL, "internal gateway error")
+        await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
 
 
 class Seen:

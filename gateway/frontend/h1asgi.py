@@ -18,7 +18,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from email.utils import formatdate
 from typing import Any
 
-from .h1direct import INTERNAL_ANSWER, status_line
+from .answers import INTERNAL_ANSWER
+from .h1direct import status_line
 
 __all__ = ["HIGH", "AsgiApp", "AsgiExchange"]
 

@@ -10,7 +10,7 @@ request to the ASGI application (``h1asgi.py``); for a request its router claims
 keep-alive, pipelining and shutdown handled by the connection).
 
 Body: chunks are kept as the parser hands them over (no copy) — or, for a large body read past
-the parser (h1listen.py ``go_raw``), as views of buffers nothing writes over again — until the
+the parser (h1conn.py ``go_raw``), as views of buffers nothing writes over again — until the
 handler takes them; reading pauses while more than ``_HIGH`` bytes wait. Answer: a head built
 once and written with the body in one ``writelines`` (one system call for a small answer).
 """
@@ -24,9 +24,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from ..dataplane import ClientDisconnected
+from .answers import INTERNAL_ANSWER
 from .incoming import body_chunks
 
-__all__ = ["INTERNAL_ANSWER", "DirectExchange", "DirectRoute", "Handler", "Now", "status_line"]
+__all__ = ["DirectExchange", "DirectRoute", "Handler", "Now", "status_line"]
 
 log = logging.getLogger("oip_gateway.http")
 
@@ -50,8 +51,6 @@ def status_line(code: int) -> bytes:
 
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-# The answer to a failure of the gateway's own (a bug): every HTTP path writes this one.
-INTERNAL_ANSWER = b'{"error":"internal gateway error"}'
 _INTERNAL = INTERNAL_ANSWER
 
 
@@ -71,7 +70,7 @@ class DirectExchange:
 
     def __init__(self, protocol: Any, route: DirectRoute, method: str, path: str, raw_path: bytes, query: bytes,
                  headers: list[tuple[bytes, bytes]], keep_alive: bool, expect_continue: bool) -> None:
-        self._protocol = protocol  # the listener's Connection (h1listen.py)
+        self._protocol = protocol  # the listener's Connection (h1conn.py)
         self.transport: asyncio.Transport = protocol.transport
         self._handler, self._now = route
         # Held by the listener until the whole body is here, then served by ``now`` (or,
@@ -204,7 +203,7 @@ class DirectExchange:
 
     def whole(self) -> bytes | memoryview:
         """The body, all of it here (a deferred request), kept until :meth:`taken`: bytes, or
-        a view of the buffer a binary body was read into whole (h1listen.py WHOLE_MAX)."""
+        a view of the buffer a binary body was read into whole (h1conn.py WHOLE_MAX)."""
         chunks = self._chunks
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 

@@ -2,8 +2,8 @@
 checked against its declared length, the JSON nesting limit and the per-request limits as it comes.
 
 Its own module because its iterators are async generators, which mypyc does not compile:
-setup.py compiles frontend/h1direct.py (whose ``chunks()`` is :func:`body_chunks`) and may
-compile frontend/http.py one day.
+setup.py compiles frontend/h1direct.py (whose ``chunks()`` is :func:`body_chunks`) and
+frontend/infer.py (which reads bodies through this module).
 """
 from __future__ import annotations
 

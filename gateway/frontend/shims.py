@@ -1,5 +1,5 @@
 """Python functions around the front end's coroutines, for libraries that look at what they
-are given (this module is not compiled; setup.py compiles frontend/http.py).
+are given (this module is not compiled; setup.py compiles the front end modules on the hot path).
 
 Starlette's ``Route`` serves an endpoint as a request handler only when ``inspect.isfunction``
 says it is a function, else it calls it as a raw ASGI app; a mypyc-compiled function (or a

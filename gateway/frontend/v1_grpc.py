@@ -29,8 +29,8 @@ from ..codec.limits import check_names
 from ..codec.v1 import v1_version
 from ..config.security import Limits
 from ..dataplane import DataPlane
-from ..errors import GatewayError, InvalidRequest, UpstreamError
-from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
+from ..errors import INTERNAL_MESSAGE, GatewayError, InvalidRequest, UpstreamError
+from ..observability.metrics import SERVER_LEVEL, Metrics, RouteLabel
 from ..security.guard import Gate, INFER, METADATA
 from .grpc import grpc_trailers
 from .kinds import admit_grpc
@@ -79,7 +79,7 @@ def build_v1_grpc_handler(plane: DataPlane, metrics: Metrics | None, gate: Gate,
             err = exc
         except Exception:
             log.exception("unhandled error in %s", api)
-            err = GatewayError("internal gateway error")
+            err = GatewayError(INTERNAL_MESSAGE)
         if err is not None:
             answer = fail(bridge.status_of(err, request_id))
             if record is not None and not isinstance(err, UpstreamError):

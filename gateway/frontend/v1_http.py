@@ -26,8 +26,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..codec.v1 import parse_header_text, status_text
 from ..config.security import Limits
 from ..dataplane import ClientDisconnected, DataPlane
-from ..errors import GatewayError, InvalidRequest, ModelNotFound, PayloadTooLarge, UpstreamError
-from ..observability.metrics import SERVER_LEVEL, UNROUTED, Metrics, RouteLabel
+from ..errors import INTERNAL_MESSAGE, GatewayError, InvalidRequest, ModelNotFound, UpstreamError
+from .answers import read_body
+from ..observability.metrics import SERVER_LEVEL, Metrics, RouteLabel
 from .v1_bridge import V1Bridge, path_version
 
 __all__ = ["build_v1_http_app"]
@@ -45,23 +46,6 @@ class _Answer(Exception):
         super().__init__(err.message)
         self.status = status
         self.err = err
-
-
-async def _body(receive: Receive, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnected
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        if chunk:
-            chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 def build_v1_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_bytes: int,
@@ -108,7 +92,7 @@ def build_v1_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_
                 if text is None:
                     raise InvalidRequest("the NV-InferRequest header is required (API text \"Inference\")")
                 header, legacy = parse_header_text(text)
-                data = await _body(receive, max_message_bytes)
+                data = await read_body(receive, max_message_bytes)
                 if metrics is not None:
                     metrics.bytes_in("http").observe(len(data))
                 if record is not None:
@@ -128,7 +112,7 @@ def build_v1_http_app(plane: DataPlane, metrics: Metrics | None, *, max_message_
             err = exc
         except Exception:
             log.exception("unhandled error in %s", api)
-            err = GatewayError("internal gateway error")
+            err = GatewayError(INTERNAL_MESSAGE)
         if err is not None:
             if status == 200:
                 status = err.http_status

@@ -58,7 +58,7 @@ async def via_http(pool: HttpPool, model: str, version: str, body: bytes, header
     """Pass-through: the body as received; status, headers and body back unchanged. A
     stream's answer of unknown length (chunked) comes back as a BodyStream, relayed as it
     arrives; the whole exchange is bounded by the pool's ``timeout_s``."""
-    from .http import model_path
+    from .http_endpoint import model_path
 
     fwd = {k: v for k in forwarded if (v := headers.get(k)) is not None}
     path = model_path(model, version) + ("/generate_stream" if stream else "/generate")

@@ -1,9 +1,7 @@
 """gRPC backend pools: the only grpc client code of the gateway.
 
-One ``grpc.aio`` channel per endpoint, max message sizes set on each (gRPC's
-4 MiB default is the most reported failure of other gateways). ModelInfer goes
-through a generic multi-callable with no serializers: the request bytes are
-sent as received and the response bytes returned as received. An HTTP client's
+One ``grpc.aio`` channel per endpoint (``grpc_endpoint.py``: the channel's options, the
+calls it makes; ModelInfer's request and response bytes go as received). An HTTP client's
 request is converted (``codec/convert.py``).
 
 A backend is untrusted input here too (docs/design-notes.md, "Backends are untrusted input").
@@ -17,9 +15,7 @@ or a Refused when nothing can have run); only a status the backend chose is rela
 """
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
-from operator import attrgetter
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -39,7 +35,7 @@ from ..codec.triton import (
     trace_to_pb,
     version_refusal,
 )
-from ..config.schema import Backend, BackendTls, HostPort
+from ..config.schema import Backend, HostPort
 from ..dataplane import HttpReply, IncomingBody
 from ..errors import (
     BadUpstreamResponse,
@@ -53,118 +49,13 @@ from ..errors import (
     UpstreamTimeout,
     UpstreamTooLarge,
 )
-from ..grpcengine import READ_BUFFER_OPTION
 from ..routing.table import STATEFUL
+from .grpc_endpoint import _INFER, GrpcEndpoint, _Rpc, channel_options
 from .grpcfault import Fault, fault, never_sent, seconds
-from .pool import TRITON_GRPC_PREFIX, Endpoint, Pool, Refused, is_not_ready_message
+from .pool import TRITON_GRPC_PREFIX, Pool, Refused, is_not_ready_message
 
-__all__ = ["METHOD_PREFIX", "RAW_RPCS", "Fault", "GrpcEndpoint", "GrpcPool", "channel_options", "fault"]
-
-METHOD_PREFIX = "/inference.GRPCInferenceService/"
-
-# Triton's extension RPCs, relayed as bytes (their messages are Triton's own,
-# grpc_service.proto / model_config.proto, which the V2 spec does not define).
-RAW_RPCS = ("ModelConfig", "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
-            "TraceSetting", "LogSettings")
-
-# A unary call on an endpoint: a grpc.aio multi-callable.
-_Rpc = Callable[..., Awaitable[Any]]
-
-# An endpoint's ModelInfer callable: attrgetter is C, where a lambda is a Python frame per call.
-_INFER: Callable[[GrpcEndpoint], _Rpc] = attrgetter("infer")
-
-
-# Unary RPCs other than ModelInfer: (request type, response type).
-_TYPED: dict[str, tuple[Any, Any]] = {
-    "ServerLive": (pb.ServerLiveRequest, pb.ServerLiveResponse),
-    "ServerReady": (pb.ServerReadyRequest, pb.ServerReadyResponse),
-    "ModelReady": (pb.ModelReadyRequest, pb.ModelReadyResponse),
-    "ServerMetadata": (pb.ServerMetadataRequest, pb.ServerMetadataResponse),
-    "ModelMetadata": (pb.ModelMetadataRequest, pb.ModelMetadataResponse),
-}
-
-
-def channel_options(max_message_bytes: int) -> list[tuple[str, int | str]]:
-    return [
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.keepalive_time_ms", 30_000),
-        ("grpc.keepalive_timeout_ms", 10_000),
-        ("grpc.http2.max_pings_without_data", 0),
-        # The pool retries itself (safe retries only); grpc-core's transparent-retry
-        # machinery only adds per-call buffering. Measured here on a pass-through
-        # proxy: +37% RPC/s with retries off, +42% with throughput tuning too.
-        ("grpc.enable_retries", 0),
-        ("grpc.optimization_target", "throughput"),
-        # A restarted pod is reconnected within a second or two of coming back, not
-        # after grpc's default backoff (up to 120 s): the health checker decides when
-        # it takes traffic again.
-        # (Not min_reconnect_backoff_ms: grpc also takes it as the connect timeout.)
-        ("grpc.initial_reconnect_backoff_ms", 250),
-        ("grpc.max_reconnect_backoff_ms", 2_000),
-        READ_BUFFER_OPTION,  # what the backend connection keeps allocated between reads (grpcengine.py)
-    ]
-
-
-def _credentials(tls: BackendTls) -> grpc.ChannelCredentials:
-    def read(path: str | None) -> bytes | None:
-        if path is None:
-            return None
-        with open(path, "rb") as fh:
-            return fh.read()
-
-    return grpc.ssl_channel_credentials(read(tls.ca), read(tls.key), read(tls.cert))
-
-
-class GrpcEndpoint(Endpoint):
-    __slots__ = ("_drained", "_grace", "_inflight", "channel", "infer", "raw", "stream", "typed")
-
-    def __init__(self, address: HostPort, backend: Backend) -> None:
-        super().__init__(address)
-        opts = channel_options(backend.max_message_bytes)
-        tls = backend.tls
-        if tls is None:
-            ch = aio.insecure_channel(str(address), options=opts)
-        else:
-            extra = [("grpc.ssl_target_name_override", tls.server_name)] if tls.server_name else []
-            ch = aio.secure_channel(str(address), _credentials(tls), options=opts + extra)
-        self.channel = ch
-        # ModelInfer, every inference, through grpc.aio's public multi-callable. (grpc's Cython call
-        # object awaited in the caller's own task saved ~32 k instructions per call, but only
-        # through grpcio's private modules: not an interface any release keeps.)
-        self.infer: _Rpc = ch.unary_unary(METHOD_PREFIX + "ModelInfer")
-        self.stream = ch.stream_stream(METHOD_PREFIX + "ModelStreamInfer")
-        self.typed = {
-            name: ch.unary_unary(METHOD_PREFIX + name, request_serializer=req.SerializeToString,
-                                 response_deserializer=resp.FromString)
-            for name, (req, resp) in _TYPED.items()
-        }
-        self.raw = {name: ch.unary_unary(METHOD_PREFIX + name) for name in RAW_RPCS}
-        self._inflight = 0  # calls and open streams on this endpoint now
-        self._grace = backend.timeout_s
-        self._drained: asyncio.Event | None = None  # set when _inflight reaches 0, while closing
-
-    @property
-    def inflight(self) -> int:
-        return self._inflight
-
-    async def close(self) -> None:
-        # Calls in flight finish (within timeout_s) before the channel goes: the endpoint waits
-        # for its own count, streams included. What is still in flight after that is cancelled
-        # by the close.
-        if self._inflight:
-            self._drained = asyncio.Event()
-            try:
-                await asyncio.wait_for(self._drained.wait(), self._grace)
-            except TimeoutError:
-                pass
-        await self.channel.close()
-
-    def left(self) -> None:
-        """A call or stream on this endpoint has ended."""
-        self._inflight -= 1
-        if self._drained is not None and self._inflight == 0:
-            self._drained.set()
+# (channel_options is grpc_endpoint.py's; benchmarks/ import it from here.)
+__all__ = ["Fault", "GrpcPool", "channel_options", "fault"]
 
 
 class GrpcPool(Pool[GrpcEndpoint]):

@@ -44,7 +44,8 @@ from typing import Any, TypeVar
 
 from ..config.schema import Health
 from ..routing.readiness import Ready
-from .pool import Endpoint, Pool
+from .endpoints import Endpoint
+from .pool import Pool
 
 __all__ = ["HealthChecker"]
 

@@ -1,23 +1,21 @@
 """HTTP backend pools: the only HTTP client code of the gateway.
 
-Each endpoint has a pool of keep-alive HTTP/1.1 connections (``h1.py``).
+Each endpoint has a pool of keep-alive HTTP/1.1 connections (``h1``; ``http_endpoint.py``).
 Pass-through bodies go out and come back as bytes, untouched — a compressed
 answer reaches a client that asked for it byte for byte. A gRPC client's request
 is converted (``codec/convert.py``). Foreign errors are mapped to the gateway's
-error tree here, once (``raise ... from exc``).
+error tree once, where an exchange is made (``http_exchange.py``: ``raise ... from exc``).
 """
 from __future__ import annotations
 
-import ssl
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import orjson
 
 from ..admission import COST_CONVERT, COST_PASS_HTTP
-from ..codec.content import HEADER_LENGTH, inflate_prefix, is_count, sequence_of_compressed, sequence_of_json
+from ..codec.content import HEADER_LENGTH, sequence_of_json
 from ..codec.convert import grpc_request_to_http, http_answer_to_grpc
 from ..codec.grpc import encode_stream_response
 from ..codec.repository import INDEX_REQUEST_JSON, IndexEntry, parse_index_json
@@ -31,36 +29,27 @@ from ..codec.triton import (
     version_refusal,
 )
 from ..codec.wire import scan_infer_routing
-from ..config.schema import Backend, BackendTls, HostPort
 from ..dataplane import HttpReply, IncomingBody
-from ..errors import (
-    GatewayError,
-    InvalidRequest,
-    ModelNotReady,
-    NoEndpointAvailable,
-    RequestTimeout,
-    UpstreamError,
-    UpstreamFraming,
-    UpstreamReset,
-    UpstreamTimeout,
-    UpstreamTooLarge,
-)
+from ..errors import GatewayError, InvalidRequest, ModelNotReady
 from ..observability.access import AccessRecord
 from ..routing.table import STATEFUL
-from .h1 import (
-    AnswerLimits,
-    BadAnswer,
-    BodyStream,
-    ConnectFailed,
-    ConnectionDropped,
-    H1ConnectionPool,
-    H1Response,
-    SourceStalled,
+from .h1 import BodyStream, H1Response
+from .http_affinity import http_affinity
+from .http_endpoint import (
+    _NOT_READY_STATUS,
+    HttpEndpoint,
+    UpstreamReply,
+    _picked,
+    _relayed,
+    error_from_reply,
+    family_of,
+    model_path,
 )
-from .pool import TRITON_GRPC_PREFIX, Endpoint, Pool, Refused, _always
+from .http_exchange import HttpExchange
+from .pool import TRITON_GRPC_PREFIX, Refused
 
-__all__ = ["STREAM_MIN", "BodyStream", "HttpEndpoint", "HttpPool", "UpstreamReply", "error_from_reply",
-           "model_path"]
+# (http_affinity is http_affinity.py's; proxy.py imports it from here.)
+__all__ = ["STREAM_MIN", "HttpPool", "http_affinity"]
 
 # Pass-through answers at least this large are relayed chunk by chunk as they
 # arrive instead of being held whole; large binary-extension requests stream to
@@ -69,116 +58,8 @@ __all__ = ["STREAM_MIN", "BodyStream", "HttpEndpoint", "HttpPool", "UpstreamRepl
 # most 1.5 x the payload per request in flight on the binary and raw paths (benchmarks/conversion).
 STREAM_MIN = 256 * 1024
 
-# Response headers worth relaying to the client; hop-by-hop and framing
-# headers (content-length, transfer-encoding, connection) are the server's own.
-_RELAYED = ("content-type", "inference-header-content-length", "content-encoding")
 
-# Error answers that may mean "model not (yet) here": read as such only from an
-# endpoint the checker thought ready (Pool.refusal).
-_NOT_READY_STATUS = frozenset({400, 404, 503})
-
-
-def _picked(headers: Mapping[str, str], names: Sequence[str]) -> dict[str, str]:
-    """The headers named in ``names`` that ``headers`` has. (A loop, not a comprehension: twice
-    on every HTTP request, and a comprehension is a function call of its own.)"""
-    picked: dict[str, str] = {}
-    get = headers.get
-    for k in names:
-        v = get(k)
-        if v is not None:
-            picked[k] = v
-    return picked
-
-
-def _relayed(headers: Mapping[str, str]) -> dict[str, str]:
-    """The backend answer's headers the gateway relays."""
-    return _picked(headers, _RELAYED)
-
-
-class HttpEndpoint(Endpoint):
-    __slots__ = ("connections", "family")
-
-    def __init__(self, address: HostPort, connections: H1ConnectionPool) -> None:
-        super().__init__(address)
-        self.connections = connections
-        # The server family (config FAMILIES) from its metadata's name, once read (check_live).
-        self.family: str | None = None
-
-    @property
-    def inflight(self) -> int:
-        """Exchanges in progress on this endpoint (a streamed answer counts until its end)."""
-        return self.connections.busy
-
-    async def close(self) -> None:
-        self.connections.close()  # idle connections now; busy ones when their exchange ends
-
-
-# Not frozen: made for every answer, and a frozen dataclass's __init__ sets each field through
-# object.__setattr__ (~3 x the cost). Nothing writes to one after it is made.
-@dataclass(slots=True)
-class UpstreamReply:
-    status: int
-    body: bytes | bytearray | BodyStream  # a BodyStream only when the caller passed ``stream_min``
-    headers: Mapping[str, str]
-    endpoint: HttpEndpoint | None = None  # the one that answered
-
-
-def ssl_context(tls: BackendTls | None) -> ssl.SSLContext | None:
-    """The client TLS context of a backend (None: plain text)."""
-    if tls is None:
-        return None
-    ctx = ssl.create_default_context(cafile=tls.ca)
-    if tls.cert is not None:
-        ctx.load_cert_chain(tls.cert, tls.key)
-    return ctx
-
-
-def model_path(model: str, version: str) -> str:
-    """``/v2/models/{m}[/versions/{v}]`` with both segments percent-encoded."""
-    path = "/v2/models/" + quote(model, safe="")
-    if version:
-        path += "/versions/" + quote(version, safe="")
-    return path
-
-
-def _refused(where: str, exc: BadAnswer) -> GatewayError:
-    """The h1 client's refusal of an answer as the gateway's error (502 / INTERNAL)."""
-    cls = UpstreamTooLarge if exc.kind == BadAnswer.TOO_LARGE else UpstreamFraming
-    return cls(f"{where}: {exc}")
-
-
-def family_of(name: Any) -> str:
-    """A server family (config FAMILIES) from a server metadata ``name``."""
-    text = name.lower() if isinstance(name, str) else ""
-    for family in ("triton", "mlserver", "kserve"):
-        if family in text:
-            return family
-    return "other"
-
-
-def error_from_reply(reply: UpstreamReply) -> UpstreamError:
-    """A backend's HTTP error, relayed: status and body unchanged; the message is
-    the body's ``error`` string (spec "Inference Response JSON Error Object")."""
-    body = bytes(reply.body) if isinstance(reply.body, (bytes, bytearray)) else b""
-    message = body.decode("utf-8", "replace")
-    try:
-        parsed = orjson.loads(body)
-        if isinstance(parsed, dict) and isinstance(parsed.get("error"), str):
-            message = parsed["error"]
-    except orjson.JSONDecodeError:
-        pass
-    return UpstreamError(
-        message or f"backend answered HTTP {reply.status}",
-        http_status=reply.status,
-        body=body,
-        content_type=reply.headers.get("content-type"),
-    )
-
-
-Body = bytes | bytearray | list[bytes | memoryview] | IncomingBody | None
-
-
-class HttpPool(Pool[HttpEndpoint]):
+class HttpPool(HttpExchange):
     protocol = "http"
     serves_now = True
 
@@ -190,113 +71,6 @@ class HttpPool(Pool[HttpEndpoint]):
 
     def generate_cost(self) -> int:
         return COST_PASS_HTTP
-
-    def __init__(self, backend: Backend) -> None:
-        super().__init__(backend)
-        self._ssl = ssl_context(backend.tls)
-        self._check_headers = dict(backend.check_headers)
-        self._base64_bytes = backend.non_utf8_bytes == "base64"
-        self._infer_paths: dict[tuple[str, str], str] = {}
-        self._apply(frozenset())  # static endpoints exist from the start: no loop needed
-
-    def _make(self, address: HostPort) -> HttpEndpoint:
-        b = self.backend
-        limits = AnswerLimits(b.max_answer_header_count, b.max_answer_head_bytes, b.max_message_bytes)
-        return HttpEndpoint(address, H1ConnectionPool(
-            address.host, address.port, connect_timeout=b.connect_timeout_s, ssl=self._ssl,
-            server_name=b.tls.server_name if b.tls else None, max_connections=b.max_connections, limits=limits))
-
-    # -- one exchange on one endpoint ---------------------------------------------------
-    async def _send(self, ep: HttpEndpoint, method: str, path: str, *, body: Body = None,
-                    headers: Mapping[str, str] | None = None, timeout: float | None = None,
-                    stream_min: int | None = None, stream_unsized: bool = False,
-                    max_body: int | None = None, stateful: bool = False) -> UpstreamReply:
-        """Raises Refused when nothing of an answer came (connection refused, or closed
-        before a byte of it), so the request may go to another endpoint. ``stream_unsized``:
-        an answer of unknown length (chunked) comes as a BodyStream (generate_stream).
-        ``max_body``: a lower body limit than the pool's (health checks). ``stateful``: a
-        request of a sequence, never sent twice (see :meth:`_mapped`)."""
-        tmo = self.backend.timeout_s if timeout is None else min(timeout, self.backend.timeout_s)
-        try:
-            resp = await ep.connections.request(method, path, body=body, headers=headers, timeout=tmo,  # type: ignore[arg-type]
-                                                stream_min=stream_min, stream_unsized=stream_unsized,
-                                                max_body=max_body, resend=not stateful)
-        except (SourceStalled, TimeoutError, ConnectFailed, ConnectionDropped, BadAnswer) as exc:
-            raise self._mapped(ep, exc, tmo, stateful) from exc
-        return self._reply(ep, resp, tmo)
-
-    def _mapped(self, ep: HttpEndpoint, exc: Exception, tmo: float, stateful: bool = False) -> Exception:
-        """The h1 client's error as the gateway's: a Refused when nothing of an answer came
-        (the request may go to another endpoint).
-
-        When a request is sent again (docs/config.md "Retries"): only when the endpoint could
-        not be reached (nothing was written), or when the connection closed before a single
-        byte of the answer — a reused one (the keep-alive race: the backend closed it idle as
-        the request went out) on the same endpoint, a fresh one on another. A ``stateful``
-        request (one carrying a ``sequence_id``) is never sent again once any of its bytes were
-        written: a sequence's step must not run twice, so that close is an UpstreamReset."""
-        where = self._where(ep)
-        if isinstance(exc, SourceStalled):
-            return RequestTimeout(str(exc))
-        if isinstance(exc, TimeoutError):
-            return UpstreamTimeout(f"{where}: {str(exc) or f'did not answer within {tmo}s'}")
-        if isinstance(exc, ConnectFailed):
-            return Refused(NoEndpointAvailable(f"{where} is unreachable: {exc}"), kind=Refused.TRANSPORT)
-        if isinstance(exc, ConnectionDropped) and exc.before_response and not stateful:
-            return Refused(NoEndpointAvailable(f"{where}: {exc}"), kind=Refused.TRANSPORT)
-        self.transport_failed(ep)
-        if isinstance(exc, BadAnswer):
-            return _refused(where, exc)
-        if isinstance(exc, ConnectionDropped) and exc.before_response:
-            return UpstreamReset(f"{where}: {exc} before answering a request of a sequence (not sent again: "
-                                 f"it may have run)")
-        return UpstreamReset(f"{where}: {exc}")
-
-    def _reply(self, ep: HttpEndpoint, resp: H1Response, tmo: float) -> UpstreamReply:
-        return UpstreamReply(resp.status, self._answer_body(ep, resp, tmo), _relayed(resp.headers), ep)
-
-    def _answer_body(self, ep: HttpEndpoint, resp: H1Response, tmo: float) -> bytes | bytearray | BodyStream:
-        if isinstance(resp.body, BodyStream):
-            resp.body.map_error = self._stream_error(ep, tmo)
-        return resp.body
-
-    def _where(self, ep: HttpEndpoint) -> str:
-        return f"backend '{self.name}' endpoint {ep.address}"
-
-    def _stream_error(self, ep: HttpEndpoint, tmo: float) -> Callable[[Exception], Exception]:
-        def mapped(exc: Exception) -> Exception:
-            if isinstance(exc, TimeoutError):
-                return UpstreamTimeout(f"backend '{self.name}' endpoint {ep.address}: "
-                                       f"answer not complete within {tmo}s")
-            if isinstance(exc, BadAnswer):
-                return _refused(self._where(ep), exc)
-            return UpstreamReset(f"backend '{self.name}' endpoint {ep.address}: {exc}")
-
-        return mapped
-
-    async def request(self, method: str, path: str, model: str, version: str, *, body: Body = None,
-                      headers: Mapping[str, str] | None = None, timeout: float | None = None,
-                      affinity: str | None = None, stream_min: int | None = None,
-                      stream_unsized: bool = False) -> UpstreamReply:
-        """One exchange on the pool for ``model``: chosen endpoint, safe retries. An error
-        answer meaning "model not here" from an endpoint thought ready is retried too."""
-        # (Not isinstance(body, IncomingBody): a runtime Protocol check costs ~20 µs.)
-        resendable = _always if body is None or isinstance(body, (bytes, bytearray, list)) \
-            else (lambda: not body.consumed)
-
-        stateful = affinity is not None or STATEFUL.get()
-
-        async def send(ep: HttpEndpoint) -> UpstreamReply:
-            reply = await self._send(ep, method, path, body=body, headers=headers, timeout=timeout,
-                                     stream_min=stream_min, stream_unsized=stream_unsized, stateful=stateful)
-            if reply.status in _NOT_READY_STATUS and not isinstance(reply.body, BodyStream):
-                error = error_from_reply(reply)
-                outcome = self.refusal(ep, model, version, error, resendable())
-                if outcome is not error:
-                    raise outcome
-            return reply
-
-        return await self.attempt(model, version, affinity, send, (), resendable)
 
     # -- health checker ----------------------------------------------------------------
     async def check_live(self, ep: HttpEndpoint, timeout: float) -> bool:
@@ -594,44 +368,3 @@ class HttpPool(Pool[HttpEndpoint]):
         from .generate import via_http  # (it imports this module)
 
         return await via_http(self, model, version, body, headers, forwarded, stream)
-
-
-async def http_affinity(body: bytes | bytearray | IncomingBody, headers: Mapping[str, str], limit: int,
-                        several: bool) -> tuple[bytes | bytearray | IncomingBody, str | None]:
-    """(body, its ``sequence_id``) of an HTTP inference request, reading no more of a large
-    body than that takes; ``several``: there is a choice to make (else a compressed body is
-    not inflated for it)."""
-    json_length = headers.get(HEADER_LENGTH)
-    compressed = headers.get("content-encoding", "identity").strip().lower() != "identity"
-    if compressed and not several:
-        return body, None  # one endpoint: nothing to choose, nothing to inflate
-    if compressed:
-        if not isinstance(body, (bytes, bytearray)) and not is_count((json_length or "").strip()):
-            body = await body.read()  # all JSON: a sequence_id could be anywhere in it
-        return body, await _compressed_sequence(body, json_length, limit)
-    if isinstance(body, (bytes, bytearray)):
-        return body, sequence_of_json(body, json_length)
-    if json_length is not None and is_count(json_length.strip()):
-        # Binary extension: the JSON part comes first and holds any sequence_id;
-        # the tensor bytes behind it stream to the backend as they arrive.
-        return body, sequence_of_json(await body.prefix(int(json_length)), json_length)
-    body = await body.read()  # all JSON: a sequence_id could be anywhere in it
-    return body, sequence_of_json(body, None)
-
-
-async def _compressed_sequence(body: bytes | bytearray | IncomingBody, json_length: str | None,
-                               limit: int) -> str | None:
-    """``sequence_id`` of a gzip/deflate body bound for a pool of several endpoints. A
-    binary-extension body still arriving is inflated only up to its JSON part, from as
-    little of it as that takes (the rest still streams)."""
-    if isinstance(body, (bytes, bytearray)):
-        return sequence_of_compressed(body, json_length, limit)
-    if json_length is None:
-        raise InvalidRequest("compressed body without Inference-Header-Content-Length read unread")
-    need, size = int(json_length.strip()), 1 << 16
-    while True:
-        raw = await body.prefix(size)
-        out = inflate_prefix(raw, need)
-        if out is None or len(out) >= need or len(raw) < size:
-            return sequence_of_json(out, json_length) if out else None
-        size *= 4

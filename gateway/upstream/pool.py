@@ -8,10 +8,10 @@ converts through ``codec/convert.py``. No caller branches on the pool type.
 
 Shared here:
 
-- **endpoint set**: static addresses plus those DNS discovery finds; endpoints
-  come and go (``set_addresses``) without disturbing requests in flight on them;
-  on a config reload a new pool adopts the endpoints (connections, health
-  state) of the old one that it keeps (``adopt``);
+- **endpoint set** (``endpoints.py``, :class:`EndpointSet`, the base of :class:`Pool`): static
+  addresses plus those DNS discovery finds; endpoints come and go (``set_addresses``) without
+  disturbing requests in flight on them; on a config reload a new pool adopts the endpoints
+  (connections, health state) of the old one that it keeps (``adopt``);
 - **choice** (:meth:`Pool.candidates`): only endpoints that are live, not
   ejected, and have the model ready (``routing/readiness.py``), ordered by the
   balancer;
@@ -29,19 +29,20 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from ..codec.repository import IndexEntry
-from ..config.schema import Backend, HostPort
+from ..config.schema import Backend
 from ..dataplane import HttpReply, IncomingBody
 from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable, UpstreamError
 from ..observability.access import note_endpoint
 from ..routing.balancer import balancer
-from ..routing.readiness import EndpointHealth, Generation, Ready
+from ..routing.readiness import Ready
 from ..routing.retry import RetryBudget
+from .endpoints import E, EndpointSet
 
-__all__ = ["TRITON_GRPC_PREFIX", "Endpoint", "Pool", "Refused", "is_not_ready_message"]
+__all__ = ["TRITON_GRPC_PREFIX", "Pool", "Refused", "is_not_ready_message"]
 
 # Triton's --grpc-restricted-protocol=<api>:<key>=<value> wants the gRPC metadata key
 # "triton-grpc-protocol-<key>"; over HTTP the header is plain "<key>".
@@ -82,36 +83,7 @@ class Refused(Exception):
         self.kind = kind
 
 
-class Endpoint:
-    """One address of a pool and what is known of its health."""
-
-    __slots__ = ("address", "health", "queue")
-
-    def __init__(self, address: HostPort) -> None:
-        self.address = address
-        self.health = EndpointHealth()
-        # least_queue: Triton's pending requests per (model, version) — and per (model, "")
-        # summed over versions — as last scraped; None when its metrics cannot be read.
-        self.queue: dict[tuple[str, str], float] | None = None
-
-    @property
-    def inflight(self) -> int:
-        raise NotImplementedError
-
-    async def close(self) -> None:
-        """Stop using the endpoint; requests in flight on it finish first."""
-        raise NotImplementedError
-
-
-E = TypeVar("E", bound=Endpoint)
-
-# Backend fields that an endpoint's connections depend on: a reloaded pool keeps an
-# endpoint (its connections and health state) only when these are unchanged.
-_TRANSPORT_FIELDS = ("protocol", "tls", "connect_timeout_s", "max_connections", "max_message_bytes",
-                     "max_answer_header_count", "max_answer_head_bytes")
-
-
-class Pool(Generic[E]):
+class Pool(EndpointSet[E]):
     """The endpoints of one backend (config ``backends``) and what the gateway can ask of them.
     What differs between the pool kinds is said here, not asked with isinstance: the
     protocol, what admission counts per request byte on each path through the pool, and
@@ -141,28 +113,16 @@ class Pool(Generic[E]):
         return False
 
     def __init__(self, backend: Backend) -> None:
-        self.backend = backend
-        self.name = backend.name
-        self.endpoints: dict[HostPort, E] = {}
+        super().__init__(backend)
         self.balancer = balancer(backend.balance)
         self.budget = RetryBudget(backend.retry_budget_percent)
-        # Bumped by every change of what decides where a request may go (endpoint health,
-        # the endpoint set, ``routed``); the eligible endpoints per model are cached against it.
-        self._gen = Generation()
         self._choice: dict[tuple[str, str], tuple[int, list[E]]] = {}
         # Exact model names routed to this pool: a model ready nowhere is then "not
         # ready" (503), where an unknown glob-routed one is left for a backend to refuse.
         self._routed: frozenset[str] = frozenset()
-        # Called when endpoints appear, so the health checker looks at them at once.
-        self.on_new_endpoints: Callable[[], None] | None = None
         # Counts what the pool did for metrics: "retry", "retry_budget_exhausted", "ejection",
         # and conversions ("http_to_grpc", "grpc_to_http").
         self.on_event: Callable[[str], None] = lambda kind: None
-        self._dns: frozenset[HostPort] = frozenset()
-        self._started = False
-        # Work that lives as long as the pool (least_queue's scraper): start() / async stop().
-        self.background: list[Any] = []
-        self._closing: set[asyncio.Task[None]] = set()  # removed endpoints finishing their requests
 
     @property
     def routed(self) -> frozenset[str]:
@@ -172,82 +132,6 @@ class Pool(Generic[E]):
     def routed(self, names: frozenset[str]) -> None:
         self._routed = names
         self._gen.n += 1
-
-    # -- endpoint set ---------------------------------------------------------------
-    def _make(self, address: HostPort) -> E:
-        raise NotImplementedError
-
-    def _own(self, ep: E) -> E:
-        ep.health.gen = self._gen  # its health changes now invalidate this pool's choices
-        self._gen.n += 1
-        return ep
-
-    async def start(self) -> None:
-        """Create the static endpoints (inside the running loop: grpc.aio binds to it)."""
-        self._started = True
-        self._apply(self._dns)
-        for job in self.background:
-            job.start()
-
-    def set_dns_addresses(self, addresses: Iterable[HostPort]) -> None:
-        """What DNS discovery resolved now: added endpoints are created (and take traffic
-        once checked ready), removed ones retire after their requests in flight."""
-        self._dns = frozenset(addresses)
-        if self._started:
-            self._apply(self._dns)
-
-    def _apply(self, dns: frozenset[HostPort]) -> None:
-        wanted = list(dict.fromkeys([*self.backend.endpoints, *sorted(dns, key=str)]))
-        added = False
-        for addr in wanted:
-            if addr not in self.endpoints:
-                self.endpoints[addr] = self._own(self._make(addr))
-                added = True
-        for addr in [a for a in self.endpoints if a not in wanted]:
-            log.info("backend '%s': endpoint %s removed", self.name, addr)
-            self._retire(self.endpoints.pop(addr))
-            self._gen.n += 1
-        if added and self.on_new_endpoints is not None:
-            self.on_new_endpoints()
-
-    def adopt(self, old: Pool[Any]) -> None:
-        """Take over ``old``'s endpoints that this pool also has (hot reload): their
-        connections and health state carry over; ``old`` no longer owns them."""
-        if old.protocol != self.protocol or any(
-                getattr(old.backend, f) != getattr(self.backend, f) for f in _TRANSPORT_FIELDS):
-            return
-        self._dns = old._dns if self.backend.dns == old.backend.dns else self._dns
-        for addr in list(old.endpoints):
-            if addr in self.backend.endpoints or addr in self._dns:
-                self.endpoints[addr] = self._own(old.endpoints.pop(addr))
-                old._gen.n += 1
-
-    def _retire(self, ep: E) -> None:
-        task = asyncio.ensure_future(ep.close())
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
-
-    def retire(self) -> None:
-        """The pool is no longer routed to (a reload): its endpoints close in the
-        background once the requests in flight on them are done."""
-        for ep in self.endpoints.values():
-            self._retire(ep)
-        self.endpoints.clear()
-        self._gen.n += 1
-        for job in self.background:
-            task = asyncio.ensure_future(job.stop())
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
-
-    async def close(self) -> None:
-        """Close every endpoint still owned; requests in flight finish first."""
-        eps = list(self.endpoints.values())
-        self.endpoints.clear()
-        self._gen.n += 1
-        for job in self.background:
-            await job.stop()
-        for ep in eps:
-            await ep.close()
 
     # -- choice ---------------------------------------------------------------------
     def candidates(self, model: str, version: str, affinity: str | None = None) -> list[E]:

@@ -22,7 +22,8 @@ from typing import Any
 from ..codec.queue_metrics import parse_pending
 from ..config.schema import HostPort
 from .h1 import H1ConnectionPool
-from .pool import Endpoint, Pool
+from .endpoints import Endpoint
+from .pool import Pool
 
 __all__ = ["QueueScraper"]
 

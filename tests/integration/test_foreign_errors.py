@@ -11,7 +11,8 @@ from concurrent import futures
 import grpc
 import pytest
 
-from gateway.config.schema import Backend, HostPort
+from gateway.config.backends import Backend
+from gateway.config.network import HostPort
 from gateway.errors import (
     BadUpstreamResponse,
     GatewayError,

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from gateway.config.schema import Backend, HostPort
+from gateway.config.backends import Backend
+from gateway.config.network import HostPort
 from gateway.routing.readiness import Ready
 from gateway.upstream.health import HealthChecker
 from gateway.upstream.http import HttpPool

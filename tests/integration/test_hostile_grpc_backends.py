@@ -24,7 +24,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from gateway._pb import grpc_predict_v2_pb2 as pb
-from gateway.config.schema import Backend, HostPort
+from gateway.config.backends import Backend
+from gateway.config.network import HostPort
 from gateway.errors import NoEndpointAvailable, UpstreamReset
 from gateway.upstream.grpc import GrpcPool
 from tests.support.badgrpc import BEHAVIOURS, BadGrpc

@@ -1,4 +1,4 @@
-"""The inference path served from callbacks (frontend/http.py ``infer_now``, proxy and pool
+"""The inference path served from callbacks (frontend/infer.py ``infer_now``, proxy and pool
 ``infer_http_now``, h1 ``request_now``): a small request whose body has come is sent to a
 kept-alive backend connection at once and answered from that connection's callbacks, with no
 task. Everything the coroutine path does must still happen on it — these tests drive the

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from gateway.codec.limits import JsonCheck
-from gateway.config.schema import HostPort
+from gateway.config.network import HostPort
 from gateway.demo.serve import demo_config, start_reference
 from gateway.proxy import Proxy
 from gateway.server import Gateway

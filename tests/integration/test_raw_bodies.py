@@ -1,4 +1,4 @@
-"""Large bodies read past the HTTP parsers (frontend/h1listen.py ``go_raw``, upstream/h1/connection.py
+"""Large bodies read past the HTTP parsers (frontend/h1conn.py ``go_raw``, upstream/h1/connection.py
 ``_Connection.buffer_updated``): after the read that brought a request's (or an answer's) head,
 the rest of a large body is read straight into buffers of the connection's own and passed on
 as views, with no copy. Through a real gateway process and real sockets: every byte must
@@ -131,7 +131,7 @@ def test_binary_bodies_read_whole_around_the_limits(tmp_path):
     mid-body costs nothing. Every byte must arrive where it should."""
     import gzip
 
-    from gateway.frontend.h1listen import WHOLE_MAX, WHOLE_MIN
+    from gateway.frontend.h1conn import WHOLE_MAX, WHOLE_MIN
 
     seen: list[int] = []  # the body sizes the backend got
 

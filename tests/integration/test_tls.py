@@ -169,7 +169,7 @@ def test_tls_to_backends(reference, pki, tmp_path):
                             assert json.loads(r.read())["outputs"][0]["data"] == [4, 6]
                         np.testing.assert_array_equal(c.infer("identity_FP32", [t_in]).as_numpy("OUTPUT0"), x)
                         # A large binary body both ways over TLS: read past the parsers on A's
-                        # listener and on B's connection to A (frontend/h1listen.py go_raw,
+                        # listener and on B's connection to A (frontend/h1conn.py go_raw,
                         # upstream/h1/), through uvloop's TLS transport.
                         big = np.random.default_rng(5).integers(0, 256, (1, 3 << 20), dtype=np.uint8)
                         with httpclient.InferenceServerClient(b.http_url, network_timeout=60) as hc:

@@ -56,7 +56,8 @@ def stats(c, model: str = "", version: str = "") -> dict:
 def stats_pb(c, model: str = "") -> dict:
     """gRPC statistics as Triton's HTTP JSON has them (numbers, not protobuf's strings)."""
     msg = c.get_inference_statistics(model)
-    from gateway.codec.triton import message_to_json, stats_from_pb
+    from gateway.codec.tritonjson import message_to_json
+    from gateway.codec.tritonstats import stats_from_pb
     return message_to_json(stats_from_pb(msg.SerializeToString()))
 
 
@@ -188,7 +189,7 @@ def test_config_json_is_the_protobuf_mapping(triton):
     with 64-bit integers as numbers — for every model in the test repository."""
     import orjson
 
-    from gateway.codec.triton import config_to_json
+    from gateway.codec.tritonjson import config_to_json
     h, g = direct(triton, "http"), direct(triton, "grpc")
     for entry in h.get_model_repository_index():
         name = entry["name"]

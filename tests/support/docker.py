@@ -3,9 +3,10 @@
 Nothing here talks to a registry. ``Dockerd`` starts Debian's ``docker.io`` daemon by hand on
 a socket of its own, with no bridge and no iptables (the containers use the host network);
 ``build_base_image`` makes a Debian bookworm image with debootstrap (bookworm's python3 is
-3.11) and imports it, standing in for ``python:3.11-slim``; ``build_wheelhouse`` builds the
-project's dependency wheels on the host, where the package index is reachable with the
-host's certificates, so the image build itself runs with ``--network=none``.
+3.11) and imports it, standing in for ``python:3.11-slim``; ``build_wheelhouse`` fetches the
+wheels of requirements/lock.txt (hash-checked, as the image installs them) and of the build
+requirements on the host, where the package index is reachable with the host's certificates,
+so the image build itself runs with ``--network=none``.
 
 Everything slow is cached under ``cache_dir()`` (``.cache/deploy-image/`` in the repository,
 or ``$OIP_IMAGE_CACHE``): the debootstrap tree as a tar, and dockerd's data root (the imported
@@ -278,13 +279,16 @@ def _debootstrap_tar(tar: Path, timeout: float) -> None:
 
 
 def build_wheelhouse(python: str = sys.executable, *, timeout: float = 600.0) -> str:
-    """Wheels of the project's runtime and build dependencies, built by the host's pip for
-    this Python (3.11, the image's), in ``.cache/deploy-image/wheels/<key>``; returns that
-    path relative to the repository (the ``WHEELHOUSE`` build argument). Cached per dependency
-    list; others older than an hour are removed so the build context stays small."""
+    """Wheels of requirements/lock.txt (the image's dependencies, hash-checked) and of the
+    project's build requirements, fetched or built by the host's pip for this Python (3.11, the
+    image's), in ``.cache/deploy-image/wheels/<key>``; returns that path relative to the
+    repository (the ``WHEELHOUSE`` build argument). Cached per lock and build requirements;
+    others older than an hour are removed so the build context stays small."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    reqs = [*project["build-system"]["requires"], "wheel", *project["project"]["dependencies"]]
-    key = hashlib.sha256(json.dumps([reqs, sys.version_info[:2], sysconfig.get_platform()]).encode()).hexdigest()[:12]
+    build = [*project["build-system"]["requires"], "wheel"]
+    lock = REPO / "requirements" / "lock.txt"
+    key = hashlib.sha256(json.dumps([build, lock.read_text(), sys.version_info[:2],
+                                     sysconfig.get_platform()]).encode()).hexdigest()[:12]
     _ignore_in_git(_WHEELS.parent)
     _WHEELS.mkdir(parents=True, exist_ok=True)
     final = _WHEELS / key
@@ -294,10 +298,13 @@ def build_wheelhouse(python: str = sys.executable, *, timeout: float = 600.0) ->
     if not (final / ".complete").exists():
         partial = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=_WHEELS))
         try:
-            done = subprocess.run([python, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(partial), *reqs],
-                                  capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-            if done.returncode != 0:
-                raise DockerError(f"pip wheel exited with {done.returncode}:\n{_tail(done.stderr)}")
+            # Two runs: --require-hashes holds for a whole pip command, and the build
+            # requirements (like pip's own build isolation) are not hash-pinned.
+            for reqs in (["--require-hashes", "-r", str(lock)], build):
+                done = subprocess.run([python, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(partial), *reqs],
+                                      capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+                if done.returncode != 0:
+                    raise DockerError(f"pip wheel exited with {done.returncode}:\n{_tail(done.stderr)}")
             (partial / ".complete").touch()
             shutil.rmtree(final, ignore_errors=True)
             os.replace(partial, final)

@@ -11,7 +11,7 @@ import tritonclient.http as httpclient
 from tritonclient.http._utils import _get_inference_request
 from tritonclient.utils import serialize_byte_tensor
 
-from gateway.codec import http
+from gateway.codec import httpdecode, httpencode, jsondata
 from gateway.codec.datatypes import DATATYPES, from_numpy, to_numpy
 from gateway.errors import InvalidRequest, Unsupported
 from gateway.model import InferRequest, InferResponse, RequestedOutput, Tensor
@@ -83,7 +83,7 @@ def test_tritonclient_request_decodes(datatype: str, binary: bool) -> None:
     outputs = [httpclient.InferRequestedOutput("out", binary_data=False)]
     body, hl = triton_request(inputs, outputs, request_id="r1", sequence_id=7, priority=2, timeout=100,
                               custom_parameters={"k": "v"})
-    req = http.decode_request(body, hl, "m", "1")
+    req = httpdecode.decode_request(body, hl, "m", "1")
     assert (req.model_name, req.model_version, req.id) == ("m", "1", "r1")
     assert req.parameters == {"sequence_id": 7, "sequence_start": False, "sequence_end": False,
                               "priority": 2, "timeout": 100, "k": "v"}
@@ -95,22 +95,23 @@ def test_tritonclient_request_decodes(datatype: str, binary: bool) -> None:
 
 def test_tritonclient_no_outputs_asks_binary() -> None:
     body, hl = triton_request([infer_input("a", sample("INT8"), "INT8", True)])
-    req = http.decode_request(body, hl, "m")
+    req = httpdecode.decode_request(body, hl, "m")
     assert req.parameters == {"binary_data_output": True}
-    assert http.binary_policy(req) == (True, {})
+    assert httpdecode.binary_policy(req) == (True, {})
 
 
 def test_binary_policy_overrides() -> None:
     outputs = [httpclient.InferRequestedOutput("a", binary_data=True),
                httpclient.InferRequestedOutput("b", binary_data=False), httpclient.InferRequestedOutput("c")]
     body, hl = triton_request([infer_input("x", sample("FP32"), "FP32", True)], outputs)
-    assert http.binary_policy(http.decode_request(body, hl, "m")) == (False, {"a": True, "b": False, "c": True})
+    req = httpdecode.decode_request(body, hl, "m")
+    assert httpdecode.binary_policy(req) == (False, {"a": True, "b": False, "c": True})
 
 
 def test_binary_inputs_are_slices_of_the_body() -> None:
     body, hl = triton_request([infer_input("a", sample("FP64"), "FP64", True),
                                infer_input("b", sample("BYTES"), "BYTES", True)])
-    req = http.decode_request(body, hl, "m")
+    req = httpdecode.decode_request(body, hl, "m")
     assert all(t.data.obj is body for t in req.inputs)
 
 
@@ -132,7 +133,7 @@ def tritonclient_reads(chunks: list[bytes | memoryview], hl: int | None) -> http
 def test_response_read_by_tritonclient(datatype: str, binary: bool) -> None:
     arrays = {"a": (sample(datatype, (2, 3), json=not binary), datatype),
               "z": (sample(datatype, (3, 0), json=not binary), datatype)}
-    chunks, hl = http.encode_response(response_of(arrays), default_binary=binary)
+    chunks, hl = httpencode.encode_response(response_of(arrays), default_binary=binary)
     assert (hl is not None) == binary
     result = tritonclient_reads(chunks, hl)
     for name, (arr, _) in arrays.items():
@@ -148,12 +149,12 @@ def test_response_read_by_tritonclient(datatype: str, binary: bool) -> None:
 
 def test_response_field_order_is_tritons() -> None:
     resp = InferResponse("m", "3", "1", {}, (from_numpy("o", np.array([1, 2], np.int32)),))
-    chunks, hl = http.encode_response(resp, default_binary=True)
+    chunks, hl = httpencode.encode_response(resp, default_binary=True)
     head = (b'{"id":"1","model_name":"m","model_version":"3","outputs":[{"name":"o","datatype":"INT32",'
             b'"shape":[2],"parameters":{"binary_data_size":8}}]}')
     assert (chunks[0], hl, joined(chunks[1:])) == (head, len(head), np.array([1, 2], "<i4").tobytes())
     resp = InferResponse("m", "3", "", {"p": True}, (from_numpy("f", np.array([0.1], np.float32)),))
-    chunks, hl = http.encode_response(resp)
+    chunks, hl = httpencode.encode_response(resp)
     assert hl is None
     assert chunks == [(b'{"model_name":"m","model_version":"3","parameters":{"p":true},"outputs":[{"name":"f",'
                        b'"datatype":"FP32","shape":[1],"data":[0.10000000149011612]}]}')]
@@ -162,27 +163,27 @@ def test_response_field_order_is_tritons() -> None:
 def test_empty_binary_outputs_are_plain_json() -> None:
     # Triton sends Inference-Header-Content-Length only when binary bytes follow.
     resp = response_of({"e": (np.zeros((0, 3), np.float32), "FP32"), "s": (np.empty(0, object), "BYTES")})
-    chunks, hl = http.encode_response(resp, default_binary=True)
+    chunks, hl = httpencode.encode_response(resp, default_binary=True)
     assert hl is None and len(chunks) == 1
     doc = orjson.loads(chunks[0])
     assert [o["parameters"] for o in doc["outputs"]] == [{"binary_data_size": 0}] * 2
     assert "data" not in doc["outputs"][0]
     result = tritonclient_reads(chunks, hl)
     assert result.as_numpy("e").shape == (0, 3)
-    assert http.decode_response(chunks[0], None).outputs == resp.outputs
+    assert httpdecode.decode_response(chunks[0], None).outputs == resp.outputs
 
 
 def test_mixed_binary_and_json_outputs() -> None:
     arrays = {"a": (sample("INT64"), "INT64"), "b": (sample("FP32", json=True), "FP32"),
               "c": (sample("UINT16"), "UINT16")}
     resp = response_of(arrays, id="x")
-    chunks, hl = http.encode_response(resp, default_binary=True, overrides={"b": False})
+    chunks, hl = httpencode.encode_response(resp, default_binary=True, overrides={"b": False})
     doc = orjson.loads(chunks[0])
     assert ["data" in o for o in doc["outputs"]] == [False, True, False]
     result = tritonclient_reads(chunks, hl)
     for name, (arr, _) in arrays.items():
         assert result.as_numpy(name).tobytes() == arr.tobytes()
-    back = http.decode_response(joined(chunks), hl)
+    back = httpdecode.decode_response(joined(chunks), hl)
     assert [bytes(t.data) for t in back.outputs] == [bytes(t.data) for t in resp.outputs]
     assert (back.id, back.model_name, back.model_version) == ("x", "m", "1")
     assert all(t.parameters == {} for t in back.outputs)
@@ -194,7 +195,7 @@ def test_decode_response_as_ovms_sends_it() -> None:
         {"name": "o", "datatype": "FP32", "shape": [2], "parameters": {"binary_data_size": 8}},
         {"name": "j", "datatype": "INT32", "shape": [1, 2], "data": [[5, 6]]}]}
     body, hl = body_of(head, np.array([1.5, 2.5], "<f4").tobytes())
-    resp = http.decode_response(body, hl)
+    resp = httpdecode.decode_response(body, hl)
     assert resp.model_version == "2"
     assert to_numpy(resp.outputs[0]).tolist() == [1.5, 2.5]
     assert to_numpy(resp.outputs[1]).tolist() == [[5, 6]]
@@ -204,8 +205,8 @@ def test_decode_response_as_ovms_sends_it() -> None:
 def test_response_json_impossible(datatype: str, data: bytes) -> None:
     resp = InferResponse("m", outputs=(Tensor("out7", datatype, (1,), memoryview(data)),))
     with pytest.raises(InvalidRequest, match="'out7'"):
-        http.encode_response(resp)
-    chunks, _ = http.encode_response(resp, default_binary=True)
+        httpencode.encode_response(resp)
+    chunks, _ = httpencode.encode_response(resp, default_binary=True)
     assert joined(chunks[1:]) == data
 
 
@@ -214,37 +215,37 @@ def test_encode_request_binary() -> None:
     a, s = sample("FP32"), sample("BYTES")
     req = InferRequest("m", "1", "id", {"k": 1}, (from_numpy("a", a), from_numpy("s", s, parameters={"p": "q"})),
                        (RequestedOutput("o1"), RequestedOutput("o2", {"binary_data": False, "classification": 2})))
-    chunks, hl = http.encode_request(req)
+    chunks, hl = httpencode.encode_request(req)
     assert hl == len(chunks[0]) and chunks[1].obj is req.inputs[0].data.obj
     doc = orjson.loads(chunks[0])
     assert doc["inputs"][1]["parameters"] == {"p": "q", "binary_data_size": len(raw_of(s))}
     assert doc["outputs"] == [{"name": "o1", "parameters": {"binary_data": True}},
                               {"name": "o2", "parameters": {"binary_data": False, "classification": 2}}]
     assert doc["parameters"] == {"k": 1}
-    back = http.decode_request(joined(chunks), hl, "m", "1")
+    back = httpdecode.decode_request(joined(chunks), hl, "m", "1")
     assert back.inputs == req.inputs and back.id == "id"
 
 
 def test_encode_request_without_outputs_and_as_json() -> None:
     req = InferRequest("m", inputs=(from_numpy("a", sample("INT16")), from_numpy("b", sample("BOOL"))))
-    chunks, hl = http.encode_request(req)
+    chunks, hl = httpencode.encode_request(req)
     assert orjson.loads(chunks[0])["parameters"] == {"binary_data_output": True}
-    chunks, hl = http.encode_request(req, binary=False)
+    chunks, hl = httpencode.encode_request(req, binary=False)
     assert hl is None and len(chunks) == 1
     doc = orjson.loads(chunks[0])
     assert "parameters" not in doc and doc["inputs"][1]["data"] == sample("BOOL").reshape(-1).tolist()
-    assert http.decode_request(chunks[0], None, "m").inputs == req.inputs
+    assert httpdecode.decode_request(chunks[0], None, "m").inputs == req.inputs
     # FP16 as JSON numbers (MLServer reads them), exactly: widened, read back, rounded to itself.
     half = InferRequest("m", inputs=(from_numpy("h", sample("FP16")),))
-    chunks, _ = http.encode_request(half, binary=False)
-    assert http.decode_request(chunks[0], None, "m").inputs == half.inputs
+    chunks, _ = httpencode.encode_request(half, binary=False)
+    assert httpdecode.decode_request(chunks[0], None, "m").inputs == half.inputs
 
 
 # ------------------------------------------------------ OVMS binary leniency
 def test_ovms_single_bytes_input_takes_the_binary_section() -> None:
     raw = serialize_byte_tensor(np.array([b"jpeg-bytes"], dtype=object)).item()
     body, hl = body_of({"inputs": [{"name": "img", "shape": [1], "datatype": "BYTES"}]}, raw)
-    assert bytes(http.decode_request(body, hl, "m").inputs[0].data) == raw
+    assert bytes(httpdecode.decode_request(body, hl, "m").inputs[0].data) == raw
 
 
 def test_ovms_fixed_input_sized_from_shape() -> None:
@@ -253,7 +254,7 @@ def test_ovms_fixed_input_sized_from_shape() -> None:
                       {"name": "i", "shape": [1], "datatype": "INT8", "parameters": {"binary_data_size": 1}}]}
     raw_s = b"\x01\x00\x00\x00z"
     body, hl = body_of(doc, np.array([1, 2], "<f4").tobytes() + raw_s + b"\x07")
-    req = http.decode_request(body, hl, "m")
+    req = httpdecode.decode_request(body, hl, "m")
     assert [bytes(t.data) for t in req.inputs] == [np.array([1, 2], "<f4").tobytes(), raw_s, b"\x07"]
 
 
@@ -317,7 +318,7 @@ BAD_REQUESTS: list[tuple[str, dict[str, Any], bytes]] = [
 def test_malformed_request_names_the_tensor(doc: dict[str, Any], tail: bytes) -> None:
     body, hl = body_of(doc, tail)
     with pytest.raises(InvalidRequest, match="'in0'"):
-        http.decode_request(body, hl, "m")
+        httpdecode.decode_request(body, hl, "m")
 
 
 @pytest.mark.parametrize(
@@ -337,16 +338,16 @@ def test_malformed_request_names_the_tensor(doc: dict[str, Any], tail: bytes) ->
 )
 def test_malformed_request_envelope(body: bytes, hl: int | None, match: str) -> None:
     with pytest.raises(InvalidRequest, match=match):
-        http.decode_request(body, hl, "m")
+        httpdecode.decode_request(body, hl, "m")
 
 
 def test_shared_memory_is_unsupported() -> None:
     doc = {"inputs": [inp(parameters={"shared_memory_region": "r", "shared_memory_byte_size": 8})]}
     with pytest.raises(Unsupported, match="'in0'"):
-        http.decode_request(orjson.dumps(doc), None, "m")
+        httpdecode.decode_request(orjson.dumps(doc), None, "m")
     doc = {"inputs": [], "outputs": [{"name": "o", "parameters": {"shared_memory_region": "r"}}]}
     with pytest.raises(Unsupported, match="'o'"):
-        http.decode_request(orjson.dumps(doc), None, "m")
+        httpdecode.decode_request(orjson.dumps(doc), None, "m")
 
 
 def test_malformed_response_names_the_tensor() -> None:
@@ -354,14 +355,14 @@ def test_malformed_response_names_the_tensor() -> None:
                                             "parameters": {"binary_data_size": 8}}]}
     body, hl = body_of(head, bytes(4))
     with pytest.raises(InvalidRequest, match="'o'"):
-        http.decode_response(body, hl)
+        httpdecode.decode_response(body, hl)
     with pytest.raises(InvalidRequest, match="'o'"):
-        http.decode_response(orjson.dumps({"outputs": [{"name": "o", "datatype": "FP32", "shape": [2]}]}), None)
+        httpdecode.decode_response(orjson.dumps({"outputs": [{"name": "o", "datatype": "FP32", "shape": [2]}]}), None)
 
 
 def test_json_null_reads_as_nan() -> None:
     # orjson (and so our encoder) writes NaN/Inf as null; reading it back gives NaN.
-    req = http.decode_request(orjson.dumps({"inputs": [inp(datatype="FP32", data=[None, 1.0])]}), None, "m")
+    req = httpdecode.decode_request(orjson.dumps({"inputs": [inp(datatype="FP32", data=[None, 1.0])]}), None, "m")
     got = to_numpy(req.inputs[0])
     assert np.isnan(got[0]) and got[1] == 1.0
 
@@ -377,7 +378,7 @@ def test_json_null_reads_as_nan() -> None:
 )
 def test_nested_json_data(datatype: str, data: list[Any], expected: np.ndarray) -> None:
     for given in (data, [x for row in data for x in row]):  # nested as the shape, or flat
-        req = http.decode_request(orjson.dumps({"inputs": [inp("n", datatype, (2, 2), data=given)]}), None, "m")
+        req = httpdecode.decode_request(orjson.dumps({"inputs": [inp("n", datatype, (2, 2), data=given)]}), None, "m")
         assert bytes(req.inputs[0].data) == raw_of(expected)
 
 
@@ -388,7 +389,7 @@ def test_true_elsewhere_in_the_text_leaves_numbers_alone() -> None:
            "inputs": [inp(datatype="FP32", data=[1.5, 2]), inp("s", "BYTES", (2,), data=["true", "false"])],
            "outputs": [{"name": "o", "parameters": {"binary_data": True}}]}
     body, hl = body_of(doc)
-    req = http.decode_request(body, hl, "m")
+    req = httpdecode.decode_request(body, hl, "m")
     assert bytes(req.inputs[0].data) == np.array([1.5, 2], "<f4").tobytes()
 
 
@@ -396,7 +397,7 @@ def test_bool_in_a_backend_answer_is_refused() -> None:
     body = orjson.dumps({"model_name": "m", "outputs": [
         {"name": "out", "datatype": "FP32", "shape": [2], "data": [0.5, True]}]})
     with pytest.raises(InvalidRequest, match="'out'.*true or false"):
-        http.decode_response(body, None)
+        httpdecode.decode_response(body, None)
 
 
 @pytest.mark.parametrize("pad", [0, 8000])  # short text searched as bytes, long text vectorised
@@ -405,8 +406,8 @@ def test_bool_in_a_backend_answer_is_refused() -> None:
     (b'"data":[1.0,2.5e3]', False), (b'e', False), (b'true', True),
 ])
 def test_bool_tokens(text: bytes, found: bool, pad: int) -> None:
-    assert http._bool_tokens(memoryview(b" " * pad + text)) is found
-    assert http._bool_tokens(memoryview(text + b" " * pad)) is found
+    assert jsondata._bool_tokens(memoryview(b" " * pad + text)) is found
+    assert jsondata._bool_tokens(memoryview(text + b" " * pad)) is found
 
 
 # -- what KServe's server writes (issue 36) ----------------------------------------------
@@ -415,7 +416,7 @@ def test_null_is_absent_in_an_answer(field):
     """KServe's REST answers carry "model_version": null for a model without versions."""
     body = orjson.dumps({"model_name": "m", field: None, "outputs": [
         {"name": "OUT", "datatype": "INT32", "shape": [2], "data": [1, 2], "parameters": None}]})
-    resp = http.decode_response(body, None)
+    resp = httpdecode.decode_response(body, None)
     assert getattr(resp, field) == "" and resp.outputs[0].data.tobytes() == np.array([1, 2], "<i4").tobytes()
 
 
@@ -427,9 +428,9 @@ def test_an_empty_tensor_goes_as_an_empty_data_array(datatype, shape, binary):
     as plain JSON and wants data; Triton takes every form."""
     dtype = {"FP32": "<f4", "INT64": "<i8", "BYTES": object, "BOOL": "?"}[datatype]
     req = InferRequest(model_name="m", inputs=(from_numpy("IN", np.zeros(shape, dtype=dtype), datatype),))
-    chunks, header_length = http.encode_request(req, binary=binary)
+    chunks, header_length = httpencode.encode_request(req, binary=binary)
     doc = orjson.loads(chunks[0])
     assert doc["inputs"][0]["data"] == [] and "binary_data_size" not in doc["inputs"][0].get("parameters", {})
     assert header_length is None and len(chunks) == 1
-    back = http.decode_request(b"".join(bytes(c) for c in chunks), header_length, "m")
+    back = httpdecode.decode_request(b"".join(bytes(c) for c in chunks), header_length, "m")
     assert back.inputs[0].shape == tuple(shape) and back.inputs[0].data.nbytes == 0

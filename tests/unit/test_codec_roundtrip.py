@@ -14,7 +14,7 @@ import tritonclient.http as httpclient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.codec import grpc, http
+from gateway.codec import grpc, httpdecode, httpencode
 from gateway.codec.datatypes import DATATYPES, serialize_bytes_elements, validate_tensor
 from gateway.model import InferRequest, InferResponse, RequestedOutput, Tensor
 
@@ -75,8 +75,8 @@ def test_request_binary_http_and_raw_grpc(inputs: tuple[Tensor, ...], with_outpu
         validate_tensor(t)
     outputs = (RequestedOutput("o", {"classification": 1}),) if with_outputs else ()
     req = InferRequest("m", "1", "id", {"k": "v"}, inputs, outputs)
-    chunks, hl = http.encode_request(req)
-    via_http = http.decode_request(b"".join(chunks), hl, "m", "1")
+    chunks, hl = httpencode.encode_request(req)
+    via_http = httpdecode.decode_request(b"".join(chunks), hl, "m", "1")
     same(via_http.inputs, inputs)
     via_grpc = grpc.decode_request(grpc.encode_request(via_http))
     same(via_grpc.inputs, inputs)
@@ -91,9 +91,9 @@ def test_response_binary_http_and_raw_grpc(outputs: tuple[Tensor, ...]) -> None:
     resp = InferResponse("m", "2", "", {}, outputs)
     back = grpc.decode_response(grpc.encode_response(resp))
     same(back.outputs, outputs)
-    chunks, hl = http.encode_response(back, default_binary=True)
+    chunks, hl = httpencode.encode_response(back, default_binary=True)
     body = b"".join(chunks)
-    same(http.decode_response(body, hl).outputs, outputs)
+    same(httpdecode.decode_response(body, hl).outputs, outputs)
     result = httpclient.InferResult.from_response_body(body, header_length=hl)
     for t in outputs:
         got = result.as_numpy(t.name)
@@ -108,14 +108,14 @@ def test_response_binary_http_and_raw_grpc(outputs: tuple[Tensor, ...]) -> None:
 @given(tensor_list(json=True))
 def test_json_request_and_response(tensors: tuple[Tensor, ...]) -> None:
     req = InferRequest("m", inputs=tensors)
-    chunks, hl = http.encode_request(req, binary=False)
+    chunks, hl = httpencode.encode_request(req, binary=False)
     assert hl is None
-    via_json = http.decode_request(chunks[0], None, "m")
+    via_json = httpdecode.decode_request(chunks[0], None, "m")
     same(via_json.inputs, tensors)
     resp = grpc.decode_response(grpc.encode_response(InferResponse("m", "1", "", {}, via_json.inputs)))
-    chunks, hl = http.encode_response(resp)
+    chunks, hl = httpencode.encode_response(resp)
     assert hl is None and len(chunks) == 1
-    same(http.decode_response(chunks[0], None).outputs, tensors)
+    same(httpdecode.decode_response(chunks[0], None).outputs, tensors)
     result = httpclient.InferResult.from_response_body(chunks[0], header_length=None)
     for t in tensors:  # tritonclient reads the same values from our JSON
         got = result.as_numpy(t.name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import HostPort, parse_config
-from gateway.config.schema import Outlier
+from gateway.config.backends import Outlier
 from gateway.errors import ConfigError
 
 SECRET = "s3cr3t-t0ken-value"

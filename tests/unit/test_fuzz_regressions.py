@@ -14,7 +14,7 @@ import pytest
 from gateway._pb import grpc_predict_v2_pb2 as pb
 from gateway.codec import content, convert
 from gateway.codec import grpc as grpc_codec
-from gateway.codec import http as http_codec
+from gateway.codec import httpdecode, httpencode
 from gateway.codec.datatypes import to_numpy
 from gateway.codec.wire import encode_len_field, scan_infer_routing
 from gateway.config.loader import read_config
@@ -131,7 +131,7 @@ def test_empty_tensor_whose_other_dims_overflow_numpy_encodes():
     assert to_numpy(out, flat=True).size == 0
     typed = grpc_codec.decode_response(grpc_codec.encode_response(resp, typed=True))
     assert typed.outputs[0].shape == (2**62, 4, 0)
-    chunks, _ = http_codec.encode_response(resp)
+    chunks, _ = httpencode.encode_response(resp)
     assert orjson.loads(b"".join(chunks))["outputs"][0]["data"] == []
 
 
@@ -156,7 +156,7 @@ def test_grpc_to_http_refuses_non_boolean_binary_data_parameters():
             convert.grpc_request_to_http(request(False, True), binary=binary)
         chunks, headers, _ = convert.grpc_request_to_http(request(False, False), binary=binary)
         hl = headers.get("inference-header-content-length")
-        req = http_codec.decode_request(b"".join(chunks), None if hl is None else int(hl), "m")
+        req = httpdecode.decode_request(b"".join(chunks), None if hl is None else int(hl), "m")
         assert req.outputs[0].parameters == ({"binary_data": True} if binary else {})
 
 
@@ -178,7 +178,7 @@ def test_nan_body_with_lone_surrogate_escape_is_invalid_request(where):
 
 def test_nan_body_with_surrogate_pair_escape_still_decodes():
     body = b'{"inputs": [{"name": "\\ud83d\\ude00", "shape": [1], "datatype": "FP32", "data": [NaN]}]}'
-    assert http_codec.decode_request(body, None, "m").inputs[0].name == "\U0001F600"
+    assert httpdecode.decode_request(body, None, "m").inputs[0].name == "\U0001F600"
 
 
 @pytest.mark.parametrize("value", ["\u00b2", "1\u00b2", " \u00b3 "])
@@ -186,7 +186,7 @@ def test_header_length_with_non_ascii_digit_is_refused_not_500(value):
     """Header values arrive decoded as latin-1: byte 0xB2 is '²', for which str.isdigit() is True
     and int() raises ValueError — an Inference-Header-Content-Length of it was a 500 (and a
     logged traceback) instead of a 400, and the pass-through affinity raised on it too."""
-    from gateway.frontend.http import _header_length, json_part
+    from gateway.frontend.infer import _header_length, json_part
 
     body = b'{"inputs": []}'
     with pytest.raises(InvalidRequest, match="Inference-Header-Content-Length"):
@@ -214,13 +214,13 @@ def test_non_finite_parameters_keep_their_value_when_written_as_json(value, toke
     double_param) was written by the HTTP encoder as null (orjson's rendering), which the
     reader then refused: a value changed on the way. Found by the structured HTTP body
     target: {"parameters": {"sequence_id": Infinity}}."""
-    req = http_codec.decode_request(b'{"inputs": [], "parameters": {"sequence_id": ' + token + b'}}', None, "m", "1")
+    req = httpdecode.decode_request(b'{"inputs": [], "parameters": {"sequence_id": ' + token + b'}}', None, "m", "1")
     assert req.parameters["sequence_id"] == value
     for binary in (True, False):
-        chunks, hl = http_codec.encode_request(req, binary=binary)
+        chunks, hl = httpencode.encode_request(req, binary=binary)
         text = b"".join(chunks)
         assert b'"sequence_id":' + token in text
-        assert http_codec.decode_request(text, hl, "m", "1").parameters["sequence_id"] == value
+        assert httpdecode.decode_request(text, hl, "m", "1").parameters["sequence_id"] == value
     # gRPC -> HTTP: a double_param of the same value.
     msg = pb.ModelInferRequest(model_name="m")
     msg.parameters["p"].double_param = value

@@ -10,7 +10,8 @@ import pytest
 from grpc import aio
 
 from gateway._pb import grpc_predict_v2_pb2 as pb
-from gateway.config.schema import Backend, HostPort
+from gateway.config.backends import Backend
+from gateway.config.network import HostPort
 from gateway.errors import (
     GatewayError,
     NoEndpointAvailable,
@@ -21,7 +22,8 @@ from gateway.errors import (
     UpstreamTimeout,
     UpstreamTooLarge,
 )
-from gateway.upstream.grpc import METHOD_PREFIX, GrpcPool, channel_options
+from gateway.upstream.grpc import GrpcPool
+from gateway.upstream.grpc_endpoint import METHOD_PREFIX, channel_options
 from gateway.upstream.grpcfault import Fault, fault
 from gateway.upstream.pool import Refused
 from tests.support.badgrpc import BadGrpc

@@ -642,7 +642,7 @@ async def test_backend_not_reading_the_upload_times_out():
     server.close()
 
 
-# -- request_now: the exchange started without a coroutine (frontend/http.py infer_now) ---------
+# -- request_now: the exchange started without a coroutine (frontend/infer.py infer_now) ---------
 def outcome_of(pool: H1ConnectionPool, body: bytes, timeout: float = 5.0, stream_min: int | None = None):
     """request_now's callback outcome as a future; None if it declined."""
     fut = asyncio.get_running_loop().create_future()

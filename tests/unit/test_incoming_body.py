@@ -1,4 +1,4 @@
-"""The HTTP front end's unread request body (frontend/http.py ``_IncomingBody``) over a
+"""The HTTP front end's unread request body (frontend/incoming.py ``IncomingBody``) over a
 scripted chunk source: the unit below the HTTP listener (h1direct.DirectExchange.chunks)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from gateway.budget import ByteBudget as _Budget
 from gateway.dataplane import ClientDisconnected
 from gateway.errors import InvalidRequest
-from gateway.frontend.http import _IncomingBody
+from gateway.frontend.incoming import IncomingBody as _IncomingBody
 
 
 def channel(*chunks: bytes, disconnect: bool = False):

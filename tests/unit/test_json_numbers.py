@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.codec import http
+from gateway.codec import httpdecode, httpencode
 from gateway.codec.datatypes import to_numpy
 from gateway.codec.jsonnum import float64_to_bf16, float64_to_fp16, float_json
 from gateway.errors import InvalidRequest
@@ -26,7 +26,7 @@ def fp32_tensor(values: np.ndarray, name: str = "OUTPUT0") -> Tensor:
 
 
 def test_nonfinite_written_as_triton_writes_them():
-    chunks, hl = http.encode_response(InferResponse("m", outputs=(fp32_tensor(SPECIAL),)))
+    chunks, hl = httpencode.encode_response(InferResponse("m", outputs=(fp32_tensor(SPECIAL),)))
     text = b"".join(bytes(c) for c in chunks)
     assert hl is None and b'"data":[1.0,Infinity,-Infinity,NaN,-0.0]' in text  # not null
 
@@ -34,7 +34,7 @@ def test_nonfinite_written_as_triton_writes_them():
 def test_nonfinite_read_back_from_a_triton_answer():
     body = b'{"model_name":"m","outputs":[{"name":"o","datatype":"FP32","shape":[5],' \
            b'"data":[1.0,Infinity,-Infinity,NaN,-0.0]}]}'
-    got = to_numpy(http.decode_response(body, None).outputs[0])
+    got = to_numpy(httpdecode.decode_response(body, None).outputs[0])
     assert got.tobytes()[:8] == SPECIAL.tobytes()[:8] and np.isnan(got[3]) and np.signbit(got[4])
     assert np.isinf(got[1]) and got[2] < 0
 
@@ -42,7 +42,7 @@ def test_nonfinite_read_back_from_a_triton_answer():
 def test_json_only_pool_receives_tokens_python_json_reads():
     """A gRPC client's +Inf to MLServer over JSON: MLServer's json.loads must read +Inf, not NaN."""
     req = InferRequest("m", inputs=(Tensor("x", "FP64", (3,), memoryview(np.array([np.inf, -np.inf, 2.5]).tobytes())),))
-    chunks, hl = http.encode_request(req, binary=False)
+    chunks, hl = httpencode.encode_request(req, binary=False)
     assert hl is None
     data = json.loads(chunks[0])["inputs"][0]["data"]  # what MLServer's Python JSON reads
     assert data[0] == float("inf") and data[1] == float("-inf") and data[2] == 2.5
@@ -51,15 +51,15 @@ def test_json_only_pool_receives_tokens_python_json_reads():
 def test_malformed_json_still_refused():
     for bad in (b'{"outputs": [NaN', b'{"a": Infinit}', b"{"):
         with pytest.raises(InvalidRequest):
-            http.decode_response(bad, None)
+            httpdecode.decode_response(bad, None)
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.floats(width=32), max_size=20))
 def test_fp32_json_round_trip_keeps_every_value(values):
     arr = np.array(values, dtype=np.float32)
-    chunks, _ = http.encode_response(InferResponse("m", outputs=(fp32_tensor(arr),)))
-    back = to_numpy(http.decode_response(b"".join(bytes(c) for c in chunks), None).outputs[0])
+    chunks, _ = httpencode.encode_response(InferResponse("m", outputs=(fp32_tensor(arr),)))
+    back = to_numpy(httpdecode.decode_response(b"".join(bytes(c) for c in chunks), None).outputs[0])
     nan = np.isnan(arr)
     assert np.array_equal(np.isnan(back), nan)
     assert back[~nan].tobytes() == arr[~nan].tobytes()  # bit for bit, -0.0 and subnormals included
@@ -71,8 +71,8 @@ def test_fp32_json_round_trip_keeps_every_value(values):
 def test_64_bit_integers_exact_in_json(signed, unsigned):
     outs = (Tensor("i", "INT64", (len(signed),), memoryview(np.array(signed, "<i8").tobytes())),
             Tensor("u", "UINT64", (len(unsigned),), memoryview(np.array(unsigned, "<u8").tobytes())))
-    chunks, _ = http.encode_response(InferResponse("m", outputs=outs))
-    back = http.decode_response(b"".join(bytes(c) for c in chunks), None).outputs
+    chunks, _ = httpencode.encode_response(InferResponse("m", outputs=outs))
+    back = httpdecode.decode_response(b"".join(bytes(c) for c in chunks), None).outputs
     assert to_numpy(back[0]).tolist() == signed and to_numpy(back[1]).tolist() == unsigned
 
 
@@ -118,8 +118,8 @@ def test_fp16_and_bf16_json_round_trip(bits):
             (raw.astype("<u4") << 16).view("<f4").astype(np.float64)
         raw = raw[~np.isnan(as_float)]  # NaN payloads have no JSON form; NaN itself is covered above
         t = Tensor("o", datatype, (len(raw),), memoryview(raw.tobytes()))
-        chunks, _ = http.encode_response(InferResponse("m", outputs=(t,)))
-        back = http.decode_response(b"".join(bytes(c) for c in chunks), None).outputs[0]
+        chunks, _ = httpencode.encode_response(InferResponse("m", outputs=(t,)))
+        back = httpdecode.decode_response(b"".join(bytes(c) for c in chunks), None).outputs[0]
         assert bytes(back.data) == raw.tobytes(), datatype
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.codec.http import decode_request, decode_response
+from gateway.codec.httpdecode import decode_request, decode_response
 from gateway.codec.jsondup import check_unique, colons, members
 from gateway.codec.limits import JsonCheck
 from gateway.config.security import Limits
@@ -162,7 +162,7 @@ def test_refused_exactly_when_some_object_repeats_a_name(doc, gap, escaped):
 
 
 def test_triton_extension_bodies_refuse_a_repeat_as_the_side_that_sent_it():
-    from gateway.codec.triton import control_from_json, log_to_pb, trace_to_pb
+    from gateway.codec.tritoncontrol import control_from_json, log_to_pb, trace_to_pb
     from gateway.errors import BadUpstreamResponse
 
     trace = b'{"trace_level":["TIMESTAMPS"],"trace_level":["OFF"]}'

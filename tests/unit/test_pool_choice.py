@@ -7,9 +7,11 @@ import dataclasses
 
 import pytest
 
-from gateway.config.schema import Backend, BackendTls, HostPort, Outlier
+from gateway.config.backends import Backend, Outlier
+from gateway.config.network import BackendTls, HostPort
 from gateway.errors import GatewayError, ModelNotReady, NoEndpointAvailable, UpstreamError
-from gateway.upstream.pool import Endpoint, Pool, Refused
+from gateway.upstream.endpoints import Endpoint
+from gateway.upstream.pool import Pool, Refused
 
 A, B, C = HostPort("10.0.0.1", 8000), HostPort("10.0.0.2", 8000), HostPort("10.0.0.3", 8000)
 

@@ -44,7 +44,7 @@ def test_a_new_buffer_when_little_is_free():
 
 
 def test_a_body_read_whole_fills_the_buffer_it_was_given():
-    """``into``: a body read whole (h1listen.py WHOLE_MAX) goes into one buffer of its size,
+    """``into``: a body read whole (h1conn.py WHOLE_MAX) goes into one buffer of its size,
     every read right after the last, never into a buffer of RawBody's own — even when less
     than RAW_MIN of it is left."""
     from gateway.rawbody import new_buffer
@@ -136,13 +136,14 @@ def test_no_low_water_mark_under_tls():
 
 
 def test_the_listener_reads_heads_in_small_reads_and_bodies_in_large_ones():
-    """frontend/h1listen.py's connection: HEAD_READ while a request head is awaited (body bytes
+    """frontend/h1conn.py.s connection: HEAD_READ while a request head is awaited (body bytes
     read with a head go through the parser, a copy), READ_SIZE while a body is under way, the
     body's own buffer once it is read raw."""
     import asyncio
 
     from gateway.config.security import Limits
-    from gateway.frontend.h1listen import Connection, HttpListener
+    from gateway.frontend.h1conn import Connection
+    from gateway.frontend.h1listen import HttpListener
     from gateway.rawbody import HEAD_READ
 
     async def app(scope, receive, send):  # pragma: no cover - never called

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import parse_config
-from gateway.config.schema import Health, Outlier
+from gateway.config.backends import Outlier
+from gateway.config.schema import Health
 from gateway.errors import ConfigError
 from gateway.routing.readiness import EndpointHealth, Ready
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from gateway.config.schema import Route
+from gateway.config.routes import Route
 from gateway.errors import ModelNotFound
 from gateway.routing import RoundRobin, RouteTable
 from gateway.routing.balancer import LeastRequest, balancer

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.config.schema import Mirror, Route, Side
+from gateway.config.routes import Mirror, Route, Side
 from gateway.errors import ModelNotFound
 from gateway.routing.split import WeightedSplit
 from gateway.routing.table import RouteTable

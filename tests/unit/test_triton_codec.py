@@ -12,16 +12,8 @@ from hypothesis import strategies as st
 
 from gateway._pb import model_config_pb2 as mc
 from gateway._pb import triton_extensions_pb2 as tx
-from gateway.codec.triton import (
-    config_from_json,
-    config_to_json,
-    message_to_json,
-    parse_message,
-    stats_from_json,
-    stats_from_pb,
-    stats_sum,
-    stats_to_json,
-)
+from gateway.codec.tritonjson import config_from_json, config_to_json, message_to_json, parse_message
+from gateway.codec.tritonstats import stats_from_json, stats_from_pb, stats_sum, stats_to_json
 from gateway.errors import BadUpstreamResponse, InvalidRequest
 
 U64 = st.integers(0, (1 << 64) - 1)
@@ -189,7 +181,7 @@ def test_message_to_json_prints_defaults_like_triton():
 
 
 # -- hostile input: every converter answers with our error, never another exception --------
-from gateway.codec.triton import (  # noqa: E402
+from gateway.codec.tritoncontrol import (  # noqa: E402
     control_from_json,
     control_to_json,
     log_to_json,

@@ -12,20 +12,9 @@ from gateway._pb import legacy_v1_pb2 as v1
 from gateway._pb import model_config_pb2 as mc
 from gateway._pb import triton_extensions_pb2 as tx
 from gateway.codec.grpc import decode_request
-from gateway.codec.v1 import (
-    ModelInfo,
-    TensorInfo,
-    build_request,
-    finish,
-    model_info,
-    parse_header_text,
-    plan_inputs,
-    request_status,
-    server_status,
-    split_body,
-    status_text,
-    v1_version,
-)
+from gateway.codec.v1answer import finish, request_status, server_status, status_text
+from gateway.codec.v1model import ModelInfo, TensorInfo, model_info
+from gateway.codec.v1request import build_request, parse_header_text, plan_inputs, split_body, v1_version
 from gateway.errors import (
     BadUpstreamResponse,
     GatewayError,

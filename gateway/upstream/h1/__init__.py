@@ -10,7 +10,7 @@ Content-Length, chunked or close-delimited framing — and httptools (the parser
 does the parsing.
 
 Backends are untrusted: the answer's framing is read as strictly as nginx and Envoy read it
-(``connection``'s docstring: interim answers dropped, bytes after an answer poison its
+(``reader``'s docstring: interim answers dropped, bytes after an answer poison its
 connection, conflicting framing refused) and everything a backend sends is bounded
 (``limits.AnswerLimits``: head count and bytes, body). The client's refusals are
 :class:`BadAnswer`; tests/unit/test_h1_framing_diff.py holds the framing to h11's and
@@ -27,7 +27,7 @@ for is never used.
 A request can also start without a coroutine (:meth:`H1ConnectionPool.request_now`: a
 free slot and a kept-alive connection): its answer is handed to a callback from the
 connection's own protocol callbacks (the inference path served from callbacks,
-frontend/http.py ``infer_now``).
+frontend/infer.py ``infer_now``).
 
 Large bodies stream both ways, so a pass-through proxy never holds one whole (the memory
 target: a peak growth of at most 1.5 × the payload per request in flight on the binary and raw
@@ -45,11 +45,14 @@ paths, benchmarks/conversion):
   and each must reach the client as it comes.
 
 The modules: ``errors`` (the client's failures), ``limits`` (what it accepts of an answer),
-``slots`` (exchanges at once per endpoint),
-``answer`` (an answer, its body whole or as a :class:`BodyStream`), ``connection`` (one
-kept-alive connection: the protocol, the parser's callbacks, deadlines, a streamed request
-body's pump) and ``pool`` (:class:`H1ConnectionPool`: reuse, the keep-alive race, exchanges
-answered from callbacks). Imports point one way: pool → connection → answer → errors.
+``slots`` (exchanges at once per endpoint), ``answer`` (an answer, its body whole or as a
+:class:`BodyStream`); one kept-alive connection in three layers: ``link`` (its state and
+transport: closing, flow control, the end of a streamed exchange), ``reader`` (the protocol's
+reads, the parser's callbacks, framing and limits) and ``connection`` (its exchanges: requests,
+deadlines, a streamed request body's pump); ``clock`` (how early a timer may fire, a streamed
+request body's idle bound); and ``pool`` (:class:`H1ConnectionPool`: reuse, the keep-alive race,
+exchanges answered from callbacks). Imports point one way: pool → connection → reader → link →
+answer → errors; connection → clock.
 """
 from __future__ import annotations
 
