@@ -41,7 +41,7 @@ def _post(port: int, model: str, body: bytes) -> tuple[int, bytes]:
 async def test_one_plan_and_one_json_check_per_request(monkeypatch, model, body, protocol):
     checks: list[int] = []
     plans: list[str] = []
-    check = JsonCheck.__call__
+    check = JsonCheck.check
     plan = Proxy.plan_http
 
     def counted_check(self, part):
@@ -52,7 +52,7 @@ async def test_one_plan_and_one_json_check_per_request(monkeypatch, model, body,
         plans.append(m)
         return plan(self, m, v, headers)
 
-    monkeypatch.setattr(JsonCheck, "__call__", counted_check)
+    monkeypatch.setattr(JsonCheck, "check", counted_check)
     monkeypatch.setattr(Proxy, "plan_http", counted_plan)
     ref = await start_reference(LOOPBACK, LOOPBACK, 64 << 20)
     gw = Gateway(demo_config(ref.ports, http=LOOPBACK, grpc=LOOPBACK, metrics=LOOPBACK))
