@@ -18,7 +18,12 @@ from .h1direct import DirectExchange
 if TYPE_CHECKING:
     from .h1listen import HttpListener
 
-__all__ = ["DEFER_MAX", "WHOLE_MAX", "WHOLE_MIN", "Connection", "Exchange"]
+__all__ = ["DEFER_MAX", "LINGER_BYTES", "LINGER_S", "WHOLE_MAX", "WHOLE_MIN", "Connection", "Exchange"]
+
+# A refused connection is read and its bytes dropped this long, or this much, before it
+# closes (``Connection._refuse``).
+LINGER_S = 2.0
+LINGER_BYTES = 16 << 20
 
 # A request served directly whose declared body is at most this long is held until its
 # body is all here, then served from callbacks if it can be (h1direct.DirectExchange.serve).
@@ -94,6 +99,10 @@ class Connection(asyncio.BufferedProtocol):
         self.raw_whole = False
         self.whole_body: memoryview | None = None
         self._upgraded = False
+        # A refused connection's reading end (lingering close): what still comes is read and
+        # dropped until this time (loop.time()) or LINGER_BYTES, then the connection closes.
+        self._linger_until: float | None = None
+        self._lingered = 0
 
     # -- transport events ---------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
@@ -148,6 +157,11 @@ class Connection(asyncio.BufferedProtocol):
             self.go_raw()
 
     def data_received(self, data: bytes | memoryview) -> None:
+        if self._linger_until is not None:
+            self._lingered += len(data)
+            if self._lingered > LINGER_BYTES:
+                self.transport.close()
+            return
         if self._upgraded or self.parser is None:
             return
         try:
@@ -161,15 +175,28 @@ class Connection(asyncio.BufferedProtocol):
 
     def _refuse(self, answer: bytes) -> None:
         """A request that cannot be parsed or is over a limit: answered if nothing is being
-        answered on this connection, then closed (the stream cannot be resynchronised)."""
+        answered on this connection, then closed (the stream cannot be resynchronised) — by a
+        lingering close: closed while the client is still sending, the kernel would answer its
+        bytes with a reset, which can destroy the refusal before the client reads it (RFC 9112
+        section 9.6). The gateway's side is shut for writing and what comes is dropped for up
+        to LINGER_S seconds or LINGER_BYTES bytes (nginx's lingering_close does the same)."""
         exchange = self.exchange
-        if not self.transport.is_closing():
-            if exchange is None or exchange.response_complete or not exchange.response_started:
-                if exchange is not None and not exchange.response_complete:
-                    exchange.disconnected = True
-                    exchange.set()
-                self.transport.write(answer)
-            self.transport.close()
+        transport = self.transport
+        if transport.is_closing() or self._linger_until is not None:
+            return
+        if exchange is None or exchange.response_complete or not exchange.response_started:
+            if exchange is not None and not exchange.response_complete:
+                exchange.disconnected = True
+                exchange.set()
+            transport.write(answer)
+        if transport.can_write_eof():
+            self.pipeline.clear()
+            self._head_since = self._body_at = self._idle_since = None
+            self._linger_until = self.loop.time() + LINGER_S
+            transport.write_eof()
+            self.resume_reading()
+        else:
+            transport.close()
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -205,6 +232,10 @@ class Connection(asyncio.BufferedProtocol):
         """The sweep's look at this connection: a head or a body past its time ends it."""
         transport = self.transport
         if transport is None or transport.is_closing():
+            return
+        if self._linger_until is not None:
+            if now > self._linger_until:
+                transport.close()
             return
         limits = self.listener.limits
         if self._head_since is not None and now - self._head_since > limits.header_timeout_s:
