@@ -127,6 +127,8 @@ class Connection(asyncio.BufferedProtocol):
             if not exchange.response_complete:
                 exchange.disconnected = True
             exchange.set()
+            if isinstance(exchange, DirectExchange):
+                exchange.cancel_if_gone()
         self.pipeline.clear()
         self.write_paused = False
         drained = self._drained
@@ -336,7 +338,7 @@ class Connection(asyncio.BufferedProtocol):
             if deferred:
                 direct.deferred = True  # served once its body is here (on_message_complete)
             else:
-                self.listener.start_task(exchange.run())
+                self._start(exchange)
         else:
             # Pipelined behind an answer still going out: it waits, and so does reading.
             self.pause_reading()
@@ -417,6 +419,11 @@ class Connection(asyncio.BufferedProtocol):
             self.parser = httptools.HttpRequestParser(self)  # (the old one stopped mid-body)
             self.on_message_complete()
 
+    def _start(self, exchange: Exchange) -> None:
+        task = self.listener.start_task(exchange.run())
+        if isinstance(exchange, DirectExchange):
+            exchange.task = task
+
     # -- answers -----------------------------------------------------------------------------
     def response_complete(self) -> None:
         """An exchange wrote the end of its answer: the next request in line starts, or the
@@ -425,8 +432,7 @@ class Connection(asyncio.BufferedProtocol):
             return
         self.resume_reading()
         if self.pipeline:
-            exchange = self.pipeline.pop()
-            self.listener.start_task(exchange.run())
+            self._start(self.pipeline.pop())
         elif not self._in_head:
             self._idle_since = self.loop.time()
 

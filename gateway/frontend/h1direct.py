@@ -66,7 +66,7 @@ class DirectExchange:
     __slots__ = ("_chunked", "_chunks", "_continue", "_handler", "_now", "_protocol", "_queued", "_waiter",
                  "admitted", "checked", "deferred", "disconnected", "fields", "headers", "keep_alive", "method",
                  "more_body", "path", "plan", "query", "raw_path", "resent", "response_complete",
-                 "response_started", "transport")
+                 "response_started", "task", "transport")
 
     def __init__(self, protocol: Any, route: DirectRoute, method: str, path: str, raw_path: bytes, query: bytes,
                  headers: list[tuple[bytes, bytes]], keep_alive: bool, expect_continue: bool) -> None:
@@ -86,6 +86,7 @@ class DirectExchange:
         self.fields: dict[str, str] | None = None
         self.plan: Any = None
         self.checked = False
+        self.task: asyncio.Task[None] | None = None  # the task serving it, if one does
         self.method = method
         self.path = path  # %-decoded, as ASGI gives it to applications
         self.raw_path = raw_path
@@ -134,7 +135,7 @@ class DirectExchange:
             log.exception("unhandled error serving %s %s", self.method, self.path)
             self.fail()
             return
-        self._protocol.listener.start_task(self.run())
+        self.task = self._protocol.listener.start_task(self.run())
 
     def run_later(self, body: bytes | bytearray | memoryview) -> None:
         """``now`` took the body and then handed the request back (nothing was answered):
@@ -142,7 +143,7 @@ class DirectExchange:
         self.resent = True
         self._chunks.clear()
         self._chunks.append(body)  # type: ignore[arg-type]
-        self._protocol.listener.start_task(self.run())
+        self.task = self._protocol.listener.start_task(self.run())
 
     def spawn(self, work: Awaitable[None]) -> None:
         """The rest of an answer ``now`` began (a streamed body) as a task of the server's."""
@@ -154,6 +155,13 @@ class DirectExchange:
                 self.fail()
 
         self._protocol.listener.start_task(run())
+
+    def cancel_if_gone(self) -> None:
+        """The connection is gone before the answer began: the handler's task (if one serves
+        the request) is cancelled, which cancels its backend call."""
+        task = self.task
+        if task is not None and not task.done() and not self.response_started:
+            task.cancel()
 
     def fail(self) -> None:
         """Something broke while answering: a 500 if nothing went out yet, else the
@@ -170,6 +178,8 @@ class DirectExchange:
         except BaseException as exc:
             if isinstance(exc, (SystemExit, KeyboardInterrupt)):
                 raise
+            if isinstance(exc, asyncio.CancelledError) and self.disconnected:
+                return  # the client left: the connection cancelled the handler (cancel_if_gone)
             log.exception("unhandled error serving %s %s", self.method, self.path)
             self.fail()
             if isinstance(exc, asyncio.CancelledError):

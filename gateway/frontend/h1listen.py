@@ -144,11 +144,12 @@ class HttpListener:
                 self.targets[key] = found
         return found
 
-    def start_task(self, work: Any) -> None:
+    def start_task(self, work: Any) -> asyncio.Task[None]:
         """Runs ``work`` as a task of this listener's (a graceful stop waits for it)."""
         task = asyncio.get_running_loop().create_task(work)
         self.tasks.add(task)
         task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)

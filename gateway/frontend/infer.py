@@ -9,6 +9,7 @@ Compiled with mypyc (setup.py): it is on every HTTP inference.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import urllib.parse
@@ -49,6 +50,9 @@ log = logging.getLogger("oip_gateway.http")
 _LARGE = 1 << 20
 
 _ENCODINGS = frozenset({"", "identity", "gzip", "deflate"})
+
+# The status logged for a request whose client left before its answer (nginx's 499).
+CLIENT_LEFT = 499
 
 # Preallocated request bodies in flight may add up to this many max-size messages.
 _PREALLOC_BUDGET_MESSAGES = 4
@@ -318,16 +322,25 @@ class HttpInference:
             if record is not None:
                 record.bytes_in = size
             call = self.plane.infer_http(model, version, body, headers, ex.plan)
-            del body  # the data self.plane owns it now: freed as soon as it is encoded/sent upstream
+            del body  # the data plane owns it now: freed as soon as it is encoded/sent upstream
             status, out_headers, parts, streamed = self.reply_answer(await call)
         except ClientDisconnected:
             return
         except Exception as err:
             status, out_headers, content = self.failure_answer(err, record)
             parts = [content]
+        except asyncio.CancelledError:
+            if not ex.disconnected:
+                raise
+            # The client left while the backend worked: the listener cancelled this task (and
+            # so the backend call). Logged as nginx logs it: 499, the client's doing.
+            if record is not None:
+                record.reason = "the client left before the answer"
+            self.observe(self.route_label(model, version), model, version, CLIENT_LEFT, start, record, 0)
+            return
         finally:
             if incoming is not None:
-                incoming.release()  # the data self.plane is done with the body's buffer
+                incoming.release()  # the data plane is done with the body's buffer
         if streamed is not None:
             length = await _send_streamed(ex, status, out_headers, streamed)
         else:
