@@ -130,7 +130,7 @@ async def measure(requests: int, batches: int, concurrency: int, only: str | Non
         "listen": {"http": None, "grpc": "127.0.0.1:0", "metrics": None},
         "backends": {"triton": {"protocol": "grpc", "endpoints": [f"127.0.0.1:{backend_port}"], "timeout_s": 300}},
         "routes": [{"model": "add_sub", "backend": "triton"}],
-        "health": {"interval_s": 5.0, "timeout_s": 2.0},
+        "health": {"interval_s": 5.0, "timeout_s": 30.0},
     })
     gateway = Gateway(config)
     ports = await gateway.start()

@@ -7,80 +7,42 @@ grow the label set. docs/metrics.md documents every series.
 from __future__ import annotations
 
 import os
-from bisect import bisect_left
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.values import MutexValue
 
 from ..dataplane import UNROUTED, RouteLabel
 from .access import AccessLog, AccessRecord
+from .loopmetrics import LoopCounter, LoopHistogram
 
 __all__ = ["SERVER_LEVEL", "UNROUTED", "Metrics", "Observer", "RouteLabel", "counting"]
 
 # (route, backend) of a request: the matching route's model pattern and its pool.
 SERVER_LEVEL: RouteLabel = ("", "")  # server live/ready/metadata: no route
 
+REQUEST_LABELS = ["protocol", "api", "route", "backend", "code"]
+REQUESTS_DOC = "Requests answered by the gateway."
+REQUEST_SECONDS_DOC = "Time from request received to response sent."
+REQUEST_BYTES_DOC = "Inference request body sizes."
+UPSTREAM_SECONDS_DOC = "Time spent waiting for a backend."
+
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _SIZE_BUCKETS = tuple(float(4**i) for i in range(4, 15))  # 256 B .. 256 MiB
 
 
-def _plain(value: object) -> bool:
-    """Whether the library keeps this value as a plain float behind a lock (its
-    single-process layout), which the event loop's thread may add to directly."""
-    return type(value) is MutexValue and isinstance(getattr(value, "_value", None), float)
-
-
 class Observer:
-    """``observe(amount)`` of one labelled histogram child, for the per-request path: the
-    same value objects written as ``Histogram.observe`` writes them (the sum, then the one
-    bucket of the smallest bound >= amount), the bucket found by bisection instead of a
-    linear scan with an observability check per call (~3 x cheaper here). Amounts are
-    durations and sizes: never NaN (which the library would count in no bucket).
-
-    In the library's single-process layout the floats are added to directly: every request
-    is recorded on the event loop's one thread (and a scrape, on the same thread, reads them
-    between requests), so its lock per value guards nothing here — and taking it seven times
-    per request cost ~1.6 µs, a twentieth of the gateway's Python on a small request."""
+    """``observe(amount)`` of one labelled histogram child, for the per-request path."""
 
     __slots__ = ("observe",)
 
-    def __init__(self, child: Histogram) -> None:
-        bounds = list(getattr(child, "_upper_bounds", ()))
-        buckets = getattr(child, "_buckets", None)
-        total = getattr(child, "_sum", None)
-        if total is None or buckets is None or len(buckets) != len(bounds) or not bounds:
-            self.observe: Callable[[float], None] = child.observe  # another library layout: its own
-            return
-        if _plain(total) and all(_plain(b) for b in buckets):
-            values = list(buckets)
-
-            def add(amount: float) -> None:
-                total._value += amount
-                values[bisect_left(bounds, amount)]._value += 1.0
-
-            self.observe = add
-            return
-        inc_sum = total.inc
-        incs = [b.inc for b in buckets]
-
-        def observe(amount: float) -> None:
-            inc_sum(amount)
-            incs[bisect_left(bounds, amount)](1)
-
-        self.observe = observe
+    def __init__(self, child: Any) -> None:
+        self.observe: Callable[[float], None] = child.observe
 
 
-def counting(child: Counter) -> Callable[[], None]:
-    """``inc()`` of one labelled counter child for the per-request path (as Observer: the
-    float added to directly in the single-process layout)."""
-    value = getattr(child, "_value", None)
-    if not _plain(value):
-        return child.inc
-
-    def inc() -> None:
-        value._value += 1.0  # type: ignore[union-attr]
-
+def counting(child: Any) -> Callable[[], None]:
+    """``inc()`` of one labelled counter child, for the per-request path."""
+    inc: Callable[[], None] = child.inc
     return inc
 
 
@@ -102,22 +64,27 @@ class Metrics:
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter(
-            "oip_gateway_requests", "Requests answered by the gateway.",
-            ["protocol", "api", "route", "backend", "code"], registry=r,
-        )
-        self.request_seconds = Histogram(
-            "oip_gateway_request_duration_seconds", "Time from request received to response sent.",
-            ["protocol", "api", "route", "backend"], buckets=_LATENCY_BUCKETS, registry=r,
-        )
-        self.request_bytes = Histogram(
-            "oip_gateway_request_body_bytes", "Inference request body sizes.",
-            ["protocol"], buckets=_SIZE_BUCKETS, registry=r,
-        )
-        self.upstream_seconds = Histogram(
-            "oip_gateway_upstream_duration_seconds", "Time spent waiting for a backend.",
-            ["backend"], buckets=_LATENCY_BUCKETS, registry=r,
-        )
+        # The four recorded on every request: kept in plain numbers in one process
+        # (loopmetrics.py says why), the library's own (file-backed) with several workers.
+        if self.multiprocess:
+            self.requests: Any = Counter(
+                "oip_gateway_requests", REQUESTS_DOC, REQUEST_LABELS, registry=r)
+            self.request_seconds: Any = Histogram(
+                "oip_gateway_request_duration_seconds", REQUEST_SECONDS_DOC, REQUEST_LABELS[:-1],
+                buckets=_LATENCY_BUCKETS, registry=r)
+            self.request_bytes: Any = Histogram(
+                "oip_gateway_request_body_bytes", REQUEST_BYTES_DOC, ["protocol"], buckets=_SIZE_BUCKETS, registry=r)
+            self.upstream_seconds: Any = Histogram(
+                "oip_gateway_upstream_duration_seconds", UPSTREAM_SECONDS_DOC, ["backend"],
+                buckets=_LATENCY_BUCKETS, registry=r)
+        else:
+            self.requests = LoopCounter("oip_gateway_requests", REQUESTS_DOC, REQUEST_LABELS, r)
+            self.request_seconds = LoopHistogram("oip_gateway_request_duration_seconds", REQUEST_SECONDS_DOC,
+                                                 REQUEST_LABELS[:-1], _LATENCY_BUCKETS, r)
+            self.request_bytes = LoopHistogram("oip_gateway_request_body_bytes", REQUEST_BYTES_DOC, ["protocol"],
+                                               _SIZE_BUCKETS, r)
+            self.upstream_seconds = LoopHistogram("oip_gateway_upstream_duration_seconds", UPSTREAM_SECONDS_DOC,
+                                                  ["backend"], _LATENCY_BUCKETS, r)
         self.upstream_errors = Counter(
             "oip_gateway_upstream_errors", "Backend calls that failed, by kind.",
             ["backend", "kind"], registry=r,

@@ -4,7 +4,8 @@ listener called, and JSON inference to gRPC pools broke).
 
 The rule, checked on the source: every ``x._name`` attribute the gateway reads or writes is a name
 the gateway itself defines somewhere (a function, class, attribute, slot or module name of its
-own), and no ``from package import _name`` reaches outside ``gateway``. A private name of another
+own) — read directly or by ``getattr`` with its name —, and no ``from package import _name``
+reaches outside ``gateway``. A private name of another
 package can only get past it if the gateway happens to define the same name too.
 """
 from __future__ import annotations
@@ -40,8 +41,10 @@ def _defined(trees: list[tuple[Path, ast.Module]]) -> set[str]:
                 names.add(node.id)
             elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
                 names.add(node.target.id)
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _private(node.value):
-                names.add(node.value)  # __slots__ entries, getattr names of its own
+            elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__"
+                                                      for t in node.targets):
+                names.update(c.value for c in ast.walk(node.value)
+                             if isinstance(c, ast.Constant) and isinstance(c.value, str))
             elif isinstance(node, ast.alias) and node.asname:
                 names.add(node.asname)
     return names
@@ -56,6 +59,11 @@ def test_no_private_member_of_another_package() -> None:
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in own:
                 found.append(f"{rel}:{node.lineno}: .{node.attr}")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                    node.func.id in ("getattr", "hasattr", "setattr", "delattr") and len(node.args) >= 2 and \
+                    isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str) and \
+                    _private(node.args[1].value) and node.args[1].value not in own:
+                found.append(f"{rel}:{node.lineno}: {node.func.id}(..., {node.args[1].value!r})")
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and not (node.module or "").startswith("gateway"):
                 module = node.module or ""
                 if any(_private(part) for part in module.split(".")):
@@ -69,7 +77,8 @@ def test_no_private_member_of_another_package() -> None:
 
 def test_the_check_sees_a_private_member() -> None:
     """The rule itself: a private attribute nobody in the gateway defines is reported."""
-    tree = ast.parse("import uvicorn\nuvicorn.protocols._start_asgi_task()\nfrom h2 import _private\n")
+    tree = ast.parse("import uvicorn\nuvicorn.protocols._start_asgi_task()\nfrom h2 import _private\n"
+                     "getattr(child, '_upper_bounds')\n")
     own = _defined(_sources())
     attrs = [n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and _private(n.attr)]
     assert attrs == ["_start_asgi_task"] and "_start_asgi_task" not in own
