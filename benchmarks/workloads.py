@@ -55,6 +55,7 @@ WORKLOADS: dict[str, Workload] = {
         Workload("grpc_16m", "gRPC, 16 MiB UINT8 (identity)", "grpc", "identity_UINT8", "grpc", False),
         Workload("http_json_to_grpc_1m", "HTTP JSON → gRPC pool, 1 MiB FP32 (identity)", "http", "identity_FP32",
                  "grpc", False),
+        Workload("http_json_1m", "HTTP JSON, 1 MiB FP32 (identity)", "http", "identity_FP32", "http", False),
     )
 }
 
@@ -150,7 +151,7 @@ def write_bodies(names: list[str], directory: Path) -> dict[str, tuple[Path, tup
         elif name == "grpc_16m":
             body = _grpc_bytes(16 * MiB)
             headers = (("content-type", "application/grpc"), ("te", "trailers"))
-        elif name == "http_json_to_grpc_1m":
+        elif name in ("http_json_to_grpc_1m", "http_json_1m"):
             body = _json_fp32(MiB)
         else:
             raise KeyError(name)
