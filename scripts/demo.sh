@@ -9,5 +9,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e .
+# The locked runtime dependencies (hash-checked: requirements/lock.txt), then the gateway itself.
+.venv/bin/python -m pip install --quiet --require-hashes -r requirements/lock.txt
+.venv/bin/python -m pip install --quiet --no-deps -e .
 exec .venv/bin/oip-gateway demo "$@"
