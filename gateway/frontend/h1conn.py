@@ -186,6 +186,9 @@ class Connection(asyncio.BufferedProtocol):
         transport = self.transport
         if transport.is_closing() or self._linger_until is not None:
             return
+        if exchange is not None and exchange.response_started and not exchange.response_complete:
+            transport.close()  # an answer is half-written: nothing more can go out, cut it
+            return
         if exchange is None or exchange.response_complete or not exchange.response_started:
             if exchange is not None and not exchange.response_complete:
                 exchange.disconnected = True
