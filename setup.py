@@ -18,14 +18,14 @@ from setuptools.command.build_ext import build_ext
 # Each is imported compiled when its extension is built; `pip install -e .` builds them next to
 # the sources (tests/conftest.py refuses a run whose extension is older than its source).
 COMPILED = [
-    "gateway/upstream/h1/errors.py",
-    "gateway/upstream/h1/slots.py",
-    "gateway/upstream/h1/answer.py",
-    "gateway/upstream/h1/clock.py",
-    "gateway/upstream/h1/link.py",
-    "gateway/upstream/h1/reader.py",
-    "gateway/upstream/h1/connection.py",
-    "gateway/upstream/h1/pool.py",
+    "gateway/backends/h1/errors.py",
+    "gateway/backends/h1/slots.py",
+    "gateway/backends/h1/answer.py",
+    "gateway/backends/h1/clock.py",
+    "gateway/backends/h1/link.py",
+    "gateway/backends/h1/reader.py",
+    "gateway/backends/h1/connection.py",
+    "gateway/backends/h1/pool.py",
     "gateway/frontend/h1direct.py",
     "gateway/frontend/infer.py",
     "gateway/codec/content.py",

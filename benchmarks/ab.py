@@ -12,8 +12,8 @@ The before/after evidence for a hot-path change: does it cost more CPU per reque
   ``PYTHONPATH=<tree>`` and ``cwd=<tree>``; before anything is measured, ``import gateway`` is
   run with exactly that environment and must resolve inside the tree (the editable install
   would otherwise win), and ``python -m gateway check`` must accept the config in both trees.
-* **Setup.** One real Triton (tests/support/triton.py) serves both. Per gateway pool protocol
-  (HTTP pool for the HTTP workloads, gRPC pool for the gRPC ones, as in benchmarks/run.py) each
+* **Setup.** One real Triton (tests/support/triton.py) serves both. Per gateway backend protocol
+  (HTTP backend for the HTTP workloads, gRPC backend for the gRPC ones, as in benchmarks/run.py) each
   tree runs one gateway (``--workers``, default 1) on the same minimal config
   (``targets.gateway_routes_config``: listen, health, backends, routes — keys every revision
   since the benchmark harness existed understands). All four gateways stay up for the whole run.
@@ -225,7 +225,7 @@ def ensure_h2load(install: bool) -> None:
 def run_ab(names: list[str], targets: dict[tuple[str, str], Target], triton_pid: int, bodies,
            concurrency: list[int], *, rounds: int, duration: float, max_duration: float, warmup: float,
            loadgen: str, max_foreign: float | None, retries: int) -> list[dict]:
-    """``targets[(pool, side)]``; returns one row per measurement (plus verification failures).
+    """``targets[(backend, side)]``; returns one row per measurement (plus verification failures).
 
     A pair (before + after of one round and cell) during which other processes used more than
     ``max_foreign`` of the machine is measured again, up to ``retries`` times; the noisy rows stay
@@ -237,7 +237,7 @@ def run_ab(names: list[str], targets: dict[tuple[str, str], Target], triton_pid:
     for name in names:
         wl = WORKLOADS[name]
         body, headers = bodies[name]
-        whys = {side: verify(wl, _url(wl, targets[(wl.pool, side)]), body, headers) for side in SIDES}
+        whys = {side: verify(wl, _url(wl, targets[(wl.backend, side)]), body, headers) for side in SIDES}
         if any(whys.values()):
             for side, why in whys.items():
                 if why:
@@ -260,7 +260,7 @@ def run_ab(names: list[str], targets: dict[tuple[str, str], Target], triton_pid:
                 for attempt in range(retries + 1):
                     pair = []
                     for side in order:
-                        t = targets[(wl.pool, side)]
+                        t = targets[(wl.backend, side)]
                         if r == 0 and attempt == 0 and warmup > 0 and (prev is None or c / prev < warmup / 2):
                             measure(wl, t, triton_pid, body, headers, concurrency=c, duration=warmup,
                                     loadgen=loadgen)
@@ -476,13 +476,13 @@ def main(argv: list[str] | None = None) -> int:
         triton.start(scratch / "triton")
         log(f"Triton up in {triton.startup_seconds:.1f} s: http {triton.http_url} grpc {triton.grpc_url}")
         targets: dict[tuple[str, str], Target] = {}
-        for pool in sorted({WORKLOADS[n].pool for n in names}):
-            cfg = gateway_routes_config(pool, triton.http_url, triton.grpc_url)
+        for backend in sorted({WORKLOADS[n].backend for n in names}):
+            cfg = gateway_routes_config(backend, triton.http_url, triton.grpc_url)
             for tree in trees:
-                gw = TreeGateway(tree, cfg, scratch / "gateways", f"{tree.side}-{pool}", args.workers)
+                gw = TreeGateway(tree, cfg, scratch / "gateways", f"{tree.side}-{backend}", args.workers)
                 gw.check_config()
                 gateways.append(gw)
-                targets[(pool, tree.side)] = gw.start()
+                targets[(backend, tree.side)] = gw.start()
                 log(f"gateway {gw.name} up: pid {gw.proc.pid if gw.proc else '?'} http {gw.ports['http']} "
                     f"grpc {gw.ports['grpc']}")
         runs = run_ab(names, targets, triton.pid, bodies, concurrency, rounds=args.rounds, duration=args.duration,

@@ -4,7 +4,7 @@ calls, each ended abruptly with every stream still open.
     .venv/bin/python -m benchmarks.cancel_storm [--bursts 200] [--burst-ms 300] [--clients 64]
         [--workers 2] [--direct]
 
-One Triton (add_sub), one gateway with a gRPC pool (``--workers``), or none (``--direct``). Each
+One Triton (add_sub), one gateway with a gRPC backend (``--workers``), or none (``--direct``). Each
 burst is ``h2load -c<clients> -D<burst-ms>ms``: when it ends, h2load closes its connections with
 its calls in flight, the gateway relays their cancellation to Triton (as a client talking to it
 directly would). After each burst the run checks that Triton is still running; it stops at the
@@ -15,7 +15,7 @@ server and can segfault (triton-inference-server issues 7368, 8034). Seen in ses
 in ~1,090 bursts through two workers with ``OIP_GATEWAY_GRPC_EVENT_ENGINE=0`` (the grpc engine
 choice, gateway/grpcengine.py), never in 1,350 without — why that choice is opt-in. Session 13,
 grpc's default engine: once in 73 bursts with grpc.aio's own client call (so ~1 in 1,420 over
-both sessions) and once in 967 with the gateway's direct call (upstream/grpcdirect.py), which
+both sessions) and once in 967 with the gateway's direct call (grpcdirect.py), which
 cancels at grpc-core as grpc.aio does. Run it with and without that variable to compare. Needs
 h2load (nghttp2-client).
 """

@@ -10,7 +10,7 @@ nothing else — no routing, no parsing, no metrics, no access log, no metadata 
 ``ModelStreamInfer`` is passed through as a bidirectional stream, every other method as unary.
 
 Same server options (``gateway.frontend.grpc.server_options``) and channel options
-(``gateway.upstream.grpc.channel_options``) as the gateway with its default limits, one
+(``gateway.backends.grpc.channel_options``) as the gateway with its default limits, one
 process, uvloop as ``gateway.cli`` installs it, and grpc's socket engine as the gateway chooses
 it (gateway/grpcengine.py: the ``gateway`` package is imported before ``grpc``). The gateway's CPU per request on gRPC
 workloads divided by this one's is how much its own code costs on top of grpcio.
@@ -31,10 +31,10 @@ import gateway as _gateway_package  # noqa: F401  (first: it chooses grpc's sock
 import grpc
 from grpc import aio
 
+from gateway.backends.grpc import channel_options
 from gateway.config.schema import DEFAULT_MAX_MESSAGE_BYTES
 from gateway.config.security import Limits
 from gateway.frontend.grpc import server_options
-from gateway.upstream.grpc import channel_options
 
 __all__ = ["PassThrough", "main", "serve"]
 

@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.h1client [--bodies small,1m] [--concurrency 1,16]
         [--requests 2000] [--rounds 3] [--out DIR]
 
-The backend pools speak HTTP/1.1 through ``gateway.upstream.h1`` (asyncio protocols over
+The backends speak HTTP/1.1 through ``gateway.backends.h1`` (asyncio protocols over
 httptools), hand-written where the stack's first choice would be aiohttp. Hand-written protocol
 code has to pay for itself; this is the measurement that says whether it still does (issue 13:
 "keep a microbenchmark in benchmarks/ that justifies it against the library it replaces").
@@ -16,7 +16,7 @@ for ``small``, a binary-extension answer of the request's size for ``1m``) runs 
 its own, so its CPU is not counted. Both clients run on the same uvloop loop; each round runs
 them in alternating order, and the table gives the median over rounds.
 
-- ``gateway``: ``H1ConnectionPool.request`` (answers read whole, as the pools read small ones).
+- ``gateway``: ``H1ConnectionPool.request`` (answers read whole, as the backends read small ones).
 - ``aiohttp``: one ``ClientSession`` (``TCPConnector(limit=concurrency)``), ``session.post`` and
   ``await response.read()`` — aiohttp's C parser when it is installed with it (the wheels are).
 
@@ -40,7 +40,7 @@ from typing import Any
 import aiohttp
 import uvloop
 
-from gateway.upstream.h1 import H1ConnectionPool
+from gateway.backends.h1 import H1ConnectionPool
 
 from .inproc import Backend, _answer, _request_body
 

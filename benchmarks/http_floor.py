@@ -4,7 +4,7 @@
 
 ``raw``: an asyncio protocol over httptools' request parser (uvloop), one task per request that
 forwards method, path, body and content headers through the gateway's own HTTP/1.1 client
-(``gateway.upstream.h1``) and writes the answer back — the least a Python HTTP → HTTP proxy
+(``gateway.backends.h1``) and writes the answer back — the least a Python HTTP → HTTP proxy
 with an async handler does per request. ``asgi``: the same handler behind uvicorn (httptools
 protocol) as an ASGI app, which is how the gateway's front end is served; the difference is
 uvicorn's share. Neither routes, limits, meters nor logs anything.
@@ -21,7 +21,7 @@ from typing import Any
 
 import httptools
 
-from gateway.upstream.h1 import H1ConnectionPool
+from gateway.backends.h1 import H1ConnectionPool
 
 __all__ = ["main"]
 

@@ -2,7 +2,7 @@
 
     python -m benchmarks.inproc [--requests 4000] [--batches 8] [--concurrency 1] [--profile]
 
-A real gateway (``gateway.server.Gateway``, its real listener, pools and health checks),
+A real gateway (``gateway.server.Gateway``, its real listener, backends and health checks),
 a canned HTTP/1.1 backend and a keep-alive client all run on one uvloop event loop over
 loopback sockets. The client's and the backend's cost is measured alone in the same run
 (the client against the backend directly), so

@@ -4,7 +4,7 @@
         [--only via|floor|direct]
 
 The gRPC counterpart of benchmarks/inproc.py: a real gateway (``gateway.server.Gateway``, its
-gRPC listener, pool and health checks), a canned gRPC backend (a grpc.aio server answering
+gRPC listener, backend and health checks), a canned gRPC backend (a grpc.aio server answering
 every ModelInfer with add_sub's answer, bytes in and out) and a grpc.aio client (raw bytes, no
 serializer) run on one uvloop event loop over loopback. Three paths are measured:
 
@@ -35,13 +35,13 @@ import uvloop
 from grpc import aio
 
 from gateway._pb import grpc_predict_v2_pb2 as pb
+from gateway.backends.grpc import channel_options
 from gateway.config.loader import parse_config
 from gateway.config.schema import DEFAULT_MAX_MESSAGE_BYTES
 from gateway.config.security import Limits
 from gateway.frontend.grpc import server_options
 from gateway.malloc import tune_malloc
 from gateway.server import Gateway
-from gateway.upstream.grpc import channel_options
 
 from .grpc_floor import PassThrough
 from .workloads import _grpc_small

@@ -9,7 +9,7 @@ generated into a temporary directory and differ only in ``sleep_ms``: ~2 ms (fas
 ~20 ms (slow Triton).
 
 For each balance mode (round_robin, least_request, least_queue) a fresh gateway (1 worker) serves
-one gRPC pool of both Tritons, and a closed loop of ``--concurrency`` C callers sends ``--requests``
+one gRPC backend of both Tritons, and a closed loop of ``--concurrency`` C callers sends ``--requests``
 N ``ModelInfer`` calls through the gateway's gRPC listener (grpc.aio, one channel, pre-serialized
 request bytes), stopping early past ``--time-limit`` seconds. Per mode:
 
@@ -37,7 +37,7 @@ each mode's run, traffic the gateway does not see in its own in-flight counts bu
 queue. Those calls are subtracted from the fast Triton's count for the slow share.
 
 The Tritons are started with ``--metrics-port 0`` each, so a single ``queue_metrics.port`` cannot
-reach both: the least_queue pools name each endpoint as ``{address: host:grpc_port, metrics_port:
+reach both: the least_queue backends name each endpoint as ``{address: host:grpc_port, metrics_port:
 port}``.
 
 Output: ``benchmarks/results/<date>-least-queue/`` (``results.md``, ``results.json``, the gateway
@@ -258,7 +258,7 @@ class ClosedPort:
 
 def fleet_config(mode: str, tritons: dict[str, TritonServer], *, interval: float,
                  metrics_ports: dict[str, int] | None = None) -> dict[str, Any]:
-    """One gRPC pool of both Tritons balanced by ``mode``. least_queue names each endpoint with its
+    """One gRPC backend of both Tritons balanced by ``mode``. least_queue names each endpoint with its
     own metrics port (``metrics_ports`` overrides them, e.g. with a closed port)."""
     backend: dict[str, Any] = {"protocol": "grpc", "balance": mode, "timeout_s": 60}
     if mode == "least_queue":
@@ -289,7 +289,7 @@ def scrape_series(text: str) -> dict[str, float]:
 
 
 def wait_gateway_ready(gw: GatewayProcess, endpoints: int, timeout: float = 60.0) -> None:
-    """Bounded wait until the gateway reports ``endpoints`` healthy endpoints in the pool."""
+    """Bounded wait until the gateway reports ``endpoints`` healthy endpoints in the backend."""
     pattern = re.compile(rf'^oip_gateway_endpoint_healthy\{{[^}}]*backend="{BACKEND}"[^}}]*\}}\s+1(\.0)?$', re.M)
     wait_for(lambda: len(pattern.findall(gateway_metrics(gw))) >= endpoints, timeout=timeout,
              interval=0.1, what=f"{endpoints} healthy endpoints in the gateway")
@@ -617,8 +617,8 @@ def render(results: dict[str, Any]) -> str:
            f"{results['gateway_commit']}"
            f"{' + uncommitted changes' if results['gateway_dirty'] else ''}.", "",
            f"Two Tritons serve `sleepy` (one instance each): fast sleeps {cfg['fast_sleep_ms']} ms, slow "
-           f"{cfg['slow_sleep_ms']} ms per request. One gateway ({cfg['workers']} worker) per mode with one gRPC pool "
-           f"of both; {cfg['requests']} `ModelInfer` calls, closed loop at concurrency {cfg['concurrency']} through "
+           f"{cfg['slow_sleep_ms']} ms per request. One gateway ({cfg['workers']} worker) per mode with one gRPC "
+           f"backend of both; {cfg['requests']} `ModelInfer` calls, closed loop at concurrency {cfg['concurrency']} through "
            f"the gateway's gRPC listener (time limit {cfg['time_limit_s']:.0f} s per mode); least_queue scrapes "
            f"every {cfg['interval_s']} s. Slow share = the slow Triton's `inference_count` delta over both "
            "(Triton's own statistics).", ""]

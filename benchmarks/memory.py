@@ -6,7 +6,7 @@ stays allocated while it is open: gateway/grpcengine.py caps it).
     .venv/bin/python -m benchmarks.memory [--clients 6] [--requests 3] [--mb 8] [--workers 1]
         [--json-mb 4] [--kinds http,json,grpc,stream]
 
-One Triton (identity_FP32), one gateway per kind and mode with a gRPC pool; the burst is
+One Triton (identity_FP32), one gateway per kind and mode with a gRPC backend; the burst is
 ``--clients`` clients at once, ``--requests`` requests of ``--mb`` MB each way each, sent as
 ``http``: HTTP binary-extension requests (converted to gRPC: the path that holds the most
 copies), ``json``: plain V2 JSON both ways (converted; ``--json-mb``, default 4: a 4 MB tensor is
@@ -43,7 +43,7 @@ MB = 1_000_000
 AFTER = (2, 5, 10, 30)
 
 
-KINDS = {"http": "HTTP binary → gRPC pool", "json": "HTTP JSON → gRPC pool",
+KINDS = {"http": "HTTP binary → gRPC backend", "json": "HTTP JSON → gRPC backend",
           "grpc": "gRPC ModelInfer", "stream": "gRPC ModelStreamInfer"}
 
 
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1, default=str))
     lines = [f"# Gateway RSS after a burst ({date})", "",
              f"{args.clients} clients × {args.requests} requests of {args.mb} MB each way ({args.json_mb} MB tensors "
-             f"as JSON; identity_FP32 on a gRPC pool), gateway with {args.workers} worker(s); RSS of its process "
+             f"as JSON; identity_FP32 on a gRPC backend), gateway with {args.workers} worker(s); RSS of its process "
              "tree in MB.", "",
              "| requests | mode | idle | peak | " + " | ".join(f"+{t} s" for t in AFTER) + " | burst s | answered |",
              "|---|---|--:|--:|" + "--:|" * len(AFTER) + "--:|--:|"]

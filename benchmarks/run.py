@@ -138,7 +138,7 @@ def run_matrix(workloads: list[Workload], targets: list[Target], backend_pid: in
         rps_seen: dict[str, float] = {}  # per target, from the previous concurrency: sizes slow runs
         for c in sorted(concurrency):
             for t in live:
-                # Warm up (connections, pools, caches) unless one request would outlast the warm-up:
+                # Warm up (connections, caches) unless one request would outlast the warm-up:
                 # then it would only leave abandoned work behind.
                 est = rps_seen.get(t.name)
                 if warmup > 0 and (est is None or c / est < warmup / 2):
@@ -170,7 +170,7 @@ def run_scaling(triton: TritonServer, bodies, workdir: Path, *, rounds: int, dur
         gws, targets = [], []
         try:
             for label, extra in (("1 route", 0), (f"{routes} routes", routes)):
-                cfg = gateway_routes_config(wl.pool, triton.http_url, triton.grpc_url, extra_routes=extra,
+                cfg = gateway_routes_config(wl.backend, triton.http_url, triton.grpc_url, extra_routes=extra,
                                             models=(wl.model,))
                 gw, t = start_gateway(cfg, workdir / f"scaling-{name}-{extra}", f"gw-{extra}", 1)
                 t.name = label
@@ -288,14 +288,14 @@ def main(argv: list[str] | None = None) -> int:
             floor = GrpcFloor(workdir / "grpc-floor", triton.grpc_url).start()
             log(f"grpc floor up: grpc {floor.port}")
             proxies.append(floor.target())
-        if "http-floor" in target_names and any(WORKLOADS[n].protocol == "http" and WORKLOADS[n].pool == "http"
+        if "http-floor" in target_names and any(WORKLOADS[n].protocol == "http" and WORKLOADS[n].backend == "http"
                                                 for n in names):
             hfloor = HttpFloor(workdir / "http-floor", triton.http_url).start()
             log(f"http floor up: http {hfloor.port}")
             proxies.append(hfloor.target())
 
-        for pool in ("http", "grpc"):
-            group = [WORKLOADS[n] for n in names if WORKLOADS[n].pool == pool]
+        for backend in ("http", "grpc"):
+            group = [WORKLOADS[n] for n in names if WORKLOADS[n].backend == backend]
             if not group:
                 continue
             gws = []
@@ -305,16 +305,16 @@ def main(argv: list[str] | None = None) -> int:
                     tname = f"gateway-{workers}w"
                     if tname not in target_names:
                         continue
-                    cfg = gateway_routes_config(pool, triton.http_url, triton.grpc_url)
-                    gw, t = start_gateway(cfg, workdir / f"gw-{pool}-{workers}", tname, workers)
+                    cfg = gateway_routes_config(backend, triton.http_url, triton.grpc_url)
+                    gw, t = start_gateway(cfg, workdir / f"gw-{backend}-{workers}", tname, workers)
                     gws.append(gw)
                     targets.append(t)
                 targets = [t for t in targets if t.name in target_names]
-                log(f"gateways for the {pool} pool up; measuring {[w.name for w in group]}")
+                log(f"gateways for the {backend} backend up; measuring {[w.name for w in group]}")
                 run_matrix(group, targets, triton.pid, bodies, concurrency, rounds=rounds, duration=duration,
                            max_duration=max_duration, warmup=warmup, loadgen=args.loadgen, runs=runs)
                 if not args.no_profile and "gateway-1w" in target_names:
-                    small = "http_json_small" if pool == "http" else "grpc_small"
+                    small = "http_json_small" if backend == "http" else "grpc_small"
                     if small in bodies:
                         gw1 = next(t for t in targets if t.name == "gateway-1w")
                         log(f"profiling gateway-1w (pid {gw1.pid}) under {small} …")

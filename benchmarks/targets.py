@@ -399,14 +399,14 @@ class HttpFloor(_Floor):
 REAL_MODELS = ("add_sub", "identity_UINT8", "identity_FP32")
 
 
-def gateway_routes_config(pool: str, triton_http: str, triton_grpc: str, *, extra_routes: int = 0,
+def gateway_routes_config(protocol: str, triton_http: str, triton_grpc: str, *, extra_routes: int = 0,
                           models: tuple[str, ...] = REAL_MODELS) -> dict[str, Any]:
-    """Every model routed to one Triton pool spoken to over ``pool`` ("http" or "grpc").
+    """Every model routed to one backend, a Triton spoken to over ``protocol`` ("http" or "grpc").
 
     ``extra_routes`` adds exact routes ``model-0`` … ``model-<n-1>`` (the scaling run).
     """
-    backend = f"triton-{pool}"
-    backends = {backend: {"protocol": pool, "endpoints": [triton_http if pool == "http" else triton_grpc],
+    backend = f"triton-{protocol}"
+    backends = {backend: {"protocol": protocol, "endpoints": [triton_http if protocol == "http" else triton_grpc],
                           "timeout_s": 300}}
     routes = [{"model": f"model-{i}", "backend": backend} for i in range(extra_routes)]
     routes += [{"model": m, "backend": backend} for m in models]

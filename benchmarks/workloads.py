@@ -35,7 +35,7 @@ class Workload:
     title: str
     protocol: str  # "http" (HTTP/1.1) or "grpc" (HTTP/2)
     model: str
-    pool: str  # the gateway pool protocol this workload is routed to: "http" or "grpc"
+    backend: str  # the gateway backend protocol this workload is routed to: "http" or "grpc"
     small: bool  # counts for the "small requests" targets
     headers: tuple[tuple[str, str], ...] = field(default=())
 
@@ -53,7 +53,7 @@ WORKLOADS: dict[str, Workload] = {
                  False),
         Workload("grpc_small", "gRPC, 2×16 FP32 (add_sub)", "grpc", "add_sub", "grpc", True),
         Workload("grpc_16m", "gRPC, 16 MiB UINT8 (identity)", "grpc", "identity_UINT8", "grpc", False),
-        Workload("http_json_to_grpc_1m", "HTTP JSON → gRPC pool, 1 MiB FP32 (identity)", "http", "identity_FP32",
+        Workload("http_json_to_grpc_1m", "HTTP JSON → gRPC backend, 1 MiB FP32 (identity)", "http", "identity_FP32",
                  "grpc", False),
         Workload("http_json_1m", "HTTP JSON, 1 MiB FP32 (identity)", "http", "identity_FP32", "http", False),
     )

@@ -1,4 +1,4 @@
-"""Fuzz target: a backend's bytes as the HTTP/1.1 client reads them (gateway/upstream/h1/connection.py
+"""Fuzz target: a backend's bytes as the HTTP/1.1 client reads them (gateway/backends/h1/connection.py
 ``Connection``, issue 35), driven below the network by tests/support/h1drive.py.
 
 Input layout:
@@ -30,8 +30,8 @@ import asyncio
 from fuzz._support import check, instrumented, run
 
 with instrumented(__name__ == "__main__", ("gateway",)):
-    from gateway.upstream.h1.errors import BadAnswer, ConnectionDropped
-    from gateway.upstream.h1.limits import AnswerLimits
+    from gateway.backends.h1.errors import BadAnswer, ConnectionDropped
+    from gateway.backends.h1.limits import AnswerLimits
     from tests.support.h1drive import drive, h11_answers
 
 __all__ = ["SMALL", "one_input"]

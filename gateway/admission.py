@@ -1,6 +1,6 @@
 """Admission control: bytes of inference requests in flight in this process, held against
 ``max_inflight_bytes``, each request counted as what its path holds in memory per byte of its
-body (``COST_*``: a pool says which applies to it, ``Pool.http_cost`` / ``grpc_cost`` /
+body (``COST_*``: a backend says which applies to it, ``Backend.http_cost`` / ``grpc_cost`` /
 ``generate_cost``).
 """
 from __future__ import annotations
@@ -65,14 +65,14 @@ class Admission:
 # What a request is expected to hold in this process while in flight, per byte of its body:
 # admission control counts a request as its body's size times this (``max_inflight_bytes`` is
 # a memory budget). Measured here as peak RSS over idle per request, 8 concurrent 16 MB
-# requests to real Triton: HTTP binary → gRPC pool 6.8 ×, gRPC → HTTP pool 2.4 ×,
-# HTTP JSON → gRPC pool 2.3 × (of the JSON text), gRPC → gRPC 1.4 × (grpcio's own copies),
+# requests to real Triton: HTTP binary → gRPC backend 6.8 ×, gRPC → HTTP backend 2.4 ×,
+# HTTP JSON → gRPC backend 2.3 × (of the JSON text), gRPC → gRPC 1.4 × (grpcio's own copies),
 # HTTP → HTTP 0.2–1.2 × (binary bodies stream; JSON bodies are read whole). Without the factors
 # a 640 MiB cgroup with the default share (a fifth) was OOM-killed by 24 clients of 16 MB
 # through the binary → gRPC conversion (tests/integration/test_memory_cgroup.py).
 COST_PASS_HTTP = 1
 COST_PASS_GRPC = 2
-COST_CONVERT = 3  # JSON → gRPC, gRPC → HTTP, ModelStreamInfer to an HTTP pool, generate → gRPC
+COST_CONVERT = 3  # JSON → gRPC, gRPC → HTTP, ModelStreamInfer to an HTTP backend, generate → gRPC
 COST_CONVERT_BINARY = 7  # HTTP binary extension → gRPC: the body, its tensors and the message
 
 

@@ -111,7 +111,7 @@ class HttpReply:
 class Plan:
     """How one HTTP inference goes, decided once from its head (before its body is read):
     the route it took (the data plane's own), what admission counts per byte of its body, and
-    whether it can be served from callbacks once its whole body is here (one pool that can,
+    whether it can be served from callbacks once its whole body is here (one backend that can,
     no split, no mirror). The front end passes it back with the body."""
 
     route: Any
@@ -119,7 +119,7 @@ class Plan:
     now: bool
 
 
-# The (route pattern, pool) label of a request's metrics; what a request no route took is labelled.
+# The (route pattern, backend) label of a request's metrics; what a request no route took is labelled.
 RouteLabel = tuple[str, str]
 UNROUTED: RouteLabel = ("_unrouted", "")
 
@@ -210,7 +210,7 @@ class DataPlane:
 
     # -- what a data plane may not serve -------------------------------------------------
     def route_label(self, model: str, version: str) -> RouteLabel:
-        """(route pattern, pool) for the metrics of a request for ``model``."""
+        """(route pattern, backend) for the metrics of a request for ``model``."""
         return UNROUTED
 
     def v1_settings(self) -> Any:

@@ -20,7 +20,7 @@ transports (codec, routing, config) import no grpc.
     ├── RateLimited           429  RESOURCE_EXHAUSTED a credential's or a model's rate limit (Retry-After)
     ├── RequestTimeout        408  DEADLINE_EXCEEDED  the client stopped sending its request body
     ├── Overloaded            503  UNAVAILABLE        admission control refused it (max_inflight_bytes; Retry-After)
-    ├── NoEndpointAvailable   503  UNAVAILABLE        no endpoint of the pool answered
+    ├── NoEndpointAvailable   503  UNAVAILABLE        no endpoint of the backend answered
     │   └── ModelNotReady     503  UNAVAILABLE        the route exists; no endpoint has the model ready
     ├── UpstreamTimeout       504  DEADLINE_EXCEEDED  the backend did not answer in time
     ├── UpstreamReset         502  UNAVAILABLE        the backend reset, cancelled or closed mid-answer
@@ -170,7 +170,7 @@ class NoEndpointAvailable(GatewayError):
 
 
 class ModelNotReady(NoEndpointAvailable):
-    """The model is routed, but no endpoint of its pool has it ready now (a pod still
+    """The model is routed, but no endpoint of its backend has it ready now (a pod still
     loading it, or every endpoint down): retry later. Not a 404: the route exists."""
 
 
@@ -218,7 +218,7 @@ class UpstreamFraming(BadUpstreamResponse):
 
 class UpstreamTooLarge(BadUpstreamResponse):
     """An answer over one of the gateway's limits on backends: its head (header count or
-    bytes), its body (the pool's ``max_message_bytes``; a health or index answer's own cap).
+    bytes), its body (the backend's ``max_message_bytes``; a health or index answer's own cap).
     A 502, never a 413 / RESOURCE_EXHAUSTED: the client's request was fine."""
 
 

@@ -1,5 +1,5 @@
-"""Answers that span the fleet rather than one request's pool: the repository index merged over
-every endpoint, model control on every endpoint of a model's pools, Triton's per-model extensions
+"""Answers that span the fleet rather than one request's backend: the repository index merged over
+every endpoint, model control on every endpoint of a model's backends, Triton's per-model extensions
 (configuration, statistics summed over endpoints) and its trace / log settings.
 """
 from __future__ import annotations
@@ -8,22 +8,22 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from .codec.repository import IndexEntry, PoolIndexEntry
+from .backends.base import Backend, Refused
+from .codec.repository import BackendIndexEntry, IndexEntry
 from .codec.triton import stats_from_json, stats_from_pb, stats_sum, stats_to_json, stats_to_pb
 from .dataplane import CLIENTS_FAULT, HttpReply
 from .errors import GatewayError, NoEndpointAvailable, UpstreamError
 from .routing.readiness import Ready
 from .snapshot import Routing
-from .upstream.pool import Pool, Refused
 
 __all__ = ["Fleet"]
 
 _JSON = {"content-type": "application/json"}
-Timed = Callable[[Pool[Any], Awaitable[Any]], Awaitable[Any]]
+Timed = Callable[[Backend[Any], Awaitable[Any]], Awaitable[Any]]
 
 
 def _stats(part: tuple[bytes, str]) -> Any:
-    """One endpoint's statistics answer (see Pool.endpoint_stats) as a message."""
+    """One endpoint's statistics answer (see Backend.endpoint_stats) as a message."""
     body, form = part
     return stats_from_json(body) if form == "json" else stats_from_pb(body)
 
@@ -50,61 +50,62 @@ class Fleet:
         return self._routing()
 
     # -- Triton's repository extension, across the fleet ----------------------------
-    async def repository_index(self, ready_only: bool) -> list[PoolIndexEntry]:
-        """Every pool's endpoints' repository indexes merged: one entry per pool, model and
+    async def repository_index(self, ready_only: bool) -> list[BackendIndexEntry]:
+        """Every backend's endpoints' repository indexes merged: one entry per backend, model and
         version — READY when some endpoint has it ready (``endpoints``: those), else the
         state and reason one endpoint gave (``endpoints``: those listing it). Endpoints
         without an index (OVMS) add nothing. Asked now, in parallel, within health timeout_s."""
         routing = self.routing
         timeout = routing.config.health.timeout_s
-        jobs = [(pool, ep) for pool in routing.pools.values() for ep in list(pool.endpoints.values())]
-        answers = await asyncio.gather(*(pool.check_index(ep, timeout) for pool, ep in jobs))
+        jobs = [(backend, ep) for backend in routing.backends.values() for ep in list(backend.endpoints.values())]
+        answers = await asyncio.gather(*(backend.check_index(ep, timeout) for backend, ep in jobs))
         merged: dict[tuple[str, str, str], list[Any]] = {}  # -> [first entry, ready eps, listing eps]
-        for (pool, ep), entries in zip(jobs, answers):
+        for (backend, ep), entries in zip(jobs, answers):
             if not entries:
                 # No index there (OVMS, the reference server): the exact-routed models, as the
                 # health checker's per-model calls found them — so a gateway in front of this
                 # one reads a complete index.
                 entries = [IndexEntry(m, "", ep.health.ready_for(m, "") == Ready.YES,
                                       "READY" if ep.health.ready_for(m, "") == Ready.YES else "UNAVAILABLE")
-                           for m in sorted(pool.routed)]
+                           for m in sorted(backend.routed)]
             for e in entries:
-                slot = merged.setdefault((e.name, e.version, pool.name), [e, [], []])
+                slot = merged.setdefault((e.name, e.version, backend.name), [e, [], []])
                 slot[1 if e.ready else 2].append(str(ep.address))
         out = []
-        for (name, version, pool_name), (first, ready, listing) in sorted(merged.items()):
+        for (name, version, backend_name), (first, ready, listing) in sorted(merged.items()):
             if ready:
-                out.append(PoolIndexEntry(name, version, True, "READY", "", pool_name, tuple(ready)))
+                out.append(BackendIndexEntry(name, version, True, "READY", "", backend_name, tuple(ready)))
             elif not ready_only:
-                out.append(PoolIndexEntry(name, version, False, first.state, first.reason, pool_name, tuple(listing)))
+                out.append(BackendIndexEntry(name, version, False, first.state, first.reason, backend_name,
+                                             tuple(listing)))
         return out
 
     async def repository_http(self, action: str, model: str, body: bytes, headers: Mapping[str, str]) -> HttpReply:
-        """Load / unload ``model`` on every endpoint of the pool(s) it routes to."""
+        """Load / unload ``model`` on every endpoint of the backend(s) it routes to."""
         reply = None
-        for pool in self.routing.pools_of(model):
-            reply = await self.timed(pool, pool.repository_http(action, model, body, headers))
+        for backend in self.routing.backends_of(model):
+            reply = await self.timed(backend, backend.repository_http(action, model, body, headers))
         assert reply is not None
         return reply
 
     async def repository_grpc(self, rpc: str, model: str, message: bytes, timeout: float | None,
                               metadata: Sequence[tuple[str, str]] = ()) -> bytes:
         answer = b""
-        for pool in self.routing.pools_of(model):
-            answer = await self.timed(pool, pool.repository_grpc(rpc, model, message, timeout, tuple(metadata)))
+        for backend in self.routing.backends_of(model):
+            answer = await self.timed(backend, backend.repository_grpc(rpc, model, message, timeout, tuple(metadata)))
         return answer
 
     # -- Triton's per-model extensions (model configuration, statistics) --------
     # Triton's own messages (model_config.proto, grpc_service.proto): relayed as they are
-    # between same-protocol pools, converted exactly otherwise (codec/triton.py).
+    # between same-protocol backends, converted exactly otherwise (codec/triton.py).
     async def model_extension_http(self, model: str, version: str, what: str) -> HttpReply:
         if what == "stats":
             parts = await self._statistics(model, version, None)
             if len(parts) == 1 and parts[0][1] == "json":
                 return HttpReply(200, parts[0][0], _JSON)  # one Triton's own answer, untouched
             return HttpReply(200, stats_to_json(stats_sum([_stats(p) for p in parts])), _JSON)
-        pool = self.routing.pool(model, version)
-        return await self.timed(pool, pool.config_http(model, version))
+        backend = self.routing.backend(model, version)
+        return await self.timed(backend, backend.config_http(model, version))
 
     async def model_extension_grpc(self, rpc: str, message: bytes, model: str, version: str,
                                    timeout: float | None) -> bytes:
@@ -113,14 +114,14 @@ class Fleet:
             if len(parts) == 1 and parts[0][1] == "pb":
                 return parts[0][0]
             return stats_to_pb(stats_sum([_stats(p) for p in parts]))
-        pool = self.routing.pool(model, version)
-        return await self.timed(pool, pool.config_grpc(message, model, version, timeout))
+        backend = self.routing.backend(model, version)
+        return await self.timed(backend, backend.config_grpc(message, model, version, timeout))
 
     async def _statistics(self, model: str, version: str, timeout: float | None) -> list[tuple[bytes, str]]:
-        """Every endpoint's statistics: of the model's pool, or (no model: Triton's "all
-        models") of every pool. Summed per model and version by the caller."""
-        pools = self.routing.pools_of(model, version) if model else list(self.routing.pools.values())
-        answers = await asyncio.gather(*(self.timed(p, p.statistics(model, version, timeout)) for p in pools),
+        """Every endpoint's statistics: of the model's backend, or (no model: Triton's "all
+        models") of every backend. Summed per model and version by the caller."""
+        backends = self.routing.backends_of(model, version) if model else list(self.routing.backends.values())
+        answers = await asyncio.gather(*(self.timed(p, p.statistics(model, version, timeout)) for p in backends),
                                        return_exceptions=True)
         parts = [part for a in answers if isinstance(a, list) for part in a]
         if not parts:
@@ -130,18 +131,18 @@ class Fleet:
 
     # -- Triton's trace and log settings --------------------------------------------
     async def settings(self, kind: str, model: str, request: tuple[str, bytes | None], update: bool) -> bytes:
-        """Trace settings of ``model`` (its pool's endpoints) or server-wide trace / log
-        settings (every endpoint of every pool). A change (``update``) goes to all of
+        """Trace settings of ``model`` (its backend's endpoints) or server-wide trace / log
+        settings (every endpoint of every backend). A change (``update``) goes to all of
         them and succeeds when every endpoint that has the extension took it (one that
         answers 404 / UNIMPLEMENTED has none: MLServer, OVMS); the answer is the first
         endpoint's. A read is answered by the first endpoint that can."""
-        pools = self.routing.pools_of(model) if model else list(self.routing.pools.values())
+        backends = self.routing.backends_of(model) if model else list(self.routing.backends.values())
         if not update:
             errors: list[GatewayError] = []
-            for pool in pools:
-                for ep in list(pool.endpoints.values()):
+            for backend in backends:
+                for ep in list(backend.endpoints.values()):
                     try:
-                        return (await self.timed(pool, pool.endpoint_settings(ep, kind, model, request)))[1]
+                        return (await self.timed(backend, backend.endpoint_settings(ep, kind, model, request)))[1]
                     except Refused as exc:
                         errors.append(exc.error)
                     except CLIENTS_FAULT:
@@ -152,10 +153,10 @@ class Fleet:
         answers: list[bytes] = []
         lacking: list[GatewayError] = []
         failed: list[tuple[str, GatewayError]] = []
-        def change(pool: Pool[Any]) -> Awaitable[list[tuple[Any, tuple[str, bytes] | None, GatewayError | None]]]:
-            return pool.each_endpoint(lambda ep: pool.endpoint_settings(ep, kind, model, request))
+        def change(backend: Backend[Any]) -> Awaitable[list[tuple[Any, tuple[str, bytes] | None, GatewayError | None]]]:
+            return backend.each_endpoint(lambda ep: backend.endpoint_settings(ep, kind, model, request))
 
-        for pool, results in zip(pools, await asyncio.gather(*(change(p) for p in pools))):
+        for backend, results in zip(backends, await asyncio.gather(*(change(p) for p in backends))):
             for ep, answer, err in results:
                 if err is None and answer is not None:
                     answers.append(answer[1])
@@ -164,7 +165,7 @@ class Fleet:
                 elif err is not None and _lacks_extension(err):
                     lacking.append(err)
                 elif err is not None:
-                    failed.append((f"backend '{pool.name}' endpoint {ep.address}", err))
+                    failed.append((f"backend '{backend.name}' endpoint {ep.address}", err))
         if failed:
             first = failed[0][1]
             total = len(answers) + len(failed)

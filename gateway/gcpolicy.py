@@ -1,7 +1,7 @@
 """The cyclic garbage collector, set for a server (process-wide, by the serving process).
 
 A gateway's objects are of two kinds: those built at start-up or by a reload (modules,
-config, routes, pools — tens of thousands, for the life of the process) and those of one
+config, routes, backends — tens of thousands, for the life of the process) and those of one
 request (frames, futures, tasks, buffers' views — gone when the request ends). CPython's
 defaults serve neither well under load:
 
@@ -19,7 +19,7 @@ defaults serve neither well under load:
 
 Garbage in cycles is still collected, only later: up to :data:`YOUNG` objects of it. The
 gateway avoids making any per request (the body pump's idle timer is a class for that reason:
-upstream/h1/clock.py); what large buffers a cycle might hold is given back by the allocator's idle
+backends/h1/clock.py); what large buffers a cycle might hold is given back by the allocator's idle
 trim, which collects first (malloc.py).
 
 ``OIP_GATEWAY_GC_TUNING=0`` keeps CPython's defaults.

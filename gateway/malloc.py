@@ -64,7 +64,7 @@ def tune_malloc(max_message_bytes: int) -> bool:
         # empty it: it gives back the free chunks of every arena but shrinks only the main
         # arena's top (glibc 2.36 mtrim; another arena's top shrinks on a free only, past
         # M_TRIM_THRESHOLD, which the tuning above raises). After 16 bursts of 16 MB through a
-        # gRPC pool that top kept ~56 MB resident for good (2 arenas; 8 per core, the default,
+        # gRPC backend that top kept ~56 MB resident for good (2 arenas; 8 per core, the default,
         # kept more). With one arena the trim gives back all but ~1 MB; A/B (4 rounds) of the
         # contention it could add: grpc_small 0.91 / 0.98 / 0.99, grpc_16m 1.01 / 1.00 / 0.86,
         # JSON → gRPC 1 MiB 1.01 / 1.02 / 0.97 × CPU per request at c=1 / 16 / 64.

@@ -1,10 +1,10 @@
-"""The gateway's data plane: route → pick a pool → call → answer. No transport code.
+"""The gateway's data plane: route → pick a backend → call → answer. No transport code.
 
-The proxy reads one :class:`Routing` snapshot per request (route table, pools), so a
+The proxy reads one :class:`Routing` snapshot per request (route table, backends), so a
 config reload swaps the whole snapshot in one assignment while requests in flight
-finish on the pools they started on. Everything protocol-specific — pass-through,
-conversion, endpoint choice, retries — is the pool's (``upstream/pool.py``): the
-proxy never asks what kind of pool it holds.
+finish on the backends they started on. Everything protocol-specific — pass-through,
+conversion, endpoint choice, retries — is the backend's (``backends/base.py``): the
+proxy never asks what kind of backend it holds.
 """
 from __future__ import annotations
 
@@ -14,7 +14,11 @@ from typing import Any, TypeVar
 
 from . import __version__
 from .admission import Admission, StreamHeld
-from .codec.repository import PoolIndexEntry
+from .backends.base import Backend
+from .backends.health import HealthChecker
+from .backends.http import http_affinity
+from .backends.mirror import Mirrors
+from .codec.repository import BackendIndexEntry
 from .codec.wire import scan_infer_routing
 from .dataplane import CLIENTS_FAULT, TRACE_HEADERS, DataPlane, HttpReply, IncomingBody, Plan, pick_headers
 from .errors import GatewayError, InvalidRequest, ModelNotFound, NoEndpointAvailable
@@ -24,20 +28,16 @@ from .observability.metrics import UNROUTED, Metrics, RouteLabel
 from .routing.table import STATEFUL, Match
 from .security.guard import Gate, guard_for
 from .snapshot import ROUTED, Routing
-from .upstream.health import HealthChecker
-from .upstream.http import http_affinity
-from .upstream.mirror import Mirrors
-from .upstream.pool import Pool
 
 __all__ = ["EXTENSIONS", "Proxy"]
 
 T = TypeVar("T")
 
-# What works end to end through the gateway, on every client × pool path, in Triton's
+# What works end to end through the gateway, on every client × backend path, in Triton's
 # spelling (spec "Server Metadata": the extensions field; Triton's own list, core
 # server.cc): the binary tensor extension, parameters, sequences (sequence_id keeps a
 # sequence on one endpoint), the model repository (index merged over the fleet, load and
-# unload with unload_dependents on every endpoint of the pool), model configuration,
+# unload with unload_dependents on every endpoint of the backend), model configuration,
 # statistics (summed over endpoints), trace and logging settings. Not listed: shared memory
 # (no network hop has it), classification and schedule_policy (their parameters pass
 # through but are not proven here).
@@ -55,7 +55,7 @@ def _metadata_map(metadata: Sequence[tuple[str, str]]) -> dict[str, str]:
 
 
 class Proxy(DataPlane):
-    """Implements :class:`gateway.dataplane.DataPlane` by forwarding to backend pools."""
+    """Implements :class:`gateway.dataplane.DataPlane` by forwarding to backends."""
 
     def __init__(self, routing: Routing, health: HealthChecker, metrics: Metrics, auto_inflight: int = 0) -> None:
         self.routing = routing
@@ -66,7 +66,7 @@ class Proxy(DataPlane):
         config = routing.config
         self.admission = Admission(config.max_inflight_bytes, metrics.inflight_bytes, auto_inflight, metrics.track)
         # Shadow traffic (routes' ``mirror``): copies sent in the background, answers dropped.
-        self.mirrors = Mirrors(lambda: self.routing.pools, metrics.mirror_requests, metrics.mirror_inflight)
+        self.mirrors = Mirrors(lambda: self.routing.backends, metrics.mirror_requests, metrics.mirror_inflight)
         self.limit = config.max_message_bytes
         # Client headers / gRPC metadata passed on to backends, on every path.
         self.context_headers = frozenset(TRACE_HEADERS) | frozenset(config.forward_headers)
@@ -103,8 +103,8 @@ class Proxy(DataPlane):
         return self.routing.config.v1
 
     def route_label(self, model: str, version: str) -> RouteLabel:
-        """(route pattern, pool) for the metrics: bounded by the config, never a client's
-        string. The pool this request went to when it was routed (a split's side, a header
+        """(route pattern, backend) for the metrics: bounded by the config, never a client's
+        string. The backend this request went to when it was routed (a split's side, a header
         route), else the default route's."""
         chosen = ROUTED.get()
         if chosen is not None:
@@ -115,38 +115,38 @@ class Proxy(DataPlane):
             return UNROUTED
         return match.label, match.backend
 
-    async def timed(self, pool: Pool[Any], call: Awaitable[T]) -> T:
-        """Await a backend call, recording its duration and any failure under the pool's name."""
+    async def timed(self, backend: Backend[Any], call: Awaitable[T]) -> T:
+        """Await a backend call, recording its duration and any failure under the backend's name."""
         start = time.perf_counter()
         try:
             return await call
         except Exception as exc:
-            self._failed(pool, exc)
+            self._failed(backend, exc)
             raise
         finally:
-            self.metrics.upstream_timer(pool.name).observe(time.perf_counter() - start)
+            self.metrics.upstream_timer(backend.name).observe(time.perf_counter() - start)
 
-    def _failed(self, pool: Pool[Any], exc: Exception) -> None:
+    def _failed(self, backend: Backend[Any], exc: Exception) -> None:
         if not isinstance(exc, CLIENTS_FAULT):
             # (A bad request, or the client left while its body streamed: not the backend's failure.)
-            self.metrics.upstream_errors.labels(pool.name, type(exc).__name__).inc()
+            self.metrics.upstream_errors.labels(backend.name, type(exc).__name__).inc()
 
-    # -- model-level answers come from a backend of the routed pool -------------
+    # -- model-level answers come from an endpoint of the routed backend -----------
     async def model_ready(self, model: str, version: str) -> bool:
         try:
-            pool = self.routing.pool(model, version)
+            backend = self.routing.backend(model, version)
         except ModelNotFound:
             # A readiness probe gets "not ready", as Triton answers for a model it
             # does not have (HTTP 400, gRPC ready=false) — not an error.
             return False
-        return await self.timed(pool, pool.model_ready(model, version))
+        return await self.timed(backend, backend.model_ready(model, version))
 
     async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
-        pool = self.routing.pool(model, version)
-        return await self.timed(pool, pool.model_metadata(model, version))
+        backend = self.routing.backend(model, version)
+        return await self.timed(backend, backend.model_metadata(model, version))
 
     # -- the fleet: repository, per-model extensions, settings (fleet.py) ----------
-    async def repository_index(self, ready_only: bool) -> list[PoolIndexEntry]:
+    async def repository_index(self, ready_only: bool) -> list[BackendIndexEntry]:
         return await self.fleet.repository_index(ready_only)
 
     async def repository_http(self, action: str, model: str, body: bytes, headers: Mapping[str, str]) -> HttpReply:
@@ -168,18 +168,18 @@ class Proxy(DataPlane):
 
     # -- inference --------------------------------------------------------------
     def plan_http(self, model: str, version: str, headers: Mapping[str, str]) -> Plan:
-        """The route of an HTTP inference, its admission cost (the dearest of its pools: a
+        """The route of an HTTP inference, its admission cost (the dearest of its backends: a
         split's side is chosen later, from the body's sequence_id), and whether it can be
-        served from callbacks: one pool that serves so, no split, no mirror."""
+        served from callbacks: one backend that serves so, no split, no mirror."""
         routing = self.routing
         match = routing.table.resolve(model, version, headers)
         if match.stateful is not STATEFUL.get():
             STATEFUL.set(match.stateful)
         binary = "inference-header-content-length" in headers
         if match.split is None:
-            pool = routing.pools[match.backend]
-            return Plan(match, pool.http_cost(binary), pool.serves_now and match.mirror is None)
-        return Plan(match, max(routing.pools[n].http_cost(binary) for n in match.split.names), False)
+            backend = routing.backends[match.backend]
+            return Plan(match, backend.http_cost(binary), backend.serves_now and match.mirror is None)
+        return Plan(match, max(routing.backends[n].http_cost(binary) for n in match.split.names), False)
 
     async def infer_http(self, model: str, version: str, body: bytes | bytearray | IncomingBody,
                          headers: Mapping[str, str], plan: Plan | None = None) -> HttpReply:
@@ -190,20 +190,20 @@ class Proxy(DataPlane):
         self.admission.enter(size)
         try:
             affinity = None
-            if match.split is not None:  # a sequence stays in one pool of the split
+            if match.split is not None:  # a sequence stays in one backend of the split
                 body, affinity = await http_affinity(body, headers, self.limit, True)
-            pool, match = self.routing.choose(match, model, version, affinity)
+            backend, match = self.routing.choose(match, model, version, affinity)
             if match.mirror is not None and isinstance(body, (bytes, bytearray)):
                 self.mirrors.http(match, model, version, bytes(body), headers, self._http_forwarded, self.limit)
             if match.split is None or not isinstance(body, (bytes, bytearray)):
-                call = pool.infer_http(model, version, body, headers, self._http_forwarded, self.limit)
-                del body  # the pool owns it: freed there as soon as it is sent or encoded
-                return await self.timed(pool, call)
+                call = backend.infer_http(model, version, body, headers, self._http_forwarded, self.limit)
+                del body  # the backend owns it: freed there as soon as it is sent or encoded
+                return await self.timed(backend, call)
             try:
-                return await self.timed(pool, pool.infer_http(model, version, body, headers, self._http_forwarded,
-                                                              self.limit))
+                return await self.timed(backend, backend.infer_http(model, version, body, headers, self._http_forwarded,
+                                                                    self.limit))
             except NoEndpointAvailable:
-                other = self._other_side(match, pool, model, version, affinity)
+                other = self._other_side(match, backend, model, version, affinity)
                 if other is None:
                     raise
                 return await self.timed(other, other.infer_http(model, version, body, headers,
@@ -215,79 +215,79 @@ class Proxy(DataPlane):
                        headers: Mapping[str, str], record: AccessRecord | None,
                        done: Callable[[HttpReply | Exception | None], None]) -> RouteLabel | None:
         """:meth:`infer_http` without a coroutine for a whole, uncompressed body whose plan
-        says it can be (``now``), when the pool can send it at once (``HttpPool.infer_http_now``:
+        says it can be (``now``), when the backend can send it at once (``HttpBackend.infer_http_now``:
         a kept-alive connection free): the answer, or the error :meth:`infer_http` would raise,
         goes to ``done`` from the backend connection's callbacks; ``done(None)``: send it again
-        through :meth:`infer_http` (nothing was answered). Returns the request's (route, pool)
+        through :meth:`infer_http` (nothing was answered). Returns the request's (route, backend)
         label, or None when nothing was done (await :meth:`infer_http` instead). Raises what
         admission raises."""
         match: Match = plan.route
-        pool = self.routing.pools[match.backend]
+        backend = self.routing.backends[match.backend]
         size = len(body) * plan.cost
         admission = self.admission
         admission.enter(size)
         start = time.perf_counter()
-        timer = self.metrics.upstream_timer(pool.name)
+        timer = self.metrics.upstream_timer(backend.name)
 
         def answered(result: HttpReply | Exception | None) -> None:
             admission.leave(size)
             if result is not None:
                 timer.observe(time.perf_counter() - start)
                 if isinstance(result, Exception):
-                    self._failed(pool, result)
+                    self._failed(backend, result)
             done(result)
 
         try:
-            taken = pool.infer_http_now(model, version, body, headers, self._http_forwarded, record, answered)
+            taken = backend.infer_http_now(model, version, body, headers, self._http_forwarded, record, answered)
         except Exception as exc:
             admission.leave(size)
             timer.observe(time.perf_counter() - start)
-            self._failed(pool, exc)
+            self._failed(backend, exc)
             raise
         if not taken:
             admission.leave(size)
             return None
         return match.label, match.backend
 
-    def _other_side(self, match: Match, failed: Pool[Any], model: str, version: str,
-                    affinity: str | None) -> Pool[Any] | None:
+    def _other_side(self, match: Match, failed: Backend[Any], model: str, version: str,
+                    affinity: str | None) -> Backend[Any] | None:
         """A split's side answered that nothing could take the request (no endpoint had the
         model ready after all — the checker had not seen it go yet): another side that can
         takes it, as its share would have gone there. None when there is none."""
         assert match.split is not None
         routing = self.routing
-        name = match.split.choose(lambda n: n != failed.name and routing.pools[n].can_take(model, version),
+        name = match.split.choose(lambda n: n != failed.name and routing.backends[n].can_take(model, version),
                                   affinity)
-        if name == failed.name or not routing.pools[name].can_take(model, version):
+        if name == failed.name or not routing.backends[name].can_take(model, version):
             return None
         ROUTED.set((match.label, name))
-        return routing.pools[name]
+        return routing.backends[name]
 
     async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
                          affinity: str | None = None, metadata: Sequence[tuple[str, str]] = ()) -> bytes:
         routing = self.routing
         headers = _metadata_map(metadata) if routing.table.by_headers else None
-        pool, match = routing.pick(model, version, headers, affinity)
-        size = len(message) * pool.grpc_cost()
+        backend, match = routing.pick(model, version, headers, affinity)
+        size = len(message) * backend.grpc_cost()
         self.admission.enter(size)
         try:
             trace = pick_headers(metadata, self.context_headers) if metadata else ()
             if match.mirror is not None:
                 self.mirrors.grpc(match, model, version, message, trace)
-            # timed(), inlined: one coroutine less on every gRPC inference (see GrpcPool._unary).
+            # timed(), inlined: one coroutine less on every gRPC inference (see GrpcBackend._unary).
             start = time.perf_counter()
             try:
-                return await pool.infer_grpc(message, model, version, timeout, affinity, trace)
+                return await backend.infer_grpc(message, model, version, timeout, affinity, trace)
             except NoEndpointAvailable as exc:
-                self._failed(pool, exc)
-                other = self._other_side(match, pool, model, version, affinity) if match.split else None
+                self._failed(backend, exc)
+                other = self._other_side(match, backend, model, version, affinity) if match.split else None
                 if other is None:
                     raise
             except Exception as exc:
-                self._failed(pool, exc)
+                self._failed(backend, exc)
                 raise
             finally:
-                self.metrics.upstream_timer(pool.name).observe(time.perf_counter() - start)
+                self.metrics.upstream_timer(backend.name).observe(time.perf_counter() - start)
             return await self.timed(other, other.infer_grpc(message, model, version, timeout, affinity, trace))
         finally:
             self.admission.leave(size)
@@ -295,8 +295,8 @@ class Proxy(DataPlane):
     async def infer_stream(self, first: bytes, rest: AsyncIterator[bytes], model: str, version: str,
                            timeout: float | None, affinity: str | None = None,
                            metadata: Sequence[tuple[str, str]] = ()) -> AsyncIterator[bytes]:
-        """ModelStreamInfer pass-through to the gRPC pool of the first request's route.
-        Every later request must route to the same pool (one stream, one backend
+        """ModelStreamInfer pass-through to the gRPC backend of the first request's route.
+        Every later request must route to the same backend (one stream, one backend
         connection); one that does not ends the stream with INVALID_ARGUMENT after the
         answers to the requests before it. Each request counts against max_inflight_bytes
         while the gateway holds it (:class:`StreamHeld`): a first one past it is refused with
@@ -304,9 +304,9 @@ class Proxy(DataPlane):
         UNAVAILABLE after the answers before it."""
         routing = self.routing
         headers = _metadata_map(metadata)
-        pool = routing.pool(model, version, headers, affinity)
+        backend = routing.backend(model, version, headers, affinity)
         refused: list[GatewayError] = []
-        held = StreamHeld(self.admission, pool.grpc_cost())
+        held = StreamHeld(self.admission, backend.grpc_cost())
         held.take(len(first))  # over max_inflight_bytes: UNAVAILABLE before a backend stream opens
 
         async def requests() -> AsyncIterator[bytes]:
@@ -318,9 +318,9 @@ class Proxy(DataPlane):
                     if not m:
                         raise InvalidRequest("ModelInferRequest.model_name is required")
                     match = routing.table.resolve(m, v, headers)
-                    if pool.name not in (match.split.names if match.split is not None else (match.backend,)):
+                    if backend.name not in (match.split.names if match.split is not None else (match.backend,)):
                         raise InvalidRequest(
-                            f"model '{m}' routes to another backend than this stream's ('{pool.name}'): "
+                            f"model '{m}' routes to another backend than this stream's ('{backend.name}'): "
                             "open one stream per backend")
                     held.take(len(message))
                 except GatewayError as err:
@@ -331,20 +331,21 @@ class Proxy(DataPlane):
 
         try:
             trace = pick_headers(metadata, self.context_headers)
-            async for answer in pool.infer_stream(requests(), model, version, timeout, affinity, trace):
+            async for answer in backend.infer_stream(requests(), model, version, timeout, affinity, trace):
                 yield answer
         finally:
             held.close()
         if refused:
             raise refused[0]
 
-    # -- Triton's generate extension: through on HTTP pools, converted on gRPC pools ----
+    # -- Triton's generate extension: through on HTTP backends, converted on gRPC backends ----
     async def generate(self, model: str, version: str, body: bytes, headers: Mapping[str, str],
                        stream: bool) -> HttpReply:
-        pool = self.routing.pool(model, version, headers)
-        size = len(body) * pool.generate_cost()
+        backend = self.routing.backend(model, version, headers)
+        size = len(body) * backend.generate_cost()
         self.admission.enter(size)
         try:
-            return await self.timed(pool, pool.generate(model, version, body, headers, self._http_forwarded, stream))
+            return await self.timed(backend, backend.generate(model, version, body, headers, self._http_forwarded,
+                                                              stream))
         finally:
             self.admission.leave(size)

@@ -4,7 +4,7 @@ into buffers of the connection's own. httptools hands every body chunk over as a
 (the parser took every byte read so far), the rest needs counting, not parsing.
 
 Both sides use it: the listener for large request bodies (frontend/h1conn.py ``go_raw``) and the
-backend client for large answers (upstream/h1/reader.py ``buffer_updated``). It reads nothing itself: the
+backend client for large answers (backends/h1/reader.py ``buffer_updated``). It reads nothing itself: the
 event loop asks for a buffer (``get_buffer``), reads into it and says how much it read
 (``buffer_updated``).
 

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, make_asgi_app
 
 from .certs import CertFiles
 from .config.loader import read_config
-from .config.schema import Backend, GatewayConfig, HostPort, Tls
+from .config.schema import BackendSpec, GatewayConfig, HostPort, Tls
 from .config.security import Limits
 from .dataplane import DataPlane
 from .errors import ConfigError, ListenError
@@ -37,12 +37,12 @@ from .malloc import IdleTrimmer, large_answer_at
 from .memlimit import auto_inflight_limit
 from .observability.metrics import Metrics
 from .proxy import Proxy
-from .snapshot import Routing, build_pool
+from .snapshot import Routing, build_backend
 from .routing.table import RouteTable
-from .upstream.discovery import Discovery
-from .upstream.health import HealthChecker
-from .upstream.pool import Pool
-from .upstream.queue import QueueScraper
+from .backends.base import Backend
+from .backends.discovery import Discovery
+from .backends.health import HealthChecker
+from .backends.queue import QueueScraper
 
 __all__ = ["Gateway", "Listeners", "Ports", "bind_socket"]
 
@@ -192,8 +192,8 @@ class Listeners:
 
 
 def exact_routes(config: GatewayConfig) -> list[tuple[str, str | None, str, int]]:
-    """What the health checker checks: every pool of every exact route (a split's sides
-    share the route's group: ready when one is), and mirrors' shadow pools (group -1:
+    """What the health checker checks: every backend of every exact route (a split's sides
+    share the route's group: ready when one is), and mirrors' shadow backends (group -1:
     checked, so they know the model, never required for readiness)."""
     out: list[tuple[str, str | None, str, int]] = []
     for i, r in enumerate(config.routes):
@@ -206,12 +206,12 @@ def exact_routes(config: GatewayConfig) -> list[tuple[str, str | None, str, int]
 
 
 class Gateway:
-    """One gateway process: pools, discovery, health checks, proxy and listeners.
+    """One gateway process: backends, discovery, health checks, proxy and listeners.
 
-    ``reload`` applies a new config atomically: pools whose backend is unchanged are
-    kept as they are; a changed backend gets a new pool that adopts the endpoints it
+    ``reload`` applies a new config atomically: backends whose config is unchanged are
+    kept as they are; a changed one is built anew and adopts the endpoints it
     keeps (connections, health state); then one assignment swaps the routing, so
-    requests in flight finish on the pools they started on, and pools no longer used
+    requests in flight finish on the backends they started on, and backends no longer used
     close once those are done. Listener settings (ports, TLS, workers) take a restart.
     """
 
@@ -224,10 +224,10 @@ class Gateway:
         # A worker's supervisor checks the file and logs its problems: the workers do not repeat them.
         self._reload_error_level = logging.DEBUG if quiet_reload_errors else logging.ERROR
         self.metrics = Metrics(registry, access_log=config.access_log, access_sample=config.access_log_sample)
-        pools = {name: self._pool(b) for name, b in config.backends.items()}
-        routing = Routing(config, RouteTable(config.routes), pools)
+        backends = {name: self._backend(spec) for name, spec in config.backends.items()}
+        routing = Routing(config, RouteTable(config.routes), backends)
         self.health = HealthChecker(
-            pools,
+            backends,
             exact_routes(config),
             interval_s=config.health.interval_s,
             timeout_s=config.health.timeout_s,
@@ -255,39 +255,39 @@ class Gateway:
         self._route_labels: set[tuple[str, str]] = set()
         self._event_children: dict[tuple[str, str], Any] = {}
 
-    def _pool(self, backend: Backend) -> Pool[Any]:
-        pool = build_pool(backend)
-        pool.on_event = functools.partial(self._pool_event, backend.name)
-        if backend.balance == "least_queue":
-            pool.background.append(QueueScraper(pool, self._scraped))
-        return pool
+    def _backend(self, spec: BackendSpec) -> Backend[Any]:
+        backend = build_backend(spec)
+        backend.on_event = functools.partial(self._backend_event, spec.name)
+        if spec.balance == "least_queue":
+            backend.background.append(QueueScraper(backend, self._scraped))
+        return backend
 
     def _scraped(self, backend: str, ok: bool, seconds: float) -> None:
         self.metrics.queue_scrapes.labels(backend, "ok" if ok else "failed").inc()
         if seconds:
             self.metrics.queue_scrape_seconds.labels(backend).inc(seconds)
 
-    def _pool_event(self, backend: str, kind: str) -> None:
-        """A pool's event: a conversion (per request: the metric child is cached) or a
+    def _backend_event(self, name: str, kind: str) -> None:
+        """A backend's event: a conversion (per request: the metric child is cached) or a
         retry / ejection."""
-        child = self._event_children.get((backend, kind))
+        child = self._event_children.get((name, kind))
         if child is None:
             if kind in ("http_to_grpc", "grpc_to_http"):
-                child = self.metrics.conversions.labels(backend, kind)
+                child = self.metrics.conversions.labels(name, kind)
             else:
-                child = self.metrics.pool_events.labels(backend, kind)
-            self._event_children[(backend, kind)] = child
+                child = self.metrics.backend_event(name, kind)
+            self._event_children[(name, kind)] = child
         child.inc()
 
     @property
-    def pools(self) -> Mapping[str, Pool[Any]]:
-        return self.proxy.routing.pools
+    def backends(self) -> Mapping[str, Backend[Any]]:
+        return self.proxy.routing.backends
 
     def _record_health(self, checker: HealthChecker) -> None:
         labels = set()
-        for pool in self.pools.values():
-            for ep in pool.endpoints.values():
-                key = (pool.name, str(ep.address))
+        for backend in self.backends.values():
+            for ep in backend.endpoints.values():
+                key = (backend.name, str(ep.address))
                 labels.add(key)
                 self.metrics.endpoint_healthy.labels(*key).set(1 if ep.health.live else 0)
                 self.metrics.endpoint_ejected.labels(*key).set(0 if ep.health.ejected_until is None else 1)
@@ -314,9 +314,9 @@ class Gateway:
         """Start everything; ``http``/``grpc`` override the configured listeners (workers).
         Listeners open after the first DNS resolution and health round (each bounded),
         so the first requests already go only where their models are ready."""
-        for pool in self.pools.values():
-            await pool.start()
-        self.discovery.update(self.pools, self.config.dns)
+        for backend in self.backends.values():
+            await backend.start()
+        self.discovery.update(self.backends, self.config.dns)
         await self.discovery.resolved(self.config.dns.timeout_s * 2)
         self.health.start()
         self._trimmer = asyncio.get_running_loop().create_task(self.trimmer.run())
@@ -340,28 +340,28 @@ class Gateway:
                  "limits")
         if any(getattr(config, k) != getattr(old.config, k) for k in fixed):
             log.warning("reload: %s take effect at the next restart", ", ".join(fixed))
-        pools: dict[str, Pool[Any]] = {}
-        for name, backend in config.backends.items():
-            prev = old.pools.get(name)
-            if prev is not None and prev.backend == backend:
-                pools[name] = prev
+        backends: dict[str, Backend[Any]] = {}
+        for name, spec in config.backends.items():
+            prev = old.backends.get(name)
+            if prev is not None and prev.spec == spec:
+                backends[name] = prev
                 continue
-            pool = self._pool(backend)
+            backend = self._backend(spec)
             if prev is not None:
-                pool.adopt(prev)
-            await pool.start()
-            pools[name] = pool
-        routing = Routing(config, RouteTable(config.routes), pools)
-        self.health.reconfigure(pools, exact_routes(config))
+                backend.adopt(prev)
+            await backend.start()
+            backends[name] = backend
+        routing = Routing(config, RouteTable(config.routes), backends)
+        self.health.reconfigure(backends, exact_routes(config))
         self.health.interval_s = config.health.interval_s
         self.health.timeout_s = config.health.timeout_s
         self.health.unhealthy_threshold = config.health.unhealthy_threshold
         self.health.healthy_threshold = config.health.healthy_threshold
-        self.discovery.update(pools, config.dns)
+        self.discovery.update(backends, config.dns)
         self.proxy.swap(routing)
         self.config = config
-        for name, prev in old.pools.items():
-            if pools.get(name) is not prev:
+        for name, prev in old.backends.items():
+            if backends.get(name) is not prev:
                 prev.retire()  # closes once the requests in flight on it are done
         log.info("config reloaded: %d backends, %d routes", len(config.backends), len(config.routes))
 
@@ -404,5 +404,5 @@ class Gateway:
             self._trimmer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._trimmer
-        for pool in self.pools.values():
-            await pool.close()
+        for backend in self.backends.values():
+            await backend.close()

@@ -35,20 +35,21 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceSer
         yield server
 
 
-def start_gateway(workdir, http_url: str, grpc_url: str, pool: str, *, models=MODELS,
+def start_gateway(workdir, http_url: str, grpc_url: str, backend: str, *, models=MODELS,
                   backend_extra: dict | None = None, **extra) -> GatewayProcess:
-    """A gateway routing every model ('*') to ``pool`` (http or grpc) of one backend.
+    """A gateway routing every model ('*') to its backend ``backend`` ("http" or "grpc", named
+    for the protocol it speaks to the one server behind both).
 
     The exact routes for ``models`` make server readiness wait for them; ``backend_extra``:
-    keys added to the ``pool`` backend's config.
+    keys added to that backend's config.
     """
     backends = {
         "http": {"protocol": "http", "endpoints": [http_url]},
         "grpc": {"protocol": "grpc", "endpoints": [grpc_url]},
     }
-    backends[pool].update(backend_extra or {})
-    routes = [{"model": m, "backend": pool} for m in models] + [{"model": "*", "backend": pool}]
-    gw = GatewayProcess(gateway_config(backends, routes, **extra), workdir, name=f"gateway-{pool}")
+    backends[backend].update(backend_extra or {})
+    routes = [{"model": m, "backend": backend} for m in models] + [{"model": "*", "backend": backend}]
+    gw = GatewayProcess(gateway_config(backends, routes, **extra), workdir, name=f"gateway-{backend}")
     gw.start()
     try:
         import tritonclient.http as httpclient

@@ -57,7 +57,7 @@ class Path:
     name: str
     client: str  # "http" | "grpc": what the benchmark client speaks
     form: str  # "binary" | "json": the HTTP body form (gRPC is always raw)
-    pool: str | None  # the gateway pool's protocol; None = straight to Triton, no gateway
+    backend: str | None  # the gateway backend's protocol; None = straight to Triton, no gateway
     role: str  # "conversion" | "pass-through" | "direct"
 
     @property
@@ -140,9 +140,9 @@ def _http_status(address: str, path: str) -> int | None:
 
 
 def start_gateway(triton: Any, path: Path, workdir: FsPath, name: str, env: dict[str, str] | None) -> GatewayProcess:
-    """A fresh single-process gateway routing ``identity_FP32`` to Triton's ``path.pool`` port."""
-    address = triton.http_url if path.pool == "http" else triton.grpc_url
-    backends = {"triton": {"protocol": path.pool, "endpoints": [address], "timeout_s": 180.0}}
+    """A fresh single-process gateway routing ``identity_FP32`` to Triton's ``path.backend`` port."""
+    address = triton.http_url if path.backend == "http" else triton.grpc_url
+    backends = {"triton": {"protocol": path.backend, "endpoints": [address], "timeout_s": 180.0}}
     # Health rounds every 5 s: a round's CPU is a few HTTP/gRPC calls, noise beside a 1 MB request.
     config = gateway_config(backends, [{"model": MODEL, "backend": "triton"}],
                             health={"interval_s": 5.0, "timeout_s": 2.0})

@@ -12,7 +12,7 @@ over one body, CPU and faults per request):
   (what grpcio's *client* holds to receive one answer);
 - ``grpc-push``: the same, but per request it builds a fresh 64 MiB message and sends it
   over the channel (the source answers ``b""``): what a gateway holds to send one tensor
-  to a gRPC pool — the message it built plus whatever grpcio keeps beside it;
+  to a gRPC backend — the message it built plus whatever grpcio keeps beside it;
 - ``asgi-sink``: a bare uvicorn ASGI app that reads the body and drops it (what uvicorn
   holds to receive one);
 - the uvicorn echo three ways: joining the received chunks and sending one bytes object

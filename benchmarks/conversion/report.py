@@ -148,7 +148,7 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], verdicts: dict[st
         if not m["malloc_env"]:
             lines.append(f"- {m['path']} {m['size_mib']} MiB c={m['concurrency']}: "
                          f"{m['x_payload']:.2f}× — {_verdict(m['met'])}")
-    lines += ["", "Large JSON through the gateway to a gRPC pool no slower than straight to Triton's HTTP port "
+    lines += ["", "Large JSON through the gateway to a gRPC backend no slower than straight to Triton's HTTP port "
               "(median, c=1):", ""]
     for t in verdicts["json_to_grpc_latency"]:
         if t["met"] is None:

@@ -85,7 +85,7 @@ async def _run_case(
         return row
     gw = None
     try:
-        if path.pool is not None:
+        if path.backend is not None:
             gw = await asyncio.to_thread(start_gateway, triton, path, workdir, f"gw{index:02d}",
                                          UNTUNED_ENV if malloc else None)
             address = gw.http_url if path.client == "http" else gw.grpc_url

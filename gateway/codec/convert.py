@@ -1,5 +1,5 @@
 """Cross-protocol inference as pure functions: prepare the outgoing message, finish
-the answer. No I/O: the pools (``upstream/``) call these around their own sends.
+the answer. No I/O: the backends (``backends/``) call these around their own sends.
 
 Each direction is decode → encode through the codec, which keeps tensor bytes as
 memoryview slices of the received buffers: on the binary and raw paths the bytes are
@@ -9,7 +9,7 @@ copied once per direction, when the outgoing message is joined.
   ``raw_input_contents``; the answer's outputs go back as JSON or binary as the
   request asked (``binary_data`` per output, ``binary_data_output`` per request).
 - gRPC → HTTP: raw or typed contents become a binary-extension request (JSON
-  for pools with ``binary_extension: false``, e.g. MLServer); the answer goes back in
+  for backends with ``binary_extension: false``, e.g. MLServer); the answer goes back in
   the request's form: ``raw_output_contents`` for a raw request (tritonclient reads
   nothing else), typed ``contents`` for a typed one (as MLServer answers directly).
 """
@@ -96,6 +96,6 @@ def http_answer_to_grpc(body: bytes | bytearray, headers: Mapping[str, str], lim
         raise BadUpstreamResponse(f"backend '{backend}' sent an unreadable response: {exc.message}") from exc
     if final_flag:
         # Triton marks each ModelStreamInfer answer so (its decoupled-model protocol); a stream
-        # through an HTTP pool of Triton answers as Triton's own gRPC side does.
+        # through an HTTP backend of Triton answers as Triton's own gRPC side does.
         response = replace(response, parameters={**response.parameters, "triton_final_response": True})
     return grpc_codec.encode_response(response, typed=typed)

@@ -1,6 +1,6 @@
 """Triton's generate extension (docs/protocol/extension_generate.md) ↔ ModelInfer messages. No I/O.
 
-HTTP pools take a generate request as it is (pass-through); a gRPC pool has no generate
+HTTP backends take a generate request as it is (pass-through); a gRPC backend has no generate
 endpoint, so the gateway does what Triton's HTTP front end does (``HandleGenerate`` in
 src/http_server.cc, Triton 2.51 — the server nvidia-pytriton ships — and unchanged in
 substance up to 2.73):
@@ -207,7 +207,7 @@ def _set_param(msg: Any, key: str, value: Any) -> None:
         meaning = GRPC_RESERVED_PARAMS.get(key, "reserved for Triton's own use (an error or a change of behaviour)")
         raise Unsupported(f"generate key '{key}' cannot be sent to a gRPC backend: Triton's gRPC front end reads a "
                           f"request parameter of that name as {meaning}, where generate passes it to the model "
-                          "as a plain parameter; use an HTTP pool for this model")
+                          "as a plain parameter; use an HTTP backend for this model")
     p = msg.parameters[key]
     if isinstance(value, str):
         try:

@@ -262,7 +262,7 @@ def decode_request(message: bytes | memoryview) -> InferRequest:
     msg, raws = _split(message, _REQUEST_RAW, pb.ModelInferRequest)
     inputs = _tensors(msg.inputs, raws, "ModelInferRequest", msg.model_name)
     # Triton refuses a repeated input over gRPC and HTTP alike (InferenceRequest::AddOriginalInput),
-    # and so does http.decode_request: one sent on to an HTTP pool would come back a 400 there.
+    # and so does http.decode_request: one sent on to an HTTP backend would come back a 400 there.
     names: set[str] = set()
     for t in inputs:
         if t.name in names:

@@ -147,7 +147,7 @@ def _json_data(t: Tensor, base64_bytes: bool = False) -> Any:
                 return elems
             raise InvalidRequest(
                 f"tensor '{t.name}': BYTES data is not valid UTF-8 and cannot be sent as JSON; request it binary"
-                " (or, to an MLServer pool, set the backend's non_utf8_bytes: base64)"
+                " (or, to an MLServer backend, set the backend's non_utf8_bytes: base64)"
             ) from exc
     arr = to_numpy(t, flat=True)
     if info.name == "BOOL":

@@ -19,7 +19,7 @@ import orjson
 from ..errors import InvalidRequest
 from .wire import encode_len_field, iter_fields
 
-__all__ = ["INDEX_REQUEST_JSON", "INDEX_REQUEST_PB", "IndexEntry", "PoolIndexEntry", "encode_index_pb",
+__all__ = ["INDEX_REQUEST_JSON", "INDEX_REQUEST_PB", "BackendIndexEntry", "IndexEntry", "encode_index_pb",
            "index_request_ready", "parse_index_json", "parse_index_pb"]
 
 
@@ -33,8 +33,8 @@ class IndexEntry(NamedTuple):
     reason: str = ""
 
 
-class PoolIndexEntry(NamedTuple):
-    """An entry of the gateway's own, merged index: Triton's fields, then which pool holds
+class BackendIndexEntry(NamedTuple):
+    """An entry of the gateway's own, merged index: Triton's fields, then which backend holds
     the model and on which endpoints (extra JSON keys ``backend`` and ``endpoints``)."""
 
     name: str
@@ -102,7 +102,7 @@ def index_request_ready(message: bytes) -> bool:
     return ready
 
 
-def encode_index_pb(entries: Iterable[IndexEntry | PoolIndexEntry]) -> bytes:
+def encode_index_pb(entries: Iterable[IndexEntry | BackendIndexEntry]) -> bytes:
     """A RepositoryIndexResponse: ``repeated ModelIndex models = 1``."""
     out = bytearray()
     for e in entries:

@@ -1,5 +1,5 @@
 """Triton's model statistics (codec/triton.py): the HTTP ``/stats`` JSON and the gRPC
-ModelStatistics message, and the statistics of a pool's endpoints summed into one."""
+ModelStatistics message, and the statistics of a backend's endpoints summed into one."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
@@ -40,7 +40,7 @@ def stats_to_pb(stats: tx.ModelStatisticsResponse) -> bytes:
 def _add(a: int, b: int, what: str) -> int:
     total = a + b
     if total > _UINT64_MAX:
-        raise BadUpstreamResponse(f"model statistics: the sum of {what} over the pool's endpoints exceeds uint64")
+        raise BadUpstreamResponse(f"model statistics: the sum of {what} over the backend's endpoints exceeds uint64")
     return total
 
 

@@ -1,5 +1,6 @@
-"""The ``backends`` section: a pool of endpoints (protocol, limits, balancing, retries,
-outlier ejection, TLS) — its frozen dataclasses and its parser (the conventions of ``loader.py``)."""
+"""The ``backends`` section — each backend a named set of endpoints (servers) that routes send to,
+with its protocol, limits, balancing, retries, outlier ejection and TLS: its frozen dataclasses
+(:class:`BackendSpec`) and its parser (the conventions of ``loader.py``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,7 +9,7 @@ from typing import Any, Literal
 from .network import BackendTls, HostPort, _hostport, _pem
 from .parsing import Problems, _section, mapping, number, secret
 
-__all__ = ["BALANCES", "DEFAULT_MAX_MESSAGE_BYTES", "FAMILIES", "Backend", "Outlier", "QueueMetrics"]
+__all__ = ["BALANCES", "DEFAULT_MAX_MESSAGE_BYTES", "FAMILIES", "BackendSpec", "Outlier", "QueueMetrics"]
 
 # gRPC's 4 MiB default is the limit users of other gateways hit most; 256 MiB
 # carries a 64 MB tensor through JSON with room to spare.
@@ -26,10 +27,10 @@ _BACKEND_TLS_KEYS = {"ca", "cert", "key", "server_name"}
 
 @dataclass(frozen=True, slots=True)
 class Outlier:
-    """Passive outlier ejection of one pool (Envoy's consecutive gateway failures):
+    """Passive outlier ejection of one backend (Envoy's consecutive gateway failures):
     ``consecutive_failures`` transport failures in a row eject an endpoint for
     ``base_ejection_s`` × its number of ejections (at most ``max_ejection_s``); no more
-    than ``max_ejection_percent`` of the pool is ejected at once (one endpoint always may)."""
+    than ``max_ejection_percent`` of the backend is ejected at once (one endpoint always may)."""
 
     consecutive_failures: int = 5
     base_ejection_s: float = 30.0
@@ -51,7 +52,7 @@ class Outlier:
 
 
 @dataclass(frozen=True, slots=True)
-class Backend:
+class BackendSpec:
     name: str
     protocol: Protocol
     endpoints: tuple[HostPort, ...]
@@ -61,24 +62,24 @@ class Backend:
     timeout_s: float = 60.0
     connect_timeout_s: float = 5.0
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    # HTTP pools only: whether the backend speaks the binary data extension
+    # HTTP backends only: whether the backend speaks the binary data extension
     # (Triton, OVMS do; MLServer does not, so requests to it are sent as JSON).
     binary_extension: bool = True
-    # HTTP pools without the binary extension: how a BYTES element that is not UTF-8
+    # HTTP backends without the binary extension: how a BYTES element that is not UTF-8
     # travels in JSON — "refuse" (a clear error naming the tensor) or "base64" (MLServer's
     # own way: the input goes base64 with parameters.content_type "base64").
     non_utf8_bytes: str = "refuse"
-    # HTTP pools only: open connections per endpoint; more concurrent requests wait.
+    # HTTP backends only: open connections per endpoint; more concurrent requests wait.
     max_connections: int = 512
-    # HTTP pools only: what the gateway accepts of an answer's head (interim 1xx heads count
+    # HTTP backends only: what the gateway accepts of an answer's head (interim 1xx heads count
     # too); the body is bounded by max_message_bytes on every path.
     max_answer_header_count: int = 100
     max_answer_head_bytes: int = 65536
-    # HTTP pools only: the body of a health, readiness or repository-index answer (an index
+    # HTTP backends only: the body of a health, readiness or repository-index answer (an index
     # of 10,000 models is ~1 MB).
     max_check_answer_bytes: int = 16 * 1024 * 1024
-    # HTTP pools only: the servers' family, whose gRPC answer form a gRPC client gets through
-    # this pool ("auto": read from each endpoint's server metadata name).
+    # HTTP backends only: the servers' family, whose gRPC answer form a gRPC client gets through
+    # this backend ("auto": read from each endpoint's server metadata name).
     server_family: str = "auto"
     # How a request picks its endpoint: "round_robin", "least_request" (the healthy
     # endpoint with the fewest requests in flight; ties in round-robin order), or
@@ -93,7 +94,7 @@ class Backend:
     tls: BackendTls | None = None
     # Attempts on another ready endpoint after one refused before any inference ran.
     retries: int = 1
-    # Retries in progress stay within this share of the pool's requests in flight.
+    # Retries in progress stay within this share of the backend's requests in flight.
     retry_budget_percent: float = 20.0
     outlier: Outlier = field(default_factory=Outlier)
     # Ask each endpoint for its repository index (one call per round) before falling
@@ -131,7 +132,7 @@ class Backend:
 
 
 BALANCES = ("round_robin", "least_request", "least_queue")
-# Server families an HTTP pool answers gRPC clients as (docs/config.md "server_family").
+# Server families an HTTP backend answers gRPC clients as (docs/config.md "server_family").
 FAMILIES = ("auto", "triton", "mlserver", "kserve", "other")
 
 
@@ -150,7 +151,7 @@ class QueueMetrics:
             raise ValueError("queue_metrics.interval_s must be between 0.05 and 60")
 
 
-def _backend(p: Problems, name: str, raw: Any) -> Backend | None:
+def _backend(p: Problems, name: str, raw: Any) -> BackendSpec | None:
     key = f"backends.{name}"
     data = mapping(p, key, raw)
     if data is None:
@@ -161,7 +162,7 @@ def _backend(p: Problems, name: str, raw: Any) -> Backend | None:
         p.add(f"{key}.protocol", "required (http or grpc)")
         ok = False
     elif data["protocol"] not in ("http", "grpc"):
-        # Checked here, not only by Backend(): reported even when another key of the
+        # Checked here, not only by BackendSpec(): reported even when another key of the
         # backend is wrong too (every problem in one run).
         p.add(f"{key}.protocol", f"expected http or grpc, got {data['protocol']!r}")
         ok = False
@@ -180,7 +181,7 @@ def _backend(p: Problems, name: str, raw: Any) -> Backend | None:
             where = f"{key}.endpoints[{i}]"
             if isinstance(ep, dict) and "address" in ep:
                 # {address: host:port, metrics_port: N}: an endpoint whose Triton metrics
-                # port differs from the pool's queue_metrics.port.
+                # port differs from the backend's queue_metrics.port.
                 p.check_keys(where, ep, {"address", "metrics_port"})
                 hp = _hostport(p, f"{where}.address", ep.get("address"))
                 if hp is not None:
@@ -229,9 +230,9 @@ def _backend(p: Problems, name: str, raw: Any) -> Backend | None:
         else:
             kwargs["non_utf8_bytes"] = data["non_utf8_bytes"]
     if "balance" in data:
-        kwargs["balance"] = data["balance"]  # its values are checked by Backend
+        kwargs["balance"] = data["balance"]  # its values are checked by BackendSpec
     if "server_family" in data:
-        kwargs["server_family"] = data["server_family"]  # checked by Backend
+        kwargs["server_family"] = data["server_family"]  # checked by BackendSpec
     if data.get("queue_metrics") is not None:
         qm = _section(p, f"{key}.queue_metrics", data["queue_metrics"], {"port", "interval_s"}, QueueMetrics,
                       ints=("port",))
@@ -258,8 +259,8 @@ def _backend(p: Problems, name: str, raw: Any) -> Backend | None:
             ok = False
     if not ok:
         return None
-    return p.build(key, lambda: Backend(name=name, protocol=data["protocol"], endpoints=tuple(endpoints),
-                                        dns=tuple(dns), **kwargs))
+    return p.build(key, lambda: BackendSpec(name=name, protocol=data["protocol"], endpoints=tuple(endpoints),
+                                            dns=tuple(dns), **kwargs))
 
 
 def _check_headers(p: Problems, key: str, raw: Any) -> tuple[tuple[str, str], ...] | None:

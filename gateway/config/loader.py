@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
-from .backends import Backend, _backend
+from .backends import BackendSpec, _backend
 from .network import Dns, Listen, _dns, _listen
 from .parsing import Presence, Problems, _section, mapping, number
 from .routes import Route, _route
@@ -52,10 +52,10 @@ def _parse(p: Problems, raw: Any) -> GatewayConfig:
     health = _health(p, raw.get("health")) if "health" in raw else Health()
     dns = _dns(p, raw.get("dns")) if "dns" in raw else Dns()
 
-    backends: dict[str, Backend] = {}
+    backends: dict[str, BackendSpec] = {}
     braw = mapping(p, "backends", raw.get("backends"))
     if not braw:
-        p.add("backends", "required: at least one named backend pool")
+        p.add("backends", "required: at least one named backend")
     else:
         for name, body in braw.items():
             b = _backend(p, str(name), body)

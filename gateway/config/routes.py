@@ -1,4 +1,4 @@
-"""The ``routes`` section: which pool takes a request (model name or glob, version, headers),
+"""The ``routes`` section: which backend takes a request (model name or glob, version, headers),
 weighted splits and mirrors — their frozen dataclasses and their parser (the conventions of
 ``loader.py``)."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")
 
 @dataclass(frozen=True, slots=True)
 class Side:
-    """One side of a weighted split: a pool and its share (any positive weight)."""
+    """One side of a weighted split: a backend and its share (any positive weight)."""
 
     backend: str
     weight: float
@@ -50,7 +50,7 @@ class Mirror:
 @dataclass(frozen=True, slots=True)
 class Route:
     """``model`` is an exact name or a glob (``*``, ``?``, ``[...]``). ``backend`` is the
-    pool; a weighted ``split`` names several (``backend`` is then its first side's).
+    backend; a weighted ``split`` names several (``backend`` is then its first side's).
     ``headers``: (lower-case name, value) pairs a request must carry (HTTP headers or gRPC
     metadata) for this route to take it; ``mirror``: shadow traffic."""
 
@@ -74,7 +74,7 @@ class Route:
 
     @property
     def backends(self) -> tuple[str, ...]:
-        """Every pool the route sends requests to (not its mirror)."""
+        """Every backend the route sends requests to (not its mirror)."""
         return tuple(s.backend for s in self.split) if self.split else (self.backend,)
 
     def __post_init__(self) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .backends import BALANCES, DEFAULT_MAX_MESSAGE_BYTES, FAMILIES, Backend, Outlier, QueueMetrics
+from .backends import BALANCES, DEFAULT_MAX_MESSAGE_BYTES, FAMILIES, BackendSpec, Outlier, QueueMetrics
 from .network import BackendTls, Dns, HostPort, Listen, Tls
 from .routes import Mirror, Route, Side
 from .security import Auth, Limits
@@ -24,7 +24,7 @@ __all__ = [
     "BALANCES",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "FAMILIES",
-    "Backend",
+    "BackendSpec",
     "BackendTls",
     "Dns",
     "GatewayConfig",
@@ -74,7 +74,7 @@ _NOT_FORWARDABLE = frozenset({
 
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
-    backends: dict[str, Backend]
+    backends: dict[str, BackendSpec]
     routes: tuple[Route, ...]
     listen: Listen = field(default_factory=Listen)
     health: Health = field(default_factory=Health)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from ..config.schema import Backend, GatewayConfig, Health, HostPort, Listen, Route
+from ..config.schema import BackendSpec, GatewayConfig, Health, HostPort, Listen, Route
 from ..observability.metrics import Metrics
 from ..server import Gateway, Listeners, Ports, wait_for_signal
 from ..supervisor import announce
@@ -22,8 +22,8 @@ __all__ = ["demo_config", "run_demo", "run_reference"]
 log = logging.getLogger("oip_gateway.demo")
 
 # The demo routes its models across both transports so one `oip-gateway demo`
-# shows pass-through and conversion: add_sub lives in the HTTP pool, every
-# other model in the gRPC pool, so each client protocol meets both paths.
+# shows pass-through and conversion: add_sub lives in the HTTP backend, every
+# other model in the gRPC backend, so each client protocol meets both paths.
 _LOOPBACK = HostPort("127.0.0.1", 0)
 
 
@@ -38,8 +38,8 @@ async def start_reference(http: HostPort | None, grpc: HostPort | None, max_mess
 
 def demo_config(ref: Ports, *, http: HostPort, grpc: HostPort, metrics: HostPort) -> GatewayConfig:
     backends = {
-        "demo-http": Backend("demo-http", "http", (HostPort("127.0.0.1", ref.http or 0),)),
-        "demo-grpc": Backend("demo-grpc", "grpc", (HostPort("127.0.0.1", ref.grpc or 0),)),
+        "demo-http": BackendSpec("demo-http", "http", (HostPort("127.0.0.1", ref.http or 0),)),
+        "demo-grpc": BackendSpec("demo-grpc", "grpc", (HostPort("127.0.0.1", ref.grpc or 0),)),
     }
     routes = tuple(
         Route(model=name, backend="demo-http" if name == "add_sub" else "demo-grpc") for name in default_repository()

@@ -12,7 +12,7 @@ later ends with an error event when it broke between two events, else it is cut 
 The client may leave at any time: its disconnect is watched (uvicorn's ``receive``
 yields ``http.disconnect``; its ``send`` then only drops what it is given), and the
 whole exchange — the backend call, the relay — is cancelled, which closes the backend's
-connection (HTTP pools: Triton cancels the request) or cancels its gRPC call.
+connection (HTTP backends: Triton cancels the request) or cancels its gRPC call.
 """
 from __future__ import annotations
 

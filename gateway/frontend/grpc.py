@@ -149,7 +149,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None, gate: Gate,
     async def model_stream_infer(requests: AsyncIterator[bytes], ctx: aio.ServicerContext) -> AsyncIterator[bytes]:
         """Triton's ModelStreamInfer (not in the KServe proto; tritonclient's
         start_stream / async_stream_infer, decoupled models): passed through as bytes
-        to the gRPC pool the first request routes to."""
+        to the gRPC backend the first request routes to."""
         start = time.perf_counter()
         code = "OK"
         model = version = ""
@@ -192,7 +192,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None, gate: Gate,
             await abort_with(ctx, exc, record, "stream_infer")
         finally:
             if metrics is not None:
-                label = route_label(model, version) if model else SERVER_LEVEL  # (the pool it went to)
+                label = route_label(model, version) if model else SERVER_LEVEL  # (the backend it went to)
                 metrics.observe("grpc", "stream_infer", label, code, time.perf_counter() - start, model, version,
                                 record)
 

@@ -77,7 +77,7 @@ async def abort_with(context: Any, exc: Exception, record: AccessRecord | None, 
 
 class Seen:
     """What a call is about, as far as it is known: model and version (its route label is
-    looked up when the call ends: the pool it went to)."""
+    looked up when the call ends: the backend it went to)."""
 
     def __init__(self) -> None:
         self.model = ""
@@ -104,7 +104,7 @@ class Unary:
         start = time.perf_counter()
         code = "OK"
         # Filled by the handler as soon as it knows the model: a failed call is then
-        # still counted under its route and pool.
+        # still counted under its route and backend.
         seen = Seen()
         record = self.begin(context, request) if self.begin is not None else None
         try:
@@ -127,7 +127,7 @@ class Unary:
         finally:
             metrics = self.metrics
             if metrics is not None:
-                # After the call: the pool it went to (a split's side, a header route).
+                # After the call: the backend it went to (a split's side, a header route).
                 label = self.route_label(seen.model, seen.version) if seen.model else SERVER_LEVEL
                 metrics.observe("grpc", self.api, label, code, time.perf_counter() - start, seen.model,
                                 seen.version, record)

@@ -34,7 +34,7 @@ DEFER_MAX = 1 << 20
 # than WHOLE_MIN and at most WHOLE_MAX bytes is read past the parser into one buffer of its
 # exact size (the part that came with the head first), then served as a deferred request
 # (from callbacks, as a small one: frontend/infer.py infer_now). Streamed instead, a 1 MiB
-# request took a task, the coroutine chain through proxy, pool and connection, and a future
+# request took a task, the coroutine chain through proxy, backend and connection, and a future
 # per chunk: benchmarks/instructions.py counted ~490 k instructions per 1 MiB request against
 # ~170 k for a small one. Through the parser it would be copied twice (httptools' chunks, then
 # joined). A/B (4 rounds), 1 MiB pass-through: CPU per request −11 / −8 / −9 % at c=1 / 16 / 64,

@@ -164,7 +164,7 @@ class HttpFrontEnd:
 
     async def model_control(self, action: str, request: Request, model: str, version: str) -> Response:
         body = await request.body()
-        check_depth(body, self.max_json_depth)  # relayed as it came to a same-protocol pool
+        check_depth(body, self.max_json_depth)  # relayed as it came to a same-protocol backend
         headers = {k.lower(): v for k, v in request.headers.items()}
         reply = await self.plane.repository_http(action, model, body, headers)
         content = reply.body if isinstance(reply.body, (bytes, bytearray)) else b""
@@ -212,19 +212,19 @@ class HttpFrontEnd:
             Route(m + "/ready", endpoint("model_ready", self.model_ready), methods=["GET"]),
             Route(mv + "/ready", endpoint("model_ready", self.model_ready), methods=["GET"]),
             # Triton's extensions (tritonclient get_model_config, get_inference_statistics;
-            # perf_analyzer reads the config): from any pool, statistics summed over its endpoints.
+            # perf_analyzer reads the config): from any backend, statistics summed over its endpoints.
             Route(m + "/config", endpoint("model_config", config), methods=["GET"]),
             Route(mv + "/config", endpoint("model_config", config), methods=["GET"]),
             Route(m + "/stats", endpoint("model_statistics", stats), methods=["GET"]),
             Route(mv + "/stats", endpoint("model_statistics", stats), methods=["GET"]),
-            # Triton's repository index, merged over every pool and endpoint.
+            # Triton's repository index, merged over every backend and endpoint.
             Route("/v2/repository/index", endpoint("repository_index", self.repository_index), methods=["POST"]),
-            # Model control, sent to every endpoint of the model's pool (combined answer).
+            # Model control, sent to every endpoint of the model's backend (combined answer).
             Route("/v2/repository/models/{model}/load",
                   endpoint("model_load", functools.partial(self.model_control, "load")), methods=["POST"]),
             Route("/v2/repository/models/{model}/unload",
                   endpoint("model_unload", functools.partial(self.model_control, "unload")), methods=["POST"]),
-            # Triton's trace and log settings: per model to the model's pool, server-wide to every endpoint.
+            # Triton's trace and log settings: per model to the model's backend, server-wide to every endpoint.
             Route("/v2/trace/setting", endpoint("trace_setting", trace), methods=["GET", "POST"]),
             Route(m + "/trace/setting", endpoint("trace_setting", trace), methods=["GET", "POST"]),
             Route("/v2/logging", endpoint("log_settings", functools.partial(self.settings, "log")),

@@ -352,12 +352,12 @@ class HttpInference:
         """:func:`infer` without a task, coroutine or future, when it can be: the listener
         held the request until its whole body was here (h1conn.py: a small declared
         length), it is not compressed, and the data plane can send it at once
-        (``Proxy.infer_http_now``: one plain HTTP pool with a kept-alive connection free).
+        (``Proxy.infer_http_now``: one plain HTTP backend with a kept-alive connection free).
         The answer is written from the backend connection's callbacks. Every check, error
         answer and metric is :func:`infer`'s. False: nothing was done; :func:`infer` serves it.
 
         Why: a task per request, a future per exchange and the coroutine chain through
-        proxy, pool and connection cost about as much CPU as nginx spends on the whole
+        proxy, backend and connection cost about as much CPU as nginx spends on the whole
         request (docs/design-notes.md, "Inference from callbacks")."""
         refusal = self.head_refusal(ex.method, ex.path, ex.raw_path, ex.query, ex.headers)
         if refusal is not None:
@@ -384,7 +384,7 @@ class HttpInference:
             # the timeout's timer) once: nothing may escape into that protocol's parser.
             assert label is not None  # (set below before any answer can come: none comes synchronously)
             try:
-                if result is None:  # the pool would have retried it: infer() sends it again
+                if result is None:  # the backend would have retried it: infer() sends it again
                     if not ex.disconnected:
                         ex.run_later(body)
                     return

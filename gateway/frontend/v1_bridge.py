@@ -3,7 +3,7 @@
 The HTTP (``v1_http.py``) and gRPC (``v1_grpc.py``) front ends parse their wire form and
 hand the v1 request here; this module asks the data plane for what the translation needs
 (a model's configuration, cached briefly; the repository index; readiness), runs the V2
-inference through ``DataPlane.infer_grpc`` — which any pool answers, HTTP or gRPC — and
+inference through ``DataPlane.infer_grpc`` — which any backend answers, HTTP or gRPC — and
 returns v1 messages built by the pure ``codec/v1.py``. Spec: ../shared/spec/legacy-v1-*.
 """
 from __future__ import annotations
@@ -180,7 +180,7 @@ class V1Bridge:
     async def _model_status(self, name: str, entries: Sequence[Any]
                             ) -> tuple[ModelInfo, list[tuple[str, str, str]]]:
         info, _ = await self.model(name, "")
-        # One entry per pool that lists the version: a READY one last, so it is the one kept.
+        # One entry per backend that lists the version: a READY one last, so it is the one kept.
         versions = sorted(((e.version, e.state, e.reason) for e in entries if e.name == name and e.version),
                           key=lambda v: v[1] == "READY")
         if not versions:

@@ -2,14 +2,15 @@
 ``oip_gateway.access`` (stderr), off by default and optionally sampled.
 
 A request's record is filled as it goes: the front end opens it (request id, bytes
-in), the pool that answers notes the endpoint and the protocol it spoke
+in), the backend that answers notes the endpoint and the protocol it spoke
 (:func:`note_endpoint`, through a context variable — each request runs in a task
 of its own, so nothing is shared), and :meth:`Metrics.observe` writes it with the
 status and duration. When the log is off nothing is allocated per request.
 
 Fields: ``time`` (ISO 8601, UTC), ``request_id`` (the client's ``x-request-id``),
-``protocol`` / ``protocol_out`` (client side / pool side), ``api``, ``model``,
-``version``, ``route``, ``pool``, ``endpoint``, ``status`` (HTTP status or gRPC code),
+``protocol`` / ``protocol_out`` (client side / backend side), ``api``, ``model``,
+``version``, ``route``, ``backend`` (and ``pool``, a deprecated alias with the same value,
+docs/metrics.md), ``endpoint``, ``status`` (HTTP status or gRPC code),
 ``duration_ms``, ``bytes_in``, ``bytes_out``, and ``reason``: a short text for a
 failure the gateway itself decided (not ready, timeout, bad request…), absent when the
 backend answered.
@@ -45,7 +46,7 @@ def current() -> AccessRecord | None:
 
 
 def note_endpoint(endpoint: object, protocol: str) -> None:
-    """The pool's attempt on ``endpoint`` (the last one tried is what the log shows)."""
+    """The backend's attempt on ``endpoint`` (the last one tried is what the log shows)."""
     record = _CURRENT.get()
     if record is not None:
         record.endpoint = str(endpoint)
@@ -74,7 +75,7 @@ class AccessLog:
         return AccessRecord(request_id or "", bytes_in)
 
     def write(self, record: AccessRecord, protocol: str, api: str, model: str, version: str, route: str,
-              pool: str, status: str | int, seconds: float) -> None:
+              backend: str, status: str | int, seconds: float) -> None:
         entry = {
             "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
             "request_id": record.request_id,
@@ -84,7 +85,8 @@ class AccessLog:
             "model": model,
             "version": version,
             "route": route,
-            "pool": pool,
+            "backend": backend,
+            "pool": backend,  # deprecated alias of "backend"
             "endpoint": record.endpoint,
             "status": status,
             "duration_ms": round(seconds * 1000, 3),

@@ -16,9 +16,9 @@ from ..dataplane import UNROUTED, RouteLabel
 from .access import AccessLog, AccessRecord
 from .loopmetrics import LoopCounter, LoopHistogram
 
-__all__ = ["SERVER_LEVEL", "UNROUTED", "Metrics", "Observer", "RouteLabel", "counting"]
+__all__ = ["SERVER_LEVEL", "UNROUTED", "Counted", "Metrics", "Observer", "RouteLabel", "counting"]
 
-# (route, backend) of a request: the matching route's model pattern and its pool.
+# (route, backend) of a request: the matching route's model pattern and its backend.
 SERVER_LEVEL: RouteLabel = ("", "")  # server live/ready/metadata: no route
 
 REQUEST_LABELS = ["protocol", "api", "route", "backend", "code"]
@@ -38,6 +38,19 @@ class Observer:
 
     def __init__(self, child: Any) -> None:
         self.observe: Callable[[float], None] = child.observe
+
+
+class Counted:
+    """``inc()`` of several labelled counter children at once (a series and its aliases)."""
+
+    __slots__ = ("children",)
+
+    def __init__(self, *children: Any) -> None:
+        self.children = children
+
+    def inc(self, amount: float = 1) -> None:
+        for child in self.children:
+            child.inc(amount)
 
 
 def counting(child: Any) -> Callable[[], None]:
@@ -98,7 +111,8 @@ class Metrics:
             ["backend", "endpoint"], registry=r, multiprocess_mode="max",
         )
         self.route_ready = Gauge(
-            "oip_gateway_route_ready", "1 when some endpoint of the route's pool has its model ready (exact routes).",
+            "oip_gateway_route_ready",
+            "1 when some endpoint of the route's backend has its model ready (exact routes).",
             ["route", "backend"], registry=r, multiprocess_mode="max",
         )
         self.conversions = Counter(
@@ -110,8 +124,14 @@ class Metrics:
             registry=r, multiprocess_mode="max",
         )
         self.config_generation.set(1)
+        self.backend_events = Counter(
+            "oip_gateway_backend_events", "What backends did: retry, retry_budget_exhausted, ejection.",
+            ["backend", "event"], registry=r,
+        )
+        # The same counts under a deprecated name, counted with them until it is removed
+        # (docs/metrics.md "Deprecated names").
         self.pool_events = Counter(
-            "oip_gateway_pool_events", "What pools did: retry, retry_budget_exhausted, ejection.",
+            "oip_gateway_pool_events", "Deprecated alias of oip_gateway_backend_events_total.",
             ["backend", "event"], registry=r,
         )
         self.mirror_requests = Counter(
@@ -168,9 +188,14 @@ class Metrics:
         if ok:
             self.config_generation.inc()
 
+    def backend_event(self, backend: str, event: str) -> Counted:
+        """The counter of ``event`` (retry, retry_budget_exhausted, ejection) for ``backend``:
+        ``oip_gateway_backend_events`` and its deprecated alias at once."""
+        return Counted(self.backend_events.labels(backend, event), self.pool_events.labels(backend, event))
+
     def upstream_timer(self, backend: str) -> Observer:
         """The upstream duration histogram's child for ``backend``, cached (labels() takes a
-        lock and builds a key per call; one per pool)."""
+        lock and builds a key per call; one per backend)."""
         child = self._upstream.get(backend)
         if child is None:
             child = self._upstream[backend] = Observer(self.upstream_seconds.labels(backend))

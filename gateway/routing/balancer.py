@@ -1,6 +1,6 @@
-"""Endpoint choice within a pool. Pure state, no I/O.
+"""Endpoint choice within a backend. Pure state, no I/O.
 
-The pool hands the balancer the endpoints that may take the request now (live,
+The backend hands the balancer the endpoints that may take the request now (live,
 not ejected, the model ready: ``routing/readiness.py``); the balancer orders
 them, the chosen one first. The caller retries on the next one only when an
 attempt failed before any inference could have run.
@@ -11,9 +11,9 @@ server holding its state) goes to the candidate that rendezvous hashing picks fo
 the key: when an endpoint leaves, only its own sequences move.
 
 :class:`LeastRequest` puts the candidate with the fewest requests in flight first
-(Envoy's LEAST_REQUEST, without sampling: pools are small), ties in round-robin
-order — for pools whose servers answer at different speeds. :class:`LeastQueue` adds
-each endpoint's Triton queue for the model (scraped: ``upstream/queue.py``) and
+(Envoy's LEAST_REQUEST, without sampling: backends are small), ties in round-robin
+order — for backends whose servers answer at different speeds. :class:`LeastQueue` adds
+each endpoint's Triton queue for the model (scraped: ``backends/queue.py``) and
 samples two (power of two choices).
 """
 from __future__ import annotations
@@ -72,7 +72,7 @@ class LeastRequest(RoundRobin[E]):
 
 class LeastQueue(RoundRobin[E]):
     """Power of two choices on each endpoint's backlog for the model: Triton's own queue
-    (``nv_inference_pending_request_count``, scraped: ``upstream/queue.py``) or the
+    (``nv_inference_pending_request_count``, scraped: ``backends/queue.py``) or the
     gateway's requests in flight there, whichever is larger (see ``_score``). An endpoint
     whose metrics cannot be read counts its in-flight requests only (least-request). Two
     random candidates, the lower score first (ties: the first drawn), then the rest in round-robin order for retries —

@@ -1,9 +1,9 @@
 """Per-endpoint health: liveness, which models are ready there, passive outlier
-ejection. Pure state, no I/O: the health checker (``upstream/health.py``) and the
-pools' calls write it, endpoint choice reads it.
+ejection. Pure state, no I/O: the health checker (``backends/health.py``) and the
+backends' calls write it, endpoint choice reads it.
 
 Why per endpoint and per model: a Triton pod that restarts opens its ports and
-answers server-live long before its models are loaded; a pool that only knows
+answers server-live long before its models are loaded; a backend that only knows
 "live" sends it requests that come back "unknown model". An endpoint takes a
 model's traffic only once a check has seen that model ready on it.
 
@@ -31,7 +31,7 @@ last one known for as many rounds (:meth:`EndpointHealth.index_missing`).
 Outlier ejection (Envoy's consecutive-gateway-failure detector): ``failures``
 consecutive transport failures eject the endpoint for ``base_s`` times the number
 of times it has been ejected (capped), as long as no more than the allowed share of
-the pool is ejected. When the time is up the endpoint stays out until the health
+the backend is ejected. When the time is up the endpoint stays out until the health
 checker next finds it live (``readmit``).
 """
 from __future__ import annotations
@@ -57,8 +57,8 @@ class Ready:
 
 
 class Generation:
-    """A counter shared by the endpoints of one pool, bumped whenever anything that
-    decides where a request may go changes: the pool caches its choice per model
+    """A counter shared by the endpoints of one backend, bumped whenever anything that
+    decides where a request may go changes: the backend caches its choice per model
     until it moves (the hot path does not re-derive it per request)."""
 
     __slots__ = ("n",)

@@ -1,8 +1,8 @@
-"""The retry budget of a pool (Envoy's ``retry_budget``). Pure state, no I/O.
+"""The retry budget of a backend (Envoy's ``retry_budget``). Pure state, no I/O.
 
 A retry is allowed while the retries in progress stay within ``percent`` of the
-pool's requests in flight (at least ``min_concurrency``), so when a pool is dying
-the retries cannot multiply its load: with 20 %, a pool at 100 requests in flight
+backend's requests in flight (at least ``min_concurrency``), so when a backend is dying
+the retries cannot multiply its load: with 20 %, a backend at 100 requests in flight
 carries at most 20 retries at once and the rest fail fast.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ class RetryBudget:
     def __init__(self, percent: float = 20.0, min_concurrency: int = 3) -> None:
         self.percent = percent
         self.min_concurrency = min_concurrency
-        self.active = 0  # requests in flight on the pool
+        self.active = 0  # requests in flight on the backend
         self.retrying = 0  # of which are on a retry now
 
     def allows(self) -> bool:

@@ -1,13 +1,13 @@
-"""Weighted choice between the pools of a split route. Pure state, no I/O.
+"""Weighted choice between the backends of a split route. Pure state, no I/O.
 
 Requests outside sequences go by smooth weighted round robin (nginx's): over any run
 of requests each side's share is its weight's to within one request, with the sides
 interleaved — a 95/5 canary gets every 20th request, not bursts. A request with an
 affinity key (Triton's ``sequence_id``) goes by weighted rendezvous hashing, so every
-request of a sequence lands in the same pool, and a side leaving moves only its own
+request of a sequence lands in the same backend, and a side leaving moves only its own
 sequences. Sides that cannot take the request (no endpoint has the model ready) are
 left out and their share goes to the others; when none can, all are eligible (the
-chosen pool then says why it cannot).
+chosen backend then says why it cannot).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Route table: model name (+ optional version) → backend pool name.
+"""Route table: model name (+ optional version) → backend name.
 
 Exact model names resolve through one dict lookup, so a request costs the same
 with 10,000 routes as with one. Glob routes are tried in config order only
@@ -6,7 +6,7 @@ when no exact route names the model. Within one model name, routes are tried
 in config order: the first whose version is unset or equal to the requested
 version, and whose headers (if any) the request carries, wins — so header routes
 (a variant picked by a header) come before the route without headers. A match
-names one pool, or a weighted split of several (``split.py``). No I/O, no asyncio.
+names one backend, or a weighted split of several (``split.py``). No I/O, no asyncio.
 """
 from __future__ import annotations
 
@@ -24,13 +24,13 @@ from .split import WeightedSplit
 __all__ = ["STATEFUL", "Match", "RouteTable"]
 
 # Whether the request being handled is on a ``stateful`` route: set with its route (proxy.py,
-# every inference), read by the pools when they decide whether a request may be sent again.
+# every inference), read by the backends when they decide whether a request may be sent again.
 STATEFUL: ContextVar[bool] = ContextVar("oip_gateway_stateful_route", default=False)
 
 
 @dataclass(frozen=True, slots=True)
 class Match:
-    backend: str  # the pool; for a split, the first side's (see ``pick``)
+    backend: str  # the backend's name; for a split, the first side's (see ``pick``)
     label: str  # the route's model pattern: a bounded label for metrics
     split: WeightedSplit | None = None
     headers: tuple[tuple[str, str], ...] = ()
@@ -44,7 +44,7 @@ class Match:
         return not self.headers or (headers is not None and all(headers.get(k) == v for k, v in self.headers))
 
     def pick(self, eligible: Callable[[str], bool], affinity: str | None = None) -> str:
-        """The pool for one request: the backend, or a side of the split."""
+        """The backend's name for one request: the route's, or a side of the split."""
         return self.backend if self.split is None else self.split.choose(eligible, affinity)
 
 

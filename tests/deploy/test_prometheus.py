@@ -2,23 +2,23 @@
 
 - ``promtool check rules`` (all lints fatal) and ``promtool test rules`` on the shipped files.
 - A real Prometheus (Debian's package; tests/support/prometheus.py) scrapes a gateway every
-  second. The gateway fronts the reference server with two pools — ``http`` (its HTTP port)
+  second. The gateway fronts the reference server with two backends — ``http`` (its HTTP port)
   and ``grpc`` (its gRPC port) — so both protocols meet both pass-through and conversion:
 
-      route           pool   model on the backend    sent over HTTP / gRPC
+      route           backend   model on the backend    sent over HTTP / gRPC
       add_sub         http   yes                     1 + Load / 1 + Load   → 200 / OK
       identity_FP32   grpc   yes                     5 / 4                 → 200 / OK
       not_loaded_a    http   no (ready nowhere)      3 / -                 → 503
       not_loaded_b    grpc   no (ready nowhere)      - / 2                 → UNAVAILABLE
       (no route)      -      -                       2 / 3                 → 404 / NOT_FOUND
 
-  Each missing model is sent over one protocol only, to the pool speaking it, so whether a
+  Each missing model is sent over one protocol only, to the backend speaking it, so whether a
   conversion counts before or after the endpoint choice cannot change the expected counts.
   Requests go in two phases with a scrape between them (counters first seen by Prometheus
   already at their final value would have no increase: every rate would be 0). Then the
   config is reloaded once successfully (a string_reverse route is added) and once with an
   invalid file (refused).
-- PromQL over the scraped series gives exactly the counts sent, per route, pool, protocol and
+- PromQL over the scraped series gives exactly the counts sent, per route, backend, protocol and
   code; the recording rules, loaded into that Prometheus, evaluate without errors and give
   the values the load implies; alerts that must be pending are, and none fires.
 - Every expression of the dashboard (panel targets and variable queries) parses — a query
@@ -59,12 +59,12 @@ JOB = "oip-gateway"
 
 # Dashboard panels whose queries may rightly return nothing in this run, and why.
 MAY_BE_EMPTY = {
-    "Retries and ejections": "oip_gateway_pool_events_total has no series before a pool's first retry or "
+    "Retries and ejections": "oip_gateway_backend_events_total has no series before a backend's first retry or "
                              "ejection, and every endpoint here stays healthy",
 }
 # Recording rules likewise.
 RULES_MAY_BE_EMPTY = {
-    "job_backend_event:oip_gateway_pool_events:rate5m": MAY_BE_EMPTY["Retries and ejections"],
+    "job_backend_event:oip_gateway_backend_events:rate5m": MAY_BE_EMPTY["Retries and ejections"],
 }
 
 # (transport, model, times, expected code). Phase 1 sends each row once, phase 2 the rest;
@@ -289,7 +289,7 @@ def test_every_rule_is_unit_tested() -> None:
 # ------------------------------------------------------------------ scraped counts = load sent
 
 
-def test_request_counts_per_route_pool_protocol_and_code(stack: Stack) -> None:
+def test_request_counts_per_route_backend_protocol_and_code(stack: Stack) -> None:
     prom, expected = stack.prom, stack.expected
     sel = f'{{job="{JOB}", api="infer"}}'
     got = prom.values(f"sum by (protocol, route, backend, code) (oip_gateway_requests_total{sel})",
@@ -299,7 +299,7 @@ def test_request_counts_per_route_pool_protocol_and_code(stack: Stack) -> None:
                              ["route", "backend"])) == _sum_by(expected, 1, 2)
     assert _ints(prom.values(f"sum by (backend) (oip_gateway_requests_total{sel})",
                              ["backend"])) == _sum_by(expected, 2)
-    # The latency histogram counts the same requests, per protocol, route and pool.
+    # The latency histogram counts the same requests, per protocol, route and backend.
     assert _ints(prom.values(f"sum by (protocol, route, backend) (oip_gateway_request_duration_seconds_count{sel})",
                              ["protocol", "route", "backend"])) == _sum_by(expected, 0, 1, 2)
     inf = f'{{job="{JOB}", api="infer", le="+Inf"}}'
@@ -311,8 +311,8 @@ def test_request_counts_per_route_pool_protocol_and_code(stack: Stack) -> None:
 
 
 def test_backend_calls_and_their_failures(stack: Stack) -> None:
-    """Each request that reached a pool made one timed backend call (no retries here); the
-    models ready nowhere failed as ModelNotReady, counted under their pool."""
+    """Each request that reached a backend made one timed backend call (no retries here); the
+    models ready nowhere failed as ModelNotReady, counted under their backend."""
     prom, expected = stack.prom, stack.expected
     reached = {b: n for (b,), n in _sum_by(expected, 2).items() if b}
     assert _ints(prom.values(f'sum by (backend) (oip_gateway_upstream_duration_seconds_count{{job="{JOB}"}})',
@@ -321,8 +321,8 @@ def test_backend_calls_and_their_failures(stack: Stack) -> None:
                              ["backend", "kind"])) == {("http", "ModelNotReady"): 3, ("grpc", "ModelNotReady"): 2}
 
 
-def test_conversions_by_direction_and_pool(stack: Stack) -> None:
-    """HTTP clients to the gRPC pool convert http_to_grpc, gRPC clients to the HTTP pool
+def test_conversions_by_direction_and_backend(stack: Stack) -> None:
+    """HTTP clients to the gRPC backend convert http_to_grpc, gRPC clients to the HTTP backend
     grpc_to_http; same-protocol requests pass through. Only successful requests cross."""
     stack.require("oip_gateway_conversions_total")
     e = stack.expected
@@ -513,7 +513,7 @@ def test_dashboard_is_a_grafana_dashboard() -> None:
                    "oip_gateway_upstream_duration_seconds_bucket", "oip_gateway_upstream_errors_total",
                    "oip_gateway_request_body_bytes_bucket", "oip_gateway_endpoint_healthy",
                    "oip_gateway_endpoint_ejected", "oip_gateway_route_ready", "oip_gateway_ready",
-                   "oip_gateway_inflight_request_bytes", "oip_gateway_pool_events_total",
+                   "oip_gateway_inflight_request_bytes", "oip_gateway_backend_events_total",
                    "oip_gateway_conversions_total", "oip_gateway_config_reloads_total",
                    "oip_gateway_config_last_reload_successful", "oip_gateway_config_generation"):
         assert metric in used, f"{metric} is on no panel"

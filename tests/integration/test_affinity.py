@@ -1,4 +1,4 @@
-"""Requests of one sequence (same sequence_id) reach one endpoint of a multi-endpoint pool,
+"""Requests of one sequence (same sequence_id) reach one endpoint of a multi-endpoint backend,
 on every path: HTTP and gRPC pass-through, and both conversions."""
 from __future__ import annotations
 

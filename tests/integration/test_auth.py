@@ -3,7 +3,7 @@ real clients (tritonclient HTTP with headers, tritonclient gRPC with metadata, r
 
 - no credential → 401 + WWW-Authenticate / UNAUTHENTICATED; a wrong key the same;
 - an API key (file or environment) limited to model globs → 200 on its models, 403 /
-  PERMISSION_DENIED on others, on both transports and both pool protocols;
+  PERMISSION_DENIED on others, on both transports and both backend protocols;
 - JWTs from a JWKS file: valid, expired, wrong audience, unknown signer, alg none;
   the models claim; the control claim for trace settings;
 - health always open, metadata open unless protected, model control / settings need a
@@ -154,7 +154,7 @@ def test_api_key_models(setup):
     np.testing.assert_array_equal(http_add_sub(gw.http_url, bearer(KEY_ALPHA)), 2 * np.arange(4))
     np.testing.assert_array_equal(grpc_identity(gw.grpc_url, {"authorization": f"Bearer {KEY_ALPHA}"}),
                                   np.ones((1, 3)))
-    # Cross-protocol: a gRPC client on an HTTP pool and the reverse.
+    # Cross-protocol: a gRPC client on an HTTP backend and the reverse.
     i = grpcclient.InferInput("INPUT0", [2], "FP32")
     i.set_data_from_numpy(np.ones(2, dtype=np.float32))
     j = grpcclient.InferInput("INPUT1", [2], "FP32")

@@ -41,10 +41,10 @@ def _ready(url: str) -> bool:
 
 def test_least_request_avoids_the_busy_endpoint(reference, slow_backend, tmp_path):
     slow, release, posts = slow_backend
-    backends = {"pool": {"protocol": "http", "endpoints": [slow, reference.http_url], "balance": "least_request"}}
+    backends = {"b": {"protocol": "http", "endpoints": [slow, reference.http_url], "balance": "least_request"}}
     # One health round at start-up, then none during the test: a probe in flight would
     # count as load on its endpoint.
-    cfg = gateway_config(backends, [{"model": "add_sub", "backend": "pool"}], health={"interval_s": 60, "timeout_s": 2})
+    cfg = gateway_config(backends, [{"model": "add_sub", "backend": "b"}], health={"interval_s": 60, "timeout_s": 2})
     with GatewayProcess(cfg, tmp_path, "gw-lr") as g:
         wait_for(lambda: _ready(g.http_url), timeout=10, what="the first health round")
         a = np.arange(4, dtype=np.float32)

@@ -1,5 +1,5 @@
 """DNS discovery against a real DNS server (Debian's dnsmasq on loopback) whose records
-change under load: the pool follows them — a new address takes traffic once checked ready,
+change under load: the backend follows them — a new address takes traffic once checked ready,
 a removed one stops taking new requests — and no request is lost.
 
 Two real V2 servers (the built-in reference server) listen on the same port at 127.0.0.2
@@ -43,7 +43,7 @@ def infer_count(server: _PortFileProcess, ip: str) -> int:
                        if line.startswith("oip_gateway_requests_total{") and 'api="infer"' in line))
 
 
-def test_pool_follows_dns_records_under_load(dnsmasq, tmp_path: Path) -> None:
+def test_backend_follows_dns_records_under_load(dnsmasq, tmp_path: Path) -> None:
     first = reference_on("127.0.0.2", 0, tmp_path, "ref-2")
     port = first.ports["http"]
     second = reference_on("127.0.0.3", port, tmp_path, "ref-3")

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.upstream.dns import DnsFailure, DnsResolver
+from gateway.backends.dns import DnsFailure, DnsResolver
 from tests.support import dnsmasq as dnsmasq_mod
 from tests.support.dnsmasq import Dnsmasq, dnsmasq_available
 

@@ -229,11 +229,11 @@ def test_unknown_version_grpc_backend_error_code_relayed(gw, reference):
 @pytest.mark.parametrize("body", [b"{", b"[]", b"null", b"\xff\xfe", b'{"inputs": 3}',
                                   b'{"inputs": [{"name": "INPUT0"}]}'])
 def test_malformed_json(gw, reference, body):
-    # HTTP pool: pass-through, so the backend's own 400 comes back unchanged.
+    # HTTP backend: pass-through, so the backend's own 400 comes back unchanged.
     direct = post(reference.http_url, "/v2/models/add_sub/infer", body)
     via = post(gw.http_url, "/v2/models/add_sub/infer", body)
     assert via[0] == direct[0] == 400 and via[1] == direct[1]
-    # gRPC pool: the gateway itself decodes, and answers 400 {"error": ...}.
+    # gRPC backend: the gateway itself decodes, and answers 400 {"error": ...}.
     status, answer, _ = post(gw.http_url, "/v2/models/identity_FP32/infer", body)
     assert status == 400, answer
     error_of(answer)
@@ -287,7 +287,7 @@ def test_backend_down(gw):
     assert status == 503 and "reachable" in error_of(body)
     err = grpc_infer(gw.grpc_url, infer_message("down_grpc"))
     assert err.code() == grpc.StatusCode.UNAVAILABLE
-    # Cross-protocol to a dead pool is the same answer.
+    # Cross-protocol to a dead backend is the same answer.
     status, body, _ = post(gw.http_url, "/v2/models/down_grpc/infer", GOOD_JSON)
     assert status == 503
     err = grpc_infer(gw.grpc_url, infer_message("down_http"))
@@ -456,7 +456,7 @@ def get_metrics(g) -> bytes:
 
 @pytest.mark.parametrize("coding", ["gzip", "deflate"])
 def test_converted_response_is_compressed_when_asked(gw, coding):
-    """HTTP client → gRPC pool: the gateway itself compresses the answer the client asked to be compressed."""
+    """HTTP client → gRPC backend: the gateway itself compresses the answer the client asked to be compressed."""
     import zlib
 
     plain = post(gw.http_url, "/v2/models/identity_FP32/infer", GOOD_JSON, {"Accept-Encoding": "identity"})

@@ -1,6 +1,6 @@
-"""Fleet-grade pools against real Triton processes, faults injected for real.
+"""Fleet-grade backends against real Triton processes, faults injected for real.
 
-Two Triton endpoints behind one HTTP pool and one gRPC pool; steady load over both client
+Two Triton endpoints behind one HTTP backend and one gRPC backend; steady load over both client
 transports (so pass-through and conversion both run); one Triton is SIGKILLed and restarted
 with models that take seconds to load — its ports open and server-live answers long before
 its models are ready. No client may see "unknown model" (404 / NOT_FOUND); only requests in
@@ -25,7 +25,7 @@ from tests.support.triton import TritonServer
 pytestmark = pytest.mark.triton
 
 LOAD_DELAY_S = 3.0
-MODELS = ["fleet_h", "fleet_g"]  # routed to the HTTP pool and to the gRPC pool
+MODELS = ["fleet_h", "fleet_g"]  # routed to the HTTP backend and to the gRPC backend
 # Outcomes a client may see when its request was in flight on the killed endpoint.
 ALLOWED_FAILURES = {"502", "503", "UNAVAILABLE", "INTERNAL"}
 
@@ -73,7 +73,7 @@ def test_kill_and_restart_one_of_two_tritons_under_load(tmp_path: Path) -> None:
                 loader = a.load_models_async(MODELS, transport="grpc")
                 loader.result(timeout=120)
                 ready_at = time.monotonic()
-                # Back in the pool: the restarted endpoint serves both pools again.
+                # Back in the backend: the restarted endpoint serves both backends again.
                 wait_for(lambda: all(inference_count(a, m) > 0 for m in MODELS), timeout=30,
                          what="the restarted endpoint to take traffic again")
                 back = time.monotonic()

@@ -1,4 +1,4 @@
-"""Every foreign failure of a pool call — socket (refused, reset, closed mid-answer,
+"""Every foreign failure of a backend call — socket (refused, reset, closed mid-answer,
 silent), malformed HTTP, grpc status codes — comes out as the gateway's own error tree
 (GatewayError), never as an OSError, httptools or grpc exception. Real sockets and a real
 grpc server; nothing mocked."""
@@ -11,7 +11,9 @@ from concurrent import futures
 import grpc
 import pytest
 
-from gateway.config.backends import Backend
+from gateway.backends.grpc import GrpcBackend
+from gateway.backends.http import HttpBackend
+from gateway.config.backends import BackendSpec
 from gateway.config.network import HostPort
 from gateway.errors import (
     BadUpstreamResponse,
@@ -24,8 +26,6 @@ from gateway.errors import (
     UpstreamTimeout,
     UpstreamTooLarge,
 )
-from gateway.upstream.grpc import GrpcPool
-from gateway.upstream.http import HttpPool
 
 
 def _closed_port() -> HostPort:
@@ -54,8 +54,8 @@ async def _server(answer: bytes | None, *, close: bool = True) -> tuple[asyncio.
     return server, HostPort("127.0.0.1", server.sockets[0].getsockname()[1])
 
 
-def _http_pool(*addrs: HostPort, timeout_s: float = 2.0, retries: int = 0) -> HttpPool:
-    return HttpPool(Backend("b", "http", addrs, timeout_s=timeout_s, connect_timeout_s=1.0, retries=retries))
+def _http_backend(*addrs: HostPort, timeout_s: float = 2.0, retries: int = 0) -> HttpBackend:
+    return HttpBackend(BackendSpec("b", "http", addrs, timeout_s=timeout_s, connect_timeout_s=1.0, retries=retries))
 
 
 @pytest.mark.parametrize("answer, close, expected", [
@@ -63,42 +63,42 @@ def _http_pool(*addrs: HostPort, timeout_s: float = 2.0, retries: int = 0) -> Ht
     (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort", True, UpstreamReset),  # cut mid-answer
     (b"NOT HTTP AT ALL\r\n\r\n", True, UpstreamFraming),  # httptools parse error
     (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nab", True, UpstreamFraming),
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 1000000000\r\n\r\nab", False, UpstreamTooLarge),  # over the pool's limit
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 1000000000\r\n\r\nab", False, UpstreamTooLarge),  # over the backend's limit
     (b"HTTP/1.0 200 OK\r\n\r\n{}", True, None),  # close-delimited: read to the end
     (None, False, UpstreamTimeout),  # never answers
 ])
 async def test_http_socket_failures_map_into_the_tree(answer, close, expected):
     server, addr = await _server(answer, close=close)
-    pool = _http_pool(addr, timeout_s=0.5)
+    backend = _http_backend(addr, timeout_s=0.5)
     try:
         if expected is None:
-            reply = await pool.request("POST", "/v2/models/m/infer", "m", "", body=b"{}")
+            reply = await backend.request("POST", "/v2/models/m/infer", "m", "", body=b"{}")
             assert (reply.status, bytes(reply.body)) == (200, b"{}")
             return
         with pytest.raises(expected) as info:
-            await pool.request("POST", "/v2/models/m/infer", "m", "", body=b"{}")
+            await backend.request("POST", "/v2/models/m/infer", "m", "", body=b"{}")
         assert isinstance(info.value, GatewayError) and info.value.http_status in (502, 503, 504)
     finally:
-        await pool.close()
+        await backend.close()
         server.close()
 
 
 async def test_http_refused_connection_is_a_gateway_error_and_is_retried_elsewhere():
     good, good_addr = await _server(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", close=True)
-    pool = _http_pool(_closed_port(), retries=0)
+    backend = _http_backend(_closed_port(), retries=0)
     try:
         with pytest.raises(NoEndpointAvailable):
-            await pool.request("GET", "/v2/health/live", "m", "")
+            await backend.request("GET", "/v2/health/live", "m", "")
     finally:
-        await pool.close()
+        await backend.close()
     # With a retry, a refused endpoint's request goes to the other one.
-    pool = _http_pool(_closed_port(), good_addr, retries=1)
+    backend = _http_backend(_closed_port(), good_addr, retries=1)
     try:
         for _ in range(4):  # whichever endpoint round robin picks first
-            reply = await pool.request("GET", "/v2/health/live", "m", "")
+            reply = await backend.request("GET", "/v2/health/live", "m", "")
             assert reply.status == 200 and reply.body == b"ok"
     finally:
-        await pool.close()
+        await backend.close()
         good.close()
 
 
@@ -143,40 +143,40 @@ def _infer_message(model: str) -> bytes:
     ("slow", UpstreamTimeout),
 ])
 async def test_grpc_status_codes_map_into_the_tree(grpc_backend, model, expected):
-    pool = GrpcPool(Backend("g", "grpc", (grpc_backend,), timeout_s=0.5, retries=0))
-    await pool.start()
+    backend = GrpcBackend(BackendSpec("g", "grpc", (grpc_backend,), timeout_s=0.5, retries=0))
+    await backend.start()
     try:
         with pytest.raises(expected) as info:
-            await pool.infer_grpc(_infer_message(model), model, "", None, None, ())
+            await backend.infer_grpc(_infer_message(model), model, "", None, None, ())
         assert isinstance(info.value, GatewayError)
         if isinstance(info.value, UpstreamError):
             assert info.value.grpc_code == model.partition(":")[0]  # the backend's code, relayed
     finally:
-        await pool.close()
+        await backend.close()
 
 
 async def test_grpc_unreachable_endpoint_maps_to_unavailable():
-    pool = GrpcPool(Backend("g", "grpc", (_closed_port(),), timeout_s=2, retries=0))
-    await pool.start()
+    backend = GrpcBackend(BackendSpec("g", "grpc", (_closed_port(),), timeout_s=2, retries=0))
+    await backend.start()
     try:
         with pytest.raises(NoEndpointAvailable):
-            await pool.infer_grpc(_infer_message("m"), "m", "", None, None, ())
+            await backend.infer_grpc(_infer_message("m"), "m", "", None, None, ())
     finally:
-        await pool.close()
+        await backend.close()
 
 
 async def test_grpc_unknown_model_from_an_endpoint_checked_ready_is_model_not_ready(grpc_backend):
     """The checker saw the model ready there; the endpoint says it does not have it: the
     request is refused as "not ready" (503 / UNAVAILABLE), and the endpoint marked."""
     model = "NOT_FOUND:Request for unknown model: 'm' is not found"
-    pool = GrpcPool(Backend("g", "grpc", (grpc_backend,), timeout_s=2, retries=0))
-    await pool.start()
+    backend = GrpcBackend(BackendSpec("g", "grpc", (grpc_backend,), timeout_s=2, retries=0))
+    await backend.start()
     try:
-        ep = next(iter(pool.endpoints.values()))
+        ep = next(iter(backend.endpoints.values()))
         ep.health.set_live(True)
         ep.health.set_index([(model, "1", True)])
         with pytest.raises(ModelNotReady):
-            await pool.infer_grpc(_infer_message(model), model, "", None, None, ())
+            await backend.infer_grpc(_infer_message(model), model, "", None, None, ())
         assert not ep.health.ready_exactly(model, "")
     finally:
-        await pool.close()
+        await backend.close()

@@ -1,14 +1,14 @@
 """Issue 35: a backend that freezes (SIGSTOP: its sockets stay open, nothing answers) and comes back.
 
 A Triton of its own (the shared ``triton`` fixture is never stopped), a gateway with a short
-``timeout_s`` in front of it over both pool protocols — add_sub through an HTTP pool, identity_FP32
-through a gRPC pool — and a bounded load of tritonclient requests (HTTP and gRPC clients, each
+``timeout_s`` in front of it over both backend protocols — add_sub through an HTTP backend, identity_FP32
+through a gRPC backend — and a bounded load of tritonclient requests (HTTP and gRPC clients, each
 request with its own id and data). Triton is stopped for 10 s, then continued. What must hold:
 
-* no request ever gets another's answer, and none takes longer than the pool's timeout plus a
-  margin (a request in flight when Triton froze ends in 504 / DEADLINE_EXCEEDED naming its pool,
+* no request ever gets another's answer, and none takes longer than the backend's timeout plus a
+  margin (a request in flight when Triton froze ends in 504 / DEADLINE_EXCEEDED naming its backend,
   not when Triton wakes up);
-* a timeout's message names the pool and says why ("did not answer within 2.0s");
+* a timeout's message names the backend and says why ("did not answer within 2.0s");
 * before the freeze, and from the moment the gateway is ready again after it, every request
   succeeds; failures happen only around the freeze: 504 / DEADLINE_EXCEEDED, or 503 / UNAVAILABLE
   once the health checker has seen the endpoint down (nothing could reach it);
@@ -39,11 +39,11 @@ from tests.support.triton import TritonServer
 
 pytestmark = pytest.mark.timeout(300)
 
-TIMEOUT_S = 2.0  # both pools' timeout_s
+TIMEOUT_S = 2.0  # both backends' timeout_s
 MARGIN_S = 3.0
 CLIENT_TIMEOUT_S = TIMEOUT_S + 10.0  # past it, a request hung
 FREEZE_S = 10.0
-POOLS = {"add_sub": "triton-http", "identity_FP32": "triton-grpc"}
+BACKENDS = {"add_sub": "triton-http", "identity_FP32": "triton-grpc"}
 
 
 @dataclass
@@ -146,7 +146,7 @@ def frozen_setup(triton_required, tmp_path):
             "triton-http": {"protocol": "http", "endpoints": [triton.http_url], "timeout_s": TIMEOUT_S},
             "triton-grpc": {"protocol": "grpc", "endpoints": [triton.grpc_url], "timeout_s": TIMEOUT_S},
         }
-        routes = [{"model": m, "backend": p} for m, p in POOLS.items()]
+        routes = [{"model": m, "backend": p} for m, p in BACKENDS.items()]
         gw = GatewayProcess(gateway_config(backends, routes), tmp_path, "gateway-frozen")
         gw.start()
         wait_for(lambda: http_status(gw.http_url, "/v2/health/ready") == 200, timeout=30, what="gateway ready")
@@ -160,7 +160,7 @@ def frozen_setup(triton_required, tmp_path):
 def test_frozen_backend_times_out_cleanly_and_recovers(frozen_setup):
     triton, gw = frozen_setup
     t0 = time.monotonic()
-    loads = [Load(kind, model, i, gw, t0) for model in POOLS for kind in ("http", "grpc") for i in range(2)]
+    loads = [Load(kind, model, i, gw, t0) for model in BACKENDS for kind in ("http", "grpc") for i in range(2)]
     for load in loads:
         load.start()
     stopped_at = resumed_at = recovered_at = None
@@ -186,7 +186,7 @@ def test_frozen_backend_times_out_cleanly_and_recovers(frozen_setup):
     try:
         def recovered() -> bool:
             return (http_status(gw.http_url, "/v2/health/ready") == 200
-                    and all(http_status(gw.http_url, f"/v2/models/{m}/ready") == 200 for m in POOLS))
+                    and all(http_status(gw.http_url, f"/v2/models/{m}/ready") == 200 for m in BACKENDS))
 
         wait_for(recovered, timeout=30, interval=0.2, what="gateway readiness after SIGCONT")
         recovered_at = time.monotonic() - t0
@@ -206,7 +206,7 @@ def test_frozen_backend_times_out_cleanly_and_recovers(frozen_setup):
     window = (stopped_at - TIMEOUT_S - MARGIN_S, recovered_at if recovered_at is not None else float("inf"))
     outcomes = [o for load in loads for o in load.outcomes]
     for o in outcomes:
-        pool = POOLS[o.who.split("-")[1]]
+        backend = BACKENDS[o.who.split("-")[1]]
         if o.ended - o.began > TIMEOUT_S + MARGIN_S:
             problems.append(f"HUNG past {TIMEOUT_S + MARGIN_S}s: {o}")
         if o.own:
@@ -217,8 +217,8 @@ def test_frozen_backend_times_out_cleanly_and_recovers(frozen_setup):
             problems.append(f"failed outside the freeze ({window[0]:.2f}s .. {window[1]:.2f}s): {o}")
         elif o.status not in ("504", "503", "DEADLINE_EXCEEDED", "UNAVAILABLE"):
             problems.append(f"wrong status (want 504 / DEADLINE_EXCEEDED, or 503 / UNAVAILABLE): {o}")
-        elif f"'{pool}'" not in o.message:
-            problems.append(f"error does not name the pool '{pool}': {o}")
+        elif f"'{backend}'" not in o.message:
+            problems.append(f"error does not name the backend '{backend}': {o}")
         elif o.status in ("504", "DEADLINE_EXCEEDED") and "within" not in o.message:
             problems.append(f"timeout does not say why ('did not answer within ...'): {o}")
     failed_in_freeze = [o for o in outcomes if not o.own and o.began >= stopped_at]

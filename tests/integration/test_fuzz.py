@@ -45,7 +45,7 @@ def gw(reference, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def gw_http_pool(reference, tmp_path_factory):
+def gw_http_backend(reference, tmp_path_factory):
     g = start_gateway(tmp_path_factory.mktemp("fuzz-h"), reference.http_url, reference.grpc_url, "http")
     yield g
     g.stop()
@@ -79,10 +79,10 @@ def test_random_http_requests_get_4xx(gw, doc, tail, cut):
 @given(raw=st.binary(max_size=200), name=st.sampled_from(["identity_FP32", "add_sub", "nope"]),
        dims=st.lists(st.integers(-3, 5), max_size=3), datatype=st.sampled_from(DATATYPES),
        contents=st.lists(st.binary(max_size=40), max_size=3))
-def test_random_grpc_requests_get_clean_errors(gw_http_pool, raw, name, dims, datatype, contents):
+def test_random_grpc_requests_get_clean_errors(gw_http_backend, raw, name, dims, datatype, contents):
     msg = pb.ModelInferRequest(model_name=name, raw_input_contents=contents)
     msg.inputs.add(name="INPUT0", datatype=datatype, shape=dims)
-    with grpc.insecure_channel(gw_http_pool.grpc_url) as ch:
+    with grpc.insecure_channel(gw_http_backend.grpc_url) as ch:
         call = ch.unary_unary("/inference.GRPCInferenceService/ModelInfer")
         for message in (msg.SerializeToString(), raw, msg.SerializeToString() + raw):
             try:
@@ -93,9 +93,9 @@ def test_random_grpc_requests_get_clean_errors(gw_http_pool, raw, name, dims, da
                 assert err.code() != grpc.StatusCode.UNKNOWN, err
 
 
-def test_no_tracebacks_logged(gw, gw_http_pool):
+def test_no_tracebacks_logged(gw, gw_http_backend):
     """Runs after the fuzzers (file order): nothing they sent reached an unhandled-error path."""
-    for g in (gw, gw_http_pool):
+    for g in (gw, gw_http_backend):
         assert g.proc.poll() is None
         log = g.log_tail(100000)
         assert "Traceback" not in log and "unhandled error" not in log, log[-3000:]

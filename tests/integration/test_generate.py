@@ -1,6 +1,6 @@
 """Triton's generate extension (POST .../generate, .../generate_stream) through the gateway, on
-both pool protocols, against the real Triton (2.51, from nvidia-pytriton) answering the same
-requests directly: passed through to an HTTP pool, converted for a gRPC pool.
+both backend protocols, against the real Triton (2.51, from nvidia-pytriton) answering the same
+requests directly: passed through to an HTTP backend, converted for a gRPC backend.
 
 ``generate_words`` (tests/models/triton) is decoupled: one answer per word; with a ``gate``
 parameter every word after the first waits until the test creates the gate file, so "the
@@ -31,13 +31,13 @@ EXACTLY_ONE = ("generate expects model to produce exactly 1 response, use genera
 
 
 @pytest.fixture(scope="module", params=["http", "grpc"])
-def pool(request) -> str:
+def backend(request) -> str:
     return request.param
 
 
 @pytest.fixture(scope="module")
 def gateways(triton, tmp_path_factory):
-    """One gateway per pool protocol, every model routed to the one Triton."""
+    """One gateway per backend protocol, every model routed to the one Triton."""
     gws = {}
     try:
         for protocol in ("http", "grpc"):
@@ -50,8 +50,8 @@ def gateways(triton, tmp_path_factory):
 
 
 @pytest.fixture
-def gw(gateways, pool):
-    return gateways[pool]
+def gw(gateways, backend):
+    return gateways[backend]
 
 
 def post(hostport: str, path: str, body: Any, headers: dict[str, str] | None = None,
@@ -130,13 +130,13 @@ GENERATE = [
 
 
 @pytest.mark.parametrize("model, body", GENERATE, ids=[f"{m}-{i}" for i, (m, _) in enumerate(GENERATE)])
-def test_generate_matches_triton(triton, gw, pool, model, body):
+def test_generate_matches_triton(triton, gw, backend, model, body):
     path = f"/v2/models/{model}/generate"
     direct = post(triton.http_url, path, body)
     through = post(gw.http_url, path, body)
     assert through[:2] == direct[:2]
     assert json.loads(through[2]) == json.loads(direct[2])
-    if pool == "http":
+    if backend == "http":
         assert through[2] == direct[2]  # passed through byte for byte
     if body == {"text_input": "hello world"}:
         assert (through[0], json.loads(through[2])) == (200, {"error": EXACTLY_ONE})
@@ -144,7 +144,7 @@ def test_generate_matches_triton(triton, gw, pool, model, body):
 
 def test_model_error_on_generate(triton, gateways):
     """A model's own error: Triton's HTTP generate answers 400 (its status comes from an error
-    it already released); a gRPC pool relays the backend's code (the Python backend: INTERNAL)."""
+    it already released); a gRPC backend relays the backend's code (the Python backend: INTERNAL)."""
     body, path = {"text_input": "FAIL"}, "/v2/models/generate_words/generate"
     assert post(gateways["http"].http_url, path, body)[0] == 400
     status, _, data = post(gateways["grpc"].http_url, path, body)
@@ -223,13 +223,13 @@ def test_other_methods_are_refused_as_triton_does(triton, gw):
     assert (through[0], json.loads(through[2])) == (direct[0], json.loads(direct[2])) == expected
 
 
-def test_bad_json(triton, gw, pool):
+def test_bad_json(triton, gw, backend):
     """Passed through, Triton's own answer (a 500, as its JSON parser reports it); converted,
     the gateway's 400 — a client's malformed body either way, never a traceback."""
     for raw in (b"{bad", b"", b"[1, 2]"):
         status, ctype, data = post(gw.http_url, "/v2/models/generate_words/generate_stream", raw)
         assert ctype == "application/json" and set(json.loads(data)) == {"error"}
-        if pool == "http":
+        if backend == "http":
             assert (status, data) == post(triton.http_url, "/v2/models/generate_words/generate_stream", raw)[::2]
         else:
             assert status == 400
@@ -244,7 +244,7 @@ def test_bad_json(triton, gw, pool):
     ({"text_input": "a", "big": 2**64}, "parameter 'big' = 18446744073709551616 does not fit"),
 ])
 def test_keys_that_cannot_be_converted(gateways, body, named):
-    """What a gRPC pool cannot carry unchanged is refused before anything is sent, naming it."""
+    """What a gRPC backend cannot carry unchanged is refused before anything is sent, naming it."""
     for api in ("generate", "generate_stream"):
         status, ctype, data = post(gateways["grpc"].http_url, f"/v2/models/generate_words/{api}", body)
         assert status == 400 and ctype == "application/json"
@@ -268,7 +268,7 @@ def _load_generate_words(triton, max_tokens_dims: list[int]) -> None:
 
 
 def test_metadata_follows_a_model_reload(triton, gateways):
-    """A gRPC pool converts with the model's metadata as cached; reloaded on the backend with
+    """A gRPC backend converts with the model's metadata as cached; reloaded on the backend with
     other inputs, the model's first request through the gateway is converted with the new ones."""
     gw, path = gateways["grpc"], "/v2/models/generate_words/generate"
     assert json.loads(post(gw.http_url, path, {"text_input": "a b", "max_tokens": 1})[2])["text_output"] == "a"

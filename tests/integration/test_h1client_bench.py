@@ -1,5 +1,5 @@
 """benchmarks/h1client.py — the microbenchmark that keeps the hand-written HTTP/1.1 client
-(gateway/upstream/h1/) justified against aiohttp — runs end to end: both clients get every
+(gateway/backends/h1/) justified against aiohttp — runs end to end: both clients get every
 answer whole from its canned backend process, and it reports a CPU figure for each. (Numbers
 are not judged here: the suite never asserts on timing.)"""
 from __future__ import annotations

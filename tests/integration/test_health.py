@@ -8,43 +8,43 @@ import time
 
 import pytest
 
-from gateway.config.backends import Backend
+from gateway.backends.health import HealthChecker
+from gateway.backends.http import HttpBackend
+from gateway.config.backends import BackendSpec
 from gateway.config.network import HostPort
 from gateway.routing.readiness import Ready
-from gateway.upstream.health import HealthChecker
-from gateway.upstream.http import HttpPool
 from tests.support.gateway import GatewayProcess, gateway_config
 from tests.support.procs import wait_for
 from tests.support.slowhealth import SlowHealthBackend
 
 
-def _pool(url: str, **kw) -> HttpPool:
+def _backend(url: str, **kw) -> HttpBackend:
     host, port = url.split(":")
-    return HttpPool(Backend("ref", "http", (HostPort(host, int(port)),), **kw))
+    return HttpBackend(BackendSpec("ref", "http", (HostPort(host, int(port)),), **kw))
 
 
 @pytest.fixture
-def pool(reference):
-    return _pool(reference.http_url, repository_index=False)
+def backend(reference):
+    return _backend(reference.http_url, repository_index=False)
 
 
-async def test_many_unready_routes_back_off(pool):
+async def test_many_unready_routes_back_off(backend):
     calls: list[str] = []
-    real = pool.check_model
+    real = backend.check_model
 
     async def counting(ep, model, version, timeout):
         calls.append(model)
         return await real(ep, model, version, timeout)
 
-    pool.check_model = counting  # type: ignore[method-assign]
+    backend.check_model = counting  # type: ignore[method-assign]
     routes = [("add_sub", None, "ref")] + [(f"missing-{i}", None, "ref") for i in range(500)]
-    checker = HealthChecker({"ref": pool}, routes, interval_s=1, timeout_s=2, recheck_per_round=16)
+    checker = HealthChecker({"ref": backend}, routes, interval_s=1, timeout_s=2, recheck_per_round=16)
     per_round = []
     for _ in range(12):
         calls.clear()
         await checker.check_once()
         per_round.append(len(calls))
-    await pool.close()
+    await backend.close()
     assert not checker.ready and len(checker.not_ready) == 500
     assert per_round[0] == 501  # everything once, at first
     # Unready routes back off exponentially: later rounds probe a fraction of them.
@@ -52,28 +52,28 @@ async def test_many_unready_routes_back_off(pool):
     assert sum(per_round) < 12 * 501 / 3, per_round
 
 
-async def test_ready_when_every_exact_route_is_ready(pool):
-    checker = HealthChecker({"ref": pool}, [("add_sub", None, "ref"), ("string_reverse", "1", "ref")],
+async def test_ready_when_every_exact_route_is_ready(backend):
+    checker = HealthChecker({"ref": backend}, [("add_sub", None, "ref"), ("string_reverse", "1", "ref")],
                             interval_s=1, timeout_s=2)
     assert await checker.check_once() is True
     assert checker.not_ready == []
-    ep = next(iter(pool.endpoints.values()))
+    ep = next(iter(backend.endpoints.values()))
     assert ep.health.ready_for("add_sub", "") == Ready.YES
     assert ep.health.ready_for("string_reverse", "1") == Ready.YES
-    await pool.close()
+    await backend.close()
 
 
 async def test_unreachable_endpoint_is_not_live_and_takes_no_traffic(reference, black_hole):
     host, port = reference.http_url.split(":")
     bh_host, bh_port = black_hole.split(":")
-    pool = HttpPool(Backend("ref", "http", (HostPort(host, int(port)), HostPort(bh_host, int(bh_port))),
+    backend = HttpBackend(BackendSpec("ref", "http", (HostPort(host, int(port)), HostPort(bh_host, int(bh_port))),
                             repository_index=False))
-    checker = HealthChecker({"ref": pool}, [("add_sub", None, "ref")], interval_s=1, timeout_s=0.3)
+    checker = HealthChecker({"ref": backend}, [("add_sub", None, "ref")], interval_s=1, timeout_s=0.3)
     assert await checker.check_once() is True
-    good, hung = pool.endpoints.values()
+    good, hung = backend.endpoints.values()
     assert good.health.live is True and hung.health.live is False
-    assert pool.candidates("add_sub", "") == [good]
-    await pool.close()
+    assert backend.candidates("add_sub", "") == [good]
+    await backend.close()
 
 
 # -- thresholds: a slow round is not a failure, three failed ones take an endpoint out ---
@@ -97,14 +97,14 @@ def slow():
 
 
 async def test_a_slow_round_is_not_a_failure_and_three_failed_ones_take_it_out(slow):
-    pool = _pool(slow.address)
-    checker = HealthChecker({"ref": pool}, [("m", None, "ref")], interval_s=0.5, timeout_s=SLOW_TIMEOUT)
-    (ep,) = pool.endpoints.values()
+    backend = _backend(slow.address)
+    checker = HealthChecker({"ref": backend}, [("m", None, "ref")], interval_s=0.5, timeout_s=SLOW_TIMEOUT)
+    (ep,) = backend.endpoints.values()
     infer = b'{"inputs":[{"name":"x","datatype":"INT32","shape":[1],"data":[1]}]}'
 
     async def serving() -> None:
-        assert checker.ready and ep.health.usable() and pool.candidates("m", "") == [ep]
-        reply = await pool.request("POST", "/v2/models/m/infer", "m", "", body=infer)
+        assert checker.ready and ep.health.usable() and backend.candidates("m", "") == [ep]
+        reply = await backend.request("POST", "/v2/models/m/infer", "m", "", body=infer)
         assert reply.status == 200
 
     try:
@@ -145,13 +145,13 @@ async def test_a_slow_round_is_not_a_failure_and_three_failed_ones_take_it_out(s
         await serving()
     finally:
         await checker.stop()
-        await pool.close()
+        await backend.close()
 
 
 async def test_a_missing_index_keeps_the_last_one_until_the_threshold(slow):
-    pool = _pool(slow.address)
-    checker = HealthChecker({"ref": pool}, [("m", None, "ref")], interval_s=0.5, timeout_s=SLOW_TIMEOUT)
-    (ep,) = pool.endpoints.values()
+    backend = _backend(slow.address)
+    checker = HealthChecker({"ref": backend}, [("m", None, "ref")], interval_s=0.5, timeout_s=SLOW_TIMEOUT)
+    (ep,) = backend.endpoints.values()
     try:
         assert await checker.check_once() is True
         assert ep.health.names == frozenset({"m"})
@@ -172,14 +172,14 @@ async def test_a_missing_index_keeps_the_last_one_until_the_threshold(slow):
         assert ep.health.names == frozenset({"m"})
     finally:
         await checker.stop()
-        await pool.close()
+        await backend.close()
 
 
 async def test_a_new_endpoint_is_decided_by_its_first_check_even_a_late_one(slow):
     slow.set("live", delay=SLOW_TIMEOUT + 0.2)
-    pool = _pool(slow.address)
-    checker = HealthChecker({"ref": pool}, [("m", None, "ref")], interval_s=0.5, timeout_s=SLOW_TIMEOUT)
-    (ep,) = pool.endpoints.values()
+    backend = _backend(slow.address)
+    checker = HealthChecker({"ref": backend}, [("m", None, "ref")], interval_s=0.5, timeout_s=SLOW_TIMEOUT)
+    (ep,) = backend.endpoints.values()
     try:
         assert await checker.check_once() is False
         assert ep.health.live is False  # late on its first check: down, at once
@@ -190,25 +190,25 @@ async def test_a_new_endpoint_is_decided_by_its_first_check_even_a_late_one(slow
         assert await checker.check_once() is True
     finally:
         await checker.stop()
-        await pool.close()
+        await backend.close()
 
 
 async def test_traffic_that_succeeds_keeps_an_endpoint_up(slow):
-    pool = _pool(slow.address)
-    checker = HealthChecker({"ref": pool}, [("m", None, "ref")], interval_s=0.5, timeout_s=SLOW_TIMEOUT)
-    (ep,) = pool.endpoints.values()
+    backend = _backend(slow.address)
+    checker = HealthChecker({"ref": backend}, [("m", None, "ref")], interval_s=0.5, timeout_s=SLOW_TIMEOUT)
+    (ep,) = backend.endpoints.values()
     infer = b'{"inputs":[{"name":"x","datatype":"INT32","shape":[1],"data":[1]}]}'
     try:
         assert await checker.check_once() is True
         slow.set("live", status=503)
         for _ in range(6):
             assert await checker.check_once() is True
-            reply = await pool.request("POST", "/v2/models/m/infer", "m", "", body=infer)
+            reply = await backend.request("POST", "/v2/models/m/infer", "m", "", body=infer)
             assert reply.status == 200  # evidence of liveness: the failed checks are cleared
         assert ep.health.live is True
     finally:
         await checker.stop()
-        await pool.close()
+        await backend.close()
 
 
 # -- the same through a real gateway process: readiness and the gauge do not flap --------
@@ -237,7 +237,7 @@ INFER = b'{"inputs":[{"name":"x","datatype":"INT32","shape":[1],"data":[1]}]}'
 
 
 def test_gateway_stays_ready_through_slow_health_rounds_and_three_failures_take_it_out(tmp_path):
-    # Pool "p": A serves model a only, B serves b only. Ready needs a on A; a request for a can
+    # Backend "p": A serves model a only, B serves b only. Ready needs a on A; a request for a can
     # go to A only (were A out, B is live and does not list a: 503, no panic routing to A).
     with SlowHealthBackend(models=("a",)) as a, SlowHealthBackend(models=("b",)) as b:
         cfg = gateway_config({"p": {"protocol": "http", "endpoints": [a.address, b.address]}},

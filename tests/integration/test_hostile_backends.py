@@ -2,7 +2,7 @@
 (tests/support/badbackend.py), behind a real gateway, met by real clients.
 
 Each case starts a misbehaving backend and a gateway of its own (well under a second) with two
-pools: ``bad`` (protocol http, that backend, ``timeout_s`` 2, ``max_message_bytes`` 4 MiB) and
+backends: ``bad`` (protocol http, that backend, ``timeout_s`` 2, ``max_message_bytes`` 4 MiB) and
 ``good`` (the reference V2 server's HTTP port, model add_sub). Twelve clients at once —
 six tritonclient.http (binary-extension and JSON requests: the pass-through path), six
 tritonclient.grpc (the gRPC → HTTP converting path) — each send their own id and data, in waves
@@ -12,13 +12,13 @@ on kept connections (so a connection the gateway wrongly keeps is met again). Wh
   timeout plus a margin: never a hang, never another request's answer (the first check of all);
 * a clear error names the party at fault: the backend's is HTTP 502 (504 for a timeout, 503 when
   nothing could reach it) / gRPC INTERNAL or UNAVAILABLE (DEADLINE_EXCEEDED) — never a 4xx, 413,
-  429, 499, RESOURCE_EXHAUSTED, CANCELLED or INVALID_ARGUMENT — and its message names the pool
+  429, 499, RESOURCE_EXHAUSTED, CANCELLED or INVALID_ARGUMENT — and its message names the backend
   ('bad') and says why;
 * ``oip_gateway_upstream_errors_total{backend="bad"}`` counts each such failure under the kind
   the case calls for (gateway/errors.py: UpstreamTimeout, UpstreamReset, UpstreamFraming,
   UpstreamTooLarge, UpstreamEncoding);
 * valid HTTP (interim 1xx answers, an answer ended by closing the connection) succeeds;
-* the good pool answers correctly during and after, the gateway stays alive and answers readiness;
+* the good backend answers correctly during and after, the gateway stays alive and answers readiness;
 * memory: the gateway's RSS never rises anywhere near a lying claim (1 GB, a 550 GB chunk, an
   endless body, a 10 MiB head): under idle + 200 MB throughout, and back within 50 MB of idle
   within 30 s.
@@ -50,10 +50,10 @@ from tests.support.procs import wait_for
 
 pytestmark = pytest.mark.timeout(150)
 
-TIMEOUT_S = 2.0  # the bad pool's timeout_s
+TIMEOUT_S = 2.0  # the bad backend's timeout_s
 MARGIN_S = 3.0  # every outcome within TIMEOUT_S + MARGIN_S (a shared 2-core machine)
 CLIENT_TIMEOUT_S = TIMEOUT_S + 8.0  # the clients' own bound: past it, the request hung
-LIMIT = 4 << 20  # the bad pool's max_message_bytes
+LIMIT = 4 << 20  # the bad backend's max_message_bytes
 CLIENTS = 6  # per protocol
 MB = 1 << 20
 
@@ -269,7 +269,7 @@ class Client:
 
 
 def good_request(kind: str, client, n: int) -> str | None:
-    """add_sub on the good pool; None when correct, else what went wrong."""
+    """add_sub on the good backend; None when correct, else what went wrong."""
     a = np.full(4, n, dtype=np.float32) + np.arange(4, dtype=np.float32)
     b = np.full(4, 0.5, dtype=np.float32)
     mod = httpclient if kind == "http" else grpcclient
@@ -280,14 +280,14 @@ def good_request(kind: str, client, n: int) -> str | None:
         kw = {} if kind == "http" else {"client_timeout": 10}
         r = client.infer("add_sub", ins, request_id=f"good-{n}", **kw)
         if not np.array_equal(r.as_numpy("OUTPUT0"), a + b):
-            return f"good pool ({kind}) answered {r.as_numpy('OUTPUT0')} for {a} + {b}"
+            return f"good backend ({kind}) answered {r.as_numpy('OUTPUT0')} for {a} + {b}"
     except Exception as exc:
-        return f"good pool ({kind}) failed: {exc!r}"
+        return f"good backend ({kind}) failed: {exc!r}"
     return None
 
 
 class GoodTraffic:
-    """add_sub over HTTP and gRPC on the good pool, and readiness, in a thread, while a case runs."""
+    """add_sub over HTTP and gRPC on the good backend, and readiness, in a thread, while a case runs."""
 
     def __init__(self, gw: GatewayProcess) -> None:
         self.gw = gw
@@ -301,8 +301,8 @@ class GoodTraffic:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        try:  # a case over in a blink still sees the good pool used while it ran
-            wait_for(lambda: self.done >= 2 or not self._thread.is_alive(), timeout=15, what="good-pool requests")
+        try:  # a case over in a blink still sees the good backend used while it ran
+            wait_for(lambda: self.done >= 2 or not self._thread.is_alive(), timeout=15, what="good-backend requests")
         finally:
             self._stop.set()
             self._thread.join(30)
@@ -356,7 +356,7 @@ class RssPeak:
 # -- fixtures ------------------------------------------------------------------------------------
 @pytest.fixture
 def case(request, reference, tmp_path):
-    """(behaviour, its backend, a gateway in front of it and the good pool)."""
+    """(behaviour, its backend, a gateway in front of it and the good backend)."""
     behaviour = request.param
     bad = BadBackend(behaviour, "bad", slow_s=TIMEOUT_S + 2.0)
     backends = {
@@ -374,7 +374,7 @@ def case(request, reference, tmp_path):
             return http_status(gw.http_url, "/v2/models/bad/ready") == 200 \
                 and http_status(gw.http_url, "/v2/models/add_sub/ready") == 200
 
-        wait_for(ready, timeout=30, what="the gateway ready for both pools")
+        wait_for(ready, timeout=30, what="the gateway ready for both backends")
         yield behaviour, bad, gw
     finally:
         gw.stop()
@@ -411,7 +411,7 @@ def judge(outcomes: list[Outcome], expect: Expect) -> list[str]:
             problems.append(f"{'client-fault status' if forbidden else 'wrong status'} (want one of {allowed}): {o}")
         if not o.status.startswith("client:"):
             if "'bad'" not in o.message:
-                problems.append(f"error does not name the pool 'bad': {o}")
+                problems.append(f"error does not name the backend 'bad': {o}")
             if expect.why and not any(w in o.message.lower() for w in expect.why):
                 problems.append(f"error does not say why (one of {expect.why}): {o}")
     return problems
@@ -464,10 +464,10 @@ def test_hostile_backend(case):
         outcomes = run_waves(behaviour, bad, gw, expect)
     problems = judge(outcomes, expect)
 
-    # the good pool served throughout, and still does; the gateway is alive and answers readiness
+    # the good backend served throughout, and still does; the gateway is alive and answers readiness
     problems += good.problems
     if good.done == 0:
-        problems.append("no good-pool request completed while the case ran")
+        problems.append("no good-backend request completed while the case ran")
     if gw.proc.poll() is not None:
         problems.append(f"the gateway exited ({gw.proc.returncode})")
     else:
@@ -478,7 +478,7 @@ def test_hostile_backend(case):
                         problems.append(f"after the case: {p}")
         try:
             if http_status(gw.http_url, "/v2/models/add_sub/ready") != 200:
-                problems.append("after the case: add_sub (good pool) not ready")
+                problems.append("after the case: add_sub (good backend) not ready")
             http_status(gw.http_url, "/v2/health/ready")
         except OSError as exc:
             problems.append(f"after the case: readiness not answered: {exc!r}")

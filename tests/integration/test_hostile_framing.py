@@ -1,5 +1,5 @@
 """Hostile framings of binary-extension inference requests, generated from a fixed seed and
-sent over raw sockets through a gateway (pass-through and converting pools) to real Triton.
+sent over raw sockets through a gateway (pass-through and converting backends) to real Triton.
 
 Each request mixes faults a client can send: an Inference-Header-Content-Length that is
 missing, repeated, not a number, past the body or inside the JSON; a Content-Length short,
@@ -28,7 +28,7 @@ import tritonclient.http as httpclient
 
 from tests.conftest import start_gateway
 
-CASES = 300  # per pool: a few seconds each
+CASES = 300  # per backend: a few seconds each
 SIZES = [0, 4, 400, (64 << 10) - 200, 64 << 10, (64 << 10) + 4, 1 << 20, (2 << 20) - 96, 2 << 20, (2 << 20) + 4,
          3 << 20]
 

@@ -1,12 +1,12 @@
 """Hostile gRPC backends (issue 35): a backend that resets its streams, goes away, answers
-over the pool's message limit, in an encoding the gateway cannot read, with a message that is
+over the backend's message limit, in an encoding the gateway cannot read, with a message that is
 not a ModelInferResponse, with an unknown status, without a status, or not at all. Each comes
 out as a clear error naming the party at fault — the backend: 502 / UNAVAILABLE for a reset or a
 cancel the client did not cause (never CANCELLED / 499), 502 / INTERNAL for an answer the gateway
 refuses or cannot read (never 413 / 429 / RESOURCE_EXHAUSTED), 504 "did not answer within N s" —
 with a reason in the access log and its class as the ``kind`` of
 ``oip_gateway_upstream_errors_total``; the backend's own statuses are relayed as they are; a
-client that really cancels still sees CANCELLED; and the gateway and its healthy pool keep
+client that really cancels still sees CANCELLED; and the gateway and its healthy backend keep
 serving. The backend is tests/support/badgrpc.py (HTTP/2 by ``h2`` on a real socket); the
 clients are tritonclient's, over HTTP (the converting path) and gRPC (pass-through)."""
 from __future__ import annotations
@@ -24,16 +24,16 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from gateway._pb import grpc_predict_v2_pb2 as pb
-from gateway.config.backends import Backend
+from gateway.backends.grpc import GrpcBackend
+from gateway.config.backends import BackendSpec
 from gateway.config.network import HostPort
 from gateway.errors import NoEndpointAvailable, UpstreamReset
-from gateway.upstream.grpc import GrpcPool
 from tests.support.badgrpc import BEHAVIOURS, BadGrpc
 from tests.support.gateway import GatewayProcess, gateway_config
 from tests.support.procs import wait_for
 
-LIMIT = 1 << 20  # the bad pool's max_message_bytes
-TIMEOUT_S = 1.0  # the bad pool's timeout_s
+LIMIT = 1 << 20  # the bad backend's max_message_bytes
+TIMEOUT_S = 1.0  # the bad backend's timeout_s
 
 # model -> (HTTP status, gRPC code, kind label, words of the message); kind None: relayed as the
 # backend's own (UpstreamError, no reason in the access log).
@@ -47,11 +47,11 @@ EXPECTED: dict[str, tuple[int, str, str, str]] = {
                       "cancelled the call, which the gateway did not cancel (the backend cancelled this"),
     "goaway_unprocessed": (503, "UNAVAILABLE", "NoEndpointAvailable", "went away (GOAWAY NO_ERROR) before processing"),
     "refused_stream": (503, "UNAVAILABLE", "NoEndpointAvailable", "refused the stream (RST_STREAM REFUSED_STREAM)"),
-    # The connection closed under the call, no GOAWAY: as the HTTP pools' "closed before a byte
+    # The connection closed under the call, no GOAWAY: as the HTTP backends' "closed before a byte
     # of the answer", the endpoint is taken for unreachable (Refused: retried elsewhere if any).
     "close": (503, "UNAVAILABLE", "NoEndpointAvailable", "Stream removed (Socket closed)"),
     "too_large": (502, "INTERNAL", "UpstreamTooLarge",
-                  f"answered with a message of {LIMIT + 1024} bytes, over the pool's max_message_bytes ({LIMIT})"),
+                  f"answered with a message of {LIMIT + 1024} bytes, over the backend's max_message_bytes ({LIMIT})"),
     "huge_metadata": (502, "INTERNAL", "UpstreamTooLarge", "bytes of headers (metadata), over grpc's limit"),
     "bad_encoding": (502, "INTERNAL", "UpstreamEncoding", "answered in an encoding the gateway cannot read"),
     "bad_gzip": (502, "INTERNAL", "UpstreamEncoding", "answered in an encoding the gateway cannot read"),
@@ -134,7 +134,7 @@ def _entry(g: GatewayProcess, request_id: str) -> dict:
 
 
 def _healthy(g: GatewayProcess) -> None:
-    """The gateway and its healthy pool still serve, over both protocols."""
+    """The gateway and its healthy backend still serve, over both protocols."""
     a = np.arange(16, dtype=np.float32)
     for module, url in ((httpclient, g.http_url), (grpcclient, g.grpc_url)):
         with module.InferenceServerClient(url) as c:
@@ -166,7 +166,7 @@ def test_each_backend_fault_is_a_clear_error_naming_the_backend(gw, bad, protoco
     assert f"backend 'bad' endpoint {bad.address}: " in message, message  # names the party at fault
     entry = _entry(gw, rid)
     assert entry["status"] == (status if protocol == "http" else code)
-    assert entry["pool"] == "bad" and entry["endpoint"] == bad.address
+    assert entry["backend"] == "bad" and entry["endpoint"] == bad.address
     assert words in entry["reason"]  # the gateway decided it: the access log says why
     assert _metric(gw, "oip_gateway_upstream_errors_total", 'backend="bad"', f'kind="{kind}"') == before + 1
 
@@ -248,7 +248,7 @@ def test_the_access_log_says_the_http_client_left(gw, bad):
     assert _entry(gw, "cancel-http-2")["status"] == 499
 
 
-def test_the_gateway_and_the_healthy_pool_keep_serving(gw):
+def test_the_gateway_and_the_healthy_backend_keep_serving(gw):
     for model in list(EXPECTED)[:6]:
         with pytest.raises(InferenceServerException):
             _infer("grpc", gw.grpc_url, model, f"again-{model}")
@@ -258,7 +258,7 @@ def test_the_gateway_and_the_healthy_pool_keep_serving(gw):
     assert "Traceback" not in log and "unhandled error" not in log
 
 
-# -- in process: which faults a pool retries on another endpoint ------------------------
+# -- in process: which faults a backend retries on another endpoint ------------------------
 def _message(model: str) -> bytes:
     return pb.ModelInferRequest(model_name=model).SerializeToString()
 
@@ -269,42 +269,42 @@ async def test_goaway_before_the_call_was_processed_is_retried_elsewhere():
     with BadGrpc() as hostile, BadGrpc(override={"goaway_unprocessed": "ok", "goaway_processed": "ok",
                                                  "refused_stream": "ok"}) as tame:
         eps = tuple(HostPort("127.0.0.1", s.port) for s in (hostile, tame))
-        pool = GrpcPool(Backend("g", "grpc", eps, timeout_s=5, retries=1, balance="round_robin"))
-        await pool.start()
+        backend = GrpcBackend(BackendSpec("g", "grpc", eps, timeout_s=5, retries=1, balance="round_robin"))
+        await backend.start()
         try:
             for model in ("goaway_unprocessed", "refused_stream"):
                 for _ in range(2):  # whichever endpoint comes first
                     answer = pb.ModelInferResponse.FromString(
-                        await pool.infer_grpc(_message(model), model, "", None, None, ()))
+                        await backend.infer_grpc(_message(model), model, "", None, None, ()))
                     assert answer.model_name == model
-            for ep in pool.endpoints.values():
+            for ep in backend.endpoints.values():
                 ep.health.set_live(True)  # (the GOAWAY took the hostile one out of rotation: back in)
             hostile.seen.clear()
             tame.seen.clear()
             outcomes = []
             for _ in range(4):
                 try:
-                    await pool.infer_grpc(_message("goaway_processed"), "goaway_processed", "", None, None, ())
+                    await backend.infer_grpc(_message("goaway_processed"), "goaway_processed", "", None, None, ())
                     outcomes.append("ok")
                 except UpstreamReset as exc:
                     assert "went away (GOAWAY INTERNAL_ERROR, then closed the connection)" in exc.message
                     outcomes.append("reset")
-                for ep in pool.endpoints.values():
+                for ep in backend.endpoints.values():
                     ep.health.set_live(True)
             assert "reset" in outcomes
             # Each request went to one endpoint only: none that may have run was sent again.
             assert len(hostile.seen) + len(tame.seen) == 4
         finally:
-            await pool.close()
+            await backend.close()
 
 
 async def test_goaway_on_the_only_endpoint_is_unavailable_and_names_it():
     with BadGrpc() as hostile:
-        pool = GrpcPool(Backend("g", "grpc", (HostPort("127.0.0.1", hostile.port),), timeout_s=5, retries=1))
-        await pool.start()
+        backend = GrpcBackend(BackendSpec("g", "grpc", (HostPort("127.0.0.1", hostile.port),), timeout_s=5, retries=1))
+        await backend.start()
         try:
             with pytest.raises(NoEndpointAvailable) as info:
-                await pool.infer_grpc(_message("goaway_unprocessed"), "goaway_unprocessed", "", None, None, ())
+                await backend.infer_grpc(_message("goaway_unprocessed"), "goaway_unprocessed", "", None, None, ())
             assert re.search(r"endpoint 127\.0\.0\.1:\d+: went away \(GOAWAY NO_ERROR\)", info.value.message)
         finally:
-            await pool.close()
+            await backend.close()

@@ -1,4 +1,4 @@
-"""The inference path served from callbacks (frontend/infer.py ``infer_now``, proxy and pool
+"""The inference path served from callbacks (frontend/infer.py ``infer_now``, proxy and backend
 ``infer_http_now``, h1 ``request_now``): a small request whose body has come is sent to a
 kept-alive backend connection at once and answered from that connection's callbacks, with no
 task. Everything the coroutine path does must still happen on it — these tests drive the
@@ -40,28 +40,28 @@ def metric(g: GatewayProcess, name: str, *labels: str) -> float:
     return total
 
 
-def one_pool(address: str | list[str], **backend: object) -> dict[str, object]:
+def one_backend(address: str | list[str], **settings: object) -> dict[str, object]:
     endpoints = address if isinstance(address, list) else [address]
-    return gateway_config({"pool": {"protocol": "http", "endpoints": endpoints, **backend}},
-                          [{"model": "*", "backend": "pool"}], health={"interval_s": 0.2, "timeout_s": 1.0})
+    return gateway_config({"b": {"protocol": "http", "endpoints": endpoints, **settings}},
+                          [{"model": "*", "backend": "b"}], health={"interval_s": 0.2, "timeout_s": 1.0})
 
 
 def warm(g: GatewayProcess) -> http.client.HTTPConnection:
     """A client connection, after a first request has left a kept-alive backend connection
     behind (the callback path needs one; the first request connects through the coroutine path)."""
     conn = http.client.HTTPConnection(g.http_url.split(":")[0], int(g.http_url.split(":")[1]), timeout=10)
-    wait_for(lambda: post(conn)[0] == 200, timeout=20, interval=0.1, what="the pool to answer")
+    wait_for(lambda: post(conn)[0] == 200, timeout=20, interval=0.1, what="the backend to answer")
     return conn
 
 
 def test_large_answer_to_a_small_request_is_streamed(tmp_path):
-    """A small request whose answer is past the pool's streaming threshold (256 KiB): the
+    """A small request whose answer is past the backend's streaming threshold (256 KiB): the
     answer's head reaches the callback path, the body is relayed as it arrives (a task of its
     own), byte for byte, and the connection carries the next requests."""
     big = b'{"model_name":"m","outputs":[],"pad":"' + b"x" * (3 << 20) + b'"}'
     backend = ScriptedHttp(lambda line, headers, body: big)
     try:
-        with GatewayProcess(one_pool(backend.address), tmp_path, "gw-big") as g:
+        with GatewayProcess(one_backend(backend.address), tmp_path, "gw-big") as g:
             conn = warm(g)
             for _ in range(4):
                 status, body, headers = post(conn)
@@ -86,7 +86,7 @@ def test_backend_closing_a_kept_alive_connection_as_the_request_arrives_is_sent_
 
     backend = ScriptedHttp(on_post)
     try:
-        with GatewayProcess(one_pool(backend.address), tmp_path, "gw-race") as g:
+        with GatewayProcess(one_backend(backend.address), tmp_path, "gw-race") as g:
             conn = warm(g)
             assert post(conn)[0] == 200  # the second POST, on the kept-alive backend connection
             status, body, _ = post(conn)  # the third is reset, then sent again: the fourth
@@ -116,8 +116,8 @@ def test_not_ready_answer_from_an_endpoint_thought_ready_goes_to_another(tmp_pat
 
     bad, ok = ScriptedHttp(gone), ScriptedHttp(good)
     try:
-        cfg = gateway_config({"pool": {"protocol": "http", "endpoints": [bad.address, ok.address]}},
-                             [{"model": "m", "backend": "pool"}], health={"interval_s": 0.2, "timeout_s": 1.0})
+        cfg = gateway_config({"b": {"protocol": "http", "endpoints": [bad.address, ok.address]}},
+                             [{"model": "m", "backend": "b"}], health={"interval_s": 0.2, "timeout_s": 1.0})
         with GatewayProcess(cfg, tmp_path, "gw-notready") as g:
             # Both endpoints say "m" is ready (GET .../ready answers 200): the checker has seen it.
             wait_for(lambda: metric(g, "oip_gateway_route_ready") == 1, timeout=20, what="the route to be ready")
@@ -125,7 +125,7 @@ def test_not_ready_answer_from_an_endpoint_thought_ready_goes_to_another(tmp_pat
             answers = [post(conn) for _ in range(12)]
             assert all(status == 200 and body == ANSWER for status, body, _ in answers), answers
             assert refusals and len(served) == 12
-            assert metric(g, "oip_gateway_pool_events_total", 'event="retry"') >= 1
+            assert metric(g, "oip_gateway_backend_events_total", 'event="retry"') >= 1
             conn.close()
     finally:
         bad.close()
@@ -145,7 +145,7 @@ def test_backend_timeout_on_the_callback_path(tmp_path):
 
     backend = ScriptedHttp(on_post)
     try:
-        with GatewayProcess(one_pool(backend.address, timeout_s=0.5), tmp_path, "gw-timeout") as g:
+        with GatewayProcess(one_backend(backend.address, timeout_s=0.5), tmp_path, "gw-timeout") as g:
             conn = warm(g)
             slow.set()
             status, body, headers = post(conn)
@@ -174,7 +174,7 @@ def test_client_leaving_before_the_answer_leaves_the_gateway_serving(tmp_path):
 
     backend = ScriptedHttp(on_post)
     try:
-        with GatewayProcess(one_pool(backend.address), tmp_path, "gw-gone") as g:
+        with GatewayProcess(one_backend(backend.address), tmp_path, "gw-gone") as g:
             warm(g).close()
             before = metric(g, "oip_gateway_requests_total", 'api="infer"')
             host, port = g.http_url.split(":")
@@ -198,12 +198,12 @@ def test_client_leaving_before_the_answer_leaves_the_gateway_serving(tmp_path):
 def test_a_request_handed_to_the_coroutine_path_is_rate_counted_once(tmp_path):
     """The callback path runs the head's checks (the guard: auth and rate) first; a request it
     then leaves to the coroutine path — a compressed body here; also splits, mirrors, gRPC
-    pools, a pool with no idle connection, and a request sent again — must not be charged
+    backends, an endpoint with no idle connection, and a request sent again — must not be charged
     twice: a route's burst of 3 admits 3 such requests, then 429."""
     backend = ScriptedHttp(lambda line, headers, body: ANSWER)
     try:
-        cfg = gateway_config({"pool": {"protocol": "http", "endpoints": [backend.address]}},
-                             [{"model": "m", "backend": "pool", "rate": {"per_s": 0.01, "burst": 3}}],
+        cfg = gateway_config({"b": {"protocol": "http", "endpoints": [backend.address]}},
+                             [{"model": "m", "backend": "b", "rate": {"per_s": 0.01, "burst": 3}}],
                              health={"interval_s": 0.2, "timeout_s": 1.0})
         with GatewayProcess(cfg, tmp_path, "gw-rate") as g:
             conn = http.client.HTTPConnection(*g.http_url.split(":"), timeout=10)  # type: ignore[arg-type]

@@ -2,7 +2,7 @@
 
 KServe's ModelServer (PyPI ``kserve``, pinned in tests/support/kserve-requirements.txt) runs from
 its own venv with the models of tests/models/kserve, on 127.0.0.1 (tests/support/kserve.py).
-Gateways put an HTTP pool and a gRPC pool in front of it, and in front of Triton. KServe's
+Gateways put an HTTP backend and a gRPC backend in front of it, and in front of Triton. KServe's
 ``InferenceRESTClient`` and ``InferenceGRPCClient`` (driven in .kserve-venv through
 tests/support/kserve_client.py: kserve and tritonclient cannot share a process) send each
 request through the gateway and straight to the server; the answers must agree: success or the
@@ -49,7 +49,7 @@ from tests.support.kserve import (
 pytestmark = pytest.mark.kserve
 
 TRANSPORTS = ["rest", "grpc"]
-POOLS = ["http", "grpc"]
+BACKENDS = ["http", "grpc"]
 
 
 def _unavailable(what: str, reason: str) -> None:
@@ -79,12 +79,12 @@ def kclients() -> Iterator[KServeClients]:
 
 @pytest.fixture(scope="module")
 def kgws(kserve: KServeProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A gateway per pool protocol in front of KServe (server_family: auto reads "kserve")."""
+    """A gateway per backend protocol in front of KServe (server_family: auto reads "kserve")."""
     out = {}
     try:
-        for pool in POOLS:
-            out[pool] = start_gateway(tmp_path_factory.mktemp(f"gw-kserve-{pool}"), kserve.http_url,
-                                      kserve.grpc_url, pool, models=MODELS)
+        for backend in BACKENDS:
+            out[backend] = start_gateway(tmp_path_factory.mktemp(f"gw-kserve-{backend}"), kserve.http_url,
+                                         kserve.grpc_url, backend, models=MODELS)
         yield out
     finally:
         for g in out.values():
@@ -93,13 +93,13 @@ def kgws(kserve: KServeProcess, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.fixture(scope="module")
 def tgws(triton, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A gateway per pool protocol in front of Triton."""
+    """A gateway per backend protocol in front of Triton."""
     models = [f"identity_{dt}" for dt in DATATYPES] + ["add_sub"]
     out = {}
     try:
-        for pool in POOLS:
-            out[pool] = start_gateway(tmp_path_factory.mktemp(f"gw-triton-k-{pool}"), triton.http_url,
-                                      triton.grpc_url, pool, models=models)
+        for backend in BACKENDS:
+            out[backend] = start_gateway(tmp_path_factory.mktemp(f"gw-triton-k-{backend}"), triton.http_url,
+                                         triton.grpc_url, backend, models=models)
         yield out
     finally:
         for g in out.values():
@@ -206,19 +206,19 @@ def test_kserve_serves_the_harness_models_on_loopback(kserve):
     assert all(a in ("0100007F", "0000000000000000FFFF00000100007F") for a, _ in addresses), addresses
 
 
-@pytest.mark.parametrize("pool", POOLS)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("datatype", DATATYPES)
-def test_identity_each_datatype(kserve, kgws, kclients, datatype, transport, pool):
+def test_identity_each_datatype(kserve, kgws, kclients, datatype, transport, backend):
     """Every datatype KServe supports, in each form the client can send it (REST: binary
-    extension and JSON; gRPC: raw and typed contents), through each pool: the answer KServe
+    extension and JSON; gRPC: raw and typed contents), through each backend: the answer KServe
     gives directly — by value, datatype, shape, and over gRPC typed for typed, raw for raw."""
     arr = sample(datatype)
     for binary in forms(datatype, transport):
         kw = {"id": f"id-{datatype}-{binary}", "outputs": wanted_outputs(transport, binary, ["OUTPUT0"])}
         ins = [tensor("INPUT0", arr, datatype, binary)]
         direct = infer(kclients, transport, url_of(kserve, transport), f"identity_{datatype}", ins, **kw)
-        via = infer(kclients, transport, url_of(kgws[pool], transport), f"identity_{datatype}", ins, **kw)
+        via = infer(kclients, transport, url_of(kgws[backend], transport), f"identity_{datatype}", ins, **kw)
         assert direct["ok"], direct
         assert_same(direct, via)
         got = decode_array(via["outputs"][0]["array"])
@@ -237,10 +237,10 @@ def _empty(datatype: str, shape: tuple[int, ...]) -> np.ndarray:
     return np.empty(shape, dtype=object) if datatype == "BYTES" else np.zeros(shape, dtype=sample(datatype).dtype)
 
 
-@pytest.mark.parametrize("pool", POOLS)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("datatype, shape", EMPTY)
-def test_empty_tensors(kserve, kgws, kclients, datatype, shape, transport, pool):
+def test_empty_tensors(kserve, kgws, kclients, datatype, shape, transport, backend):
     """Empty tensors (REST: JSON ``data: []``; gRPC: raw and typed) come back empty, with their
     shape and datatype, as KServe answers them directly. (KServe's REST client sends an empty
     *binary* tensor as ``data: null``, which KServe itself refuses: test_kserve_empty_binary...)"""
@@ -248,7 +248,7 @@ def test_empty_tensors(kserve, kgws, kclients, datatype, shape, transport, pool)
     for binary in ([True, False] if transport == "grpc" else [False]):
         ins = [tensor("INPUT0", arr, datatype, binary)]
         direct = infer(kclients, transport, url_of(kserve, transport), f"identity_{datatype}", ins, id="empty")
-        via = infer(kclients, transport, url_of(kgws[pool], transport), f"identity_{datatype}", ins, id="empty")
+        via = infer(kclients, transport, url_of(kgws[backend], transport), f"identity_{datatype}", ins, id="empty")
         assert direct["ok"], direct
         assert_same(direct, via)
         assert via["outputs"][0]["shape"] == list(shape) and via["outputs"][0]["datatype"] == datatype
@@ -256,7 +256,7 @@ def test_empty_tensors(kserve, kgws, kclients, datatype, shape, transport, pool)
 
 def test_kserve_empty_binary_tensor_from_its_rest_client_differences(kserve, kgws, kclients):
     """KServe's REST client writes an empty tensor set for binary as ``"data": null`` plus
-    ``binary_data_size: 0``; KServe's server refuses that with 422. Through the HTTP pool the
+    ``binary_data_size: 0``; KServe's server refuses that with 422. Through the HTTP backend the
     gateway relays the request and the refusal unchanged."""
     ins = [tensor("INPUT0", np.zeros((0, 3), np.float32), "FP32", True)]
     direct = infer(kclients, "rest", kserve.http_url, "identity_FP32", ins)
@@ -265,29 +265,30 @@ def test_kserve_empty_binary_tensor_from_its_rest_client_differences(kserve, kgw
     assert error_class(via) == ("HTTPStatusError", 422), via
 
 
-@pytest.mark.parametrize("pool", POOLS)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_large_tensor(kserve, kgws, kclients, transport, pool):
+def test_large_tensor(kserve, kgws, kclients, transport, backend):
     """A 6 MiB FP32 tensor (binary / raw; under KServe's 8 MiB gRPC default) both ways."""
     arr = np.arange(6 * 1024 * 1024 // 4, dtype=np.float32).reshape(1024, -1)
     ins = [tensor("INPUT0", arr, "FP32", True)]
     kw = {"id": "large", "outputs": wanted_outputs(transport, True, ["OUTPUT0"])}
     direct = infer(kclients, transport, url_of(kserve, transport), "identity_FP32", ins, **kw)
-    via = infer(kclients, transport, url_of(kgws[pool], transport), "identity_FP32", ins, **kw)
+    via = infer(kclients, transport, url_of(kgws[backend], transport), "identity_FP32", ins, **kw)
     assert direct["ok"], direct
     assert_same(direct, via)
 
 
-@pytest.mark.parametrize("pool", POOLS)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_add_sub_ids_and_parameters(kserve, kgws, kclients, transport, pool):
+def test_add_sub_ids_and_parameters(kserve, kgws, kclients, transport, backend):
     """Request id, request parameters (string, bool, int) and tensor parameters reach the model
     and come back (echo_params), and a two-input model answers as directly."""
     x = np.arange(5, dtype=np.int32)
     ins = [tensor("INPUT0", x, "INT32", False, {"unit": "m", "scale": 3, "exact": True})]
     params = {"tenant": "t-1", "priority": 2, "trace": False}
     direct = infer(kclients, transport, url_of(kserve, transport), "echo_params", ins, id="req-42", parameters=params)
-    via = infer(kclients, transport, url_of(kgws[pool], transport), "echo_params", ins, id="req-42", parameters=params)
+    via = infer(kclients, transport, url_of(kgws[backend], transport), "echo_params", ins, id="req-42",
+                parameters=params)
     assert direct["ok"], direct
     assert_same(direct, via)
     assert via["id"] == "req-42"
@@ -297,25 +298,25 @@ def test_add_sub_ids_and_parameters(kserve, kgws, kclients, transport, pool):
     a, b = np.arange(8, dtype=np.float32), np.full(8, 0.5, dtype=np.float32)
     ins = [tensor("INPUT0", a, "FP32", False), tensor("INPUT1", b, "FP32", False)]
     direct = infer(kclients, transport, url_of(kserve, transport), "add_sub", ins, id="as-1")
-    via = infer(kclients, transport, url_of(kgws[pool], transport), "add_sub", ins, id="as-1")
+    via = infer(kclients, transport, url_of(kgws[backend], transport), "add_sub", ins, id="as-1")
     assert_same(direct, via)
     outs = {o["name"]: decode_array(o["array"]) for o in via["outputs"]}
     np.testing.assert_array_equal(outs["OUTPUT0"], a + b)
     np.testing.assert_array_equal(outs["OUTPUT1"], a - b)
 
 
-@pytest.mark.parametrize("pool", POOLS)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("model, rest_status, grpc_code", [
     ("fail", 400, "INVALID_ARGUMENT"),  # the model raised InvalidInput
     ("crash", 500, "INTERNAL"),  # the model raised RuntimeError
     ("no_such_model", 404, "NOT_FOUND"),
 ])
-def test_model_errors(kserve, kgws, kclients, transport, pool, model, rest_status, grpc_code):
+def test_model_errors(kserve, kgws, kclients, transport, backend, model, rest_status, grpc_code):
     """A model's error reaches the client in its protocol's class, as KServe answers directly."""
     ins = [tensor("INPUT0", np.ones(3, np.float32), "FP32", False)]
     direct = infer(kclients, transport, url_of(kserve, transport), model, ins)
-    via = infer(kclients, transport, url_of(kgws[pool], transport), model, ins)
+    via = infer(kclients, transport, url_of(kgws[backend], transport), model, ins)
     assert error_class(direct) == (("HTTPStatusError", rest_status) if transport == "rest"
                                    else ("AioRpcError", grpc_code)), direct
     assert_same(direct, via)
@@ -323,23 +324,23 @@ def test_model_errors(kserve, kgws, kclients, transport, pool, model, rest_statu
         assert "fail: this model refuses every request" in via["message"]
 
 
-@pytest.mark.parametrize("pool", POOLS)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_health(kserve, kgws, kclients, transport, pool):
+def test_health(kserve, kgws, kclients, transport, backend):
     """KServe's clients read the gateway's server live / ready and model ready as KServe's."""
-    for server in (kserve, kgws[pool]):
+    for server in (kserve, kgws[backend]):
         url = url_of(server, transport)
         assert kclients.call("server_live", transport=transport, url=url) == {"ok": True, "value": True}
         assert kclients.call("server_ready", transport=transport, url=url) == {"ok": True, "value": True}
         for model in ("add_sub", "identity_BYTES"):
             assert kclients.call("model_ready", transport=transport, url=url, model=model) == {"ok": True, "value": True}
     direct = kclients.call("model_ready", transport=transport, url=url_of(kserve, transport), model="no_such_model")
-    via = kclients.call("model_ready", transport=transport, url=url_of(kgws[pool], transport), model="no_such_model")
+    via = kclients.call("model_ready", transport=transport, url=url_of(kgws[backend], transport), model="no_such_model")
     if transport == "rest":  # KServe's REST client: any non-2xx answer is "not ready"
         assert direct == via == {"ok": True, "value": False}
     else:
         assert error_class(direct) == ("AioRpcError", "NOT_FOUND")
-        if pool == "grpc":
+        if backend == "grpc":
             assert error_class(via) == ("AioRpcError", "NOT_FOUND"), via
         else:  # KServe's REST 404 reaches the gateway as "not ready" (V2: 4xx = not ready)
             assert via == {"ok": True, "value": False} or error_class(via) == ("AioRpcError", "NOT_FOUND"), via
@@ -357,14 +358,14 @@ def _get(url: str, path: str) -> tuple[int, Any]:
         conn.close()
 
 
-@pytest.mark.parametrize("pool", POOLS)
-def test_health_bodies_and_metadata(kserve, kgws, pool):
-    """The gateway's health answers carry KServe's bodies; model metadata through either pool
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_health_bodies_and_metadata(kserve, kgws, backend):
+    """The gateway's health answers carry KServe's bodies; model metadata through either backend
     (HTTP and gRPC clients, tritonclient) is KServe's."""
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
-    gw = kgws[pool]
+    gw = kgws[backend]
     assert _get(gw.http_url, "/v2/health/live") == (200, {"live": True})
     assert _get(gw.http_url, "/v2/health/ready") == (200, {"ready": True})
     assert _get(gw.http_url, "/v2/models/add_sub/ready") == (200, {"name": "add_sub", "ready": True})
@@ -390,22 +391,22 @@ def test_health_bodies_and_metadata(kserve, kgws, pool):
 
 def test_kserve_versions_and_message_limit_differences(kserve, kgws, kclients):
     """What a user of KServe meets, verified on the server and through the gateway:
-    its REST side answers 501 to every versioned URL (relayed as is by an HTTP pool, as
+    its REST side answers 501 to every versioned URL (relayed as is by an HTTP backend, as
     UNIMPLEMENTED to a gRPC client; a versioned model-ready is the gateway's "not ready"); its
-    gRPC side ignores model_version (so a gRPC pool serves versioned URLs); and its gRPC side
-    refuses a message over 8 MiB with RESOURCE_EXHAUSTED, also when a gRPC pool carries it,
-    while its REST side (and so an HTTP pool) takes it."""
+    gRPC side ignores model_version (so a gRPC backend serves versioned URLs); and its gRPC side
+    refuses a message over 8 MiB with RESOURCE_EXHAUSTED, also when a gRPC backend carries it,
+    while its REST side (and so an HTTP backend) takes it."""
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
     unsupported = (501, {"error": "Model versioning not supported yet."})
     for path in ("/v2/models/add_sub/versions/1", "/v2/models/add_sub/versions/1/ready"):
         assert _get(kserve.http_url, path) == unsupported
-    # Through an HTTP pool: metadata relayed as is; readiness is the gateway's "not ready" answer.
+    # Through an HTTP backend: metadata relayed as is; readiness is the gateway's "not ready" answer.
     assert _get(kgws["http"].http_url, "/v2/models/add_sub/versions/1") == unsupported
     status, body = _get(kgws["http"].http_url, "/v2/models/add_sub/versions/1/ready")
     assert status >= 400 and body.get("ready") is False, (status, body)
-    # Through a gRPC pool the version reaches KServe's gRPC side, which ignores it.
+    # Through a gRPC backend the version reaches KServe's gRPC side, which ignores it.
     assert _get(kgws["grpc"].http_url, "/v2/models/add_sub/versions/1/ready") == (200, {"name": "add_sub", "ready": True})
 
     a = np.ones((1, 4), np.float32)
@@ -429,21 +430,21 @@ def test_kserve_versions_and_message_limit_differences(kserve, kgws, kclients):
     assert error_class(via) == ("AioRpcError", "RESOURCE_EXHAUSTED"), via
     outs = [{"name": "OUTPUT0", "binary": True}]
     assert infer(kclients, "rest", kserve.http_url, "identity_FP32", ins, outputs=outs)["ok"]
-    via_http_pool = infer(kclients, "grpc", kgws["http"].grpc_url, "identity_FP32", ins)
-    assert via_http_pool["ok"], via_http_pool
-    assert decode_array(via_http_pool["outputs"][0]["array"]).tobytes() == big.tobytes()
+    via_http_backend = infer(kclients, "grpc", kgws["http"].grpc_url, "identity_FP32", ins)
+    assert via_http_backend["ok"], via_http_backend
+    assert decode_array(via_http_backend["outputs"][0]["array"]).tobytes() == big.tobytes()
 
 
 # --- KServe's clients in front of Triton -------------------------------------------------------
 
 
-@pytest.mark.parametrize("pool", POOLS)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_kserve_clients_through_gateway_to_triton(triton, tgws, kclients, transport, pool):
+def test_kserve_clients_through_gateway_to_triton(triton, tgws, kclients, transport, backend):
     """KServe's clients against the gateway in front of Triton, compared with the same client
     straight to Triton: every datatype both support, each form, empty and large tensors, ids,
     parameters and errors."""
-    direct_url, via_url = url_of(triton, transport), url_of(tgws[pool], transport)
+    direct_url, via_url = url_of(triton, transport), url_of(tgws[backend], transport)
 
     def both(model: str, ins: list[dict], **kw: Any) -> tuple[dict, dict]:
         return (infer(kclients, transport, direct_url, model, ins, **kw),
@@ -487,13 +488,13 @@ def test_kserve_clients_through_gateway_to_triton(triton, tgws, kclients, transp
         assert_same(direct, via)
 
 
-@pytest.mark.parametrize("pool", POOLS)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_kserve_clients_health_through_gateway_to_triton(triton, tgws, kclients, transport, pool):
+def test_kserve_clients_health_through_gateway_to_triton(triton, tgws, kclients, transport, backend):
     """KServe's health calls through the gateway in front of Triton. Straight to Triton,
     KServe's REST client cannot read server live / ready (Triton answers with an empty body);
     through the gateway (which answers with KServe's bodies) it can."""
-    url = url_of(tgws[pool], transport)
+    url = url_of(tgws[backend], transport)
     assert kclients.call("server_live", transport=transport, url=url) == {"ok": True, "value": True}
     assert kclients.call("server_ready", transport=transport, url=url) == {"ok": True, "value": True}
     assert kclients.call("model_ready", transport=transport, url=url, model="add_sub") == {"ok": True, "value": True}

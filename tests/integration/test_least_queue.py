@@ -1,5 +1,5 @@
 """balance: least_queue with two real Tritons: the gateway reads each one's queue from its
-metrics port and sends requests to the one with the shorter queue; a pool whose metrics port
+metrics port and sends requests to the one with the shorter queue; a backend whose metrics port
 is closed falls back to least-request and every request still succeeds. (How much it helps
 under load is a benchmark: benchmarks/least_queue.py.)"""
 from __future__ import annotations

@@ -46,10 +46,10 @@ def gw(triton, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProc
     root = tmp_path_factory.mktemp("limits")
     backends = {"h": {"protocol": "http", "endpoints": [triton.http_url]},
                 "g": {"protocol": "grpc", "endpoints": [triton.grpc_url]}}
-    # x-pool: grpc sends a request to the gRPC pool (HTTP clients: the converting path).
-    routes = [{"model": "add_sub", "headers": {"x-pool": "grpc"}, "backend": "g"},
+    # x-backend: grpc sends a request to the gRPC backend (HTTP clients: the converting path).
+    routes = [{"model": "add_sub", "headers": {"x-backend": "grpc"}, "backend": "g"},
               {"model": "add_sub", "backend": "h"},
-              {"model": "identity_FP32", "headers": {"x-pool": "http"}, "backend": "h"},
+              {"model": "identity_FP32", "headers": {"x-backend": "http"}, "backend": "h"},
               {"model": "identity_FP32", "backend": "g"}]
     g = GatewayProcess(gateway_config(backends, routes, limits=LIMITS), root, "gw-limits")
     g.start()
@@ -109,18 +109,18 @@ HOSTILE_JSON = {
 }
 
 
-@pytest.mark.parametrize("pool", ["http", "grpc"], ids=["pass-through", "converting"])
+@pytest.mark.parametrize("backend", ["http", "grpc"], ids=["pass-through", "converting"])
 @pytest.mark.parametrize("limit", sorted(HOSTILE_JSON))
-def test_json_request_over_a_limit(gw, pool, limit):
+def test_json_request_over_a_limit(gw, backend, limit):
     status, answer = post(gw.http_url, "/v2/models/add_sub/infer", orjson.dumps(HOSTILE_JSON[limit]),
-                          {"x-pool": pool})
+                          {"x-backend": backend})
     assert status == 400 and f"limits.{limit}" in answer["error"], answer
 
 
 @pytest.mark.parametrize("size", ["padded", "streamed", "streamed-gzip"])
-@pytest.mark.parametrize("pool", ["http", "grpc"], ids=["pass-through", "converting"])
+@pytest.mark.parametrize("backend", ["http", "grpc"], ids=["pass-through", "converting"])
 @pytest.mark.parametrize("limit", sorted(HOSTILE_JSON))
-def test_a_large_json_request_is_held_to_the_same_limits(gw, pool, limit, size):
+def test_a_large_json_request_is_held_to_the_same_limits(gw, backend, limit, size):
     """However much data the tensors carry — read whole (over 64 KiB) or streamed to the
     backend as it arrives (over 1 MiB, compressed or not) — the limits are checked on the
     rest of the request (codec/jsonscan.py): a request is not taken past them by its size."""
@@ -129,7 +129,7 @@ def test_a_large_json_request_is_held_to_the_same_limits(gw, pool, limit, size):
     doc = orjson.loads(orjson.dumps(HOSTILE_JSON[limit]))
     doc["inputs"][0]["data"] = np.random.default_rng(7).random(10_000 if size == "padded" else 200_000).tolist()
     body = orjson.dumps(doc)
-    headers = {"x-pool": pool}
+    headers = {"x-backend": backend}
     if size == "streamed-gzip":
         body = gzip.compress(body, compresslevel=1)
         headers["content-encoding"] = "gzip"
@@ -143,11 +143,11 @@ def test_a_large_json_request_is_held_to_the_same_limits(gw, pool, limit, size):
 
 def test_a_large_json_request_within_the_limits_passes(gw):
     a = np.arange(300_000, dtype=np.float32)
-    for pool in ("http", "grpc"):
+    for backend in ("http", "grpc"):
         body = orjson.dumps({"id": "big", "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, a.size],
                                                       "data": a.tolist()}]})
         assert len(body) > 1 << 20
-        status, answer = post(gw.http_url, "/v2/models/identity_FP32/infer", body, {"x-pool": pool})
+        status, answer = post(gw.http_url, "/v2/models/identity_FP32/infer", body, {"x-backend": backend})
         assert status == 200, answer
         assert answer["id"] == "big" and answer["outputs"][0]["data"] == a.tolist()
 
@@ -169,8 +169,8 @@ def _grpc_request(**kw) -> pb.ModelInferRequest:
     return req
 
 
-@pytest.mark.parametrize("pool", ["grpc", "http"], ids=["pass-through", "converting"])
-def test_grpc_request_over_a_limit(gw, pool):
+@pytest.mark.parametrize("backend", ["grpc", "http"], ids=["pass-through", "converting"])
+def test_grpc_request_over_a_limit(gw, backend):
     cases = {
         "max_tensors": _grpc_request(n=5),
         "max_dims": _grpc_request(shape=[1] * 7),
@@ -182,7 +182,7 @@ def test_grpc_request_over_a_limit(gw, pool):
         call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
         for limit, req in cases.items():
             with pytest.raises(grpc.RpcError) as err:
-                call(req.SerializeToString(), metadata=(("x-pool", pool),))
+                call(req.SerializeToString(), metadata=(("x-backend", backend),))
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, limit
             assert f"limits.{limit}" in err.value.details(), (limit, err.value.details())
     still_serving(gw)
@@ -212,7 +212,7 @@ def test_a_large_body_arriving_slowly_is_not_a_stall(gw):
                                        "parameters": {"binary_data_size": a.nbytes}}],
                            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]})
     body = header + a.tobytes()
-    head = (f"POST /v2/models/identity_FP32/infer HTTP/1.1\r\nHost: x\r\nx-pool: http\r\n"
+    head = (f"POST /v2/models/identity_FP32/infer HTTP/1.1\r\nHost: x\r\nx-backend: http\r\n"
             f"Inference-Header-Content-Length: {len(header)}\r\nContent-Length: {len(body)}\r\n"
             f"Connection: close\r\n\r\n").encode()
     with _connect(gw.http_url) as sock:
@@ -289,7 +289,7 @@ def test_stalled_binary_body_read_whole(gw):
     size = 1 << 20
     assert WHOLE_MIN < size < WHOLE_MAX
     sock = _connect(gw.http_url)
-    sock.sendall(b"POST /v2/models/identity_FP32/infer HTTP/1.1\r\nHost: x\r\nx-pool: http\r\n"
+    sock.sendall(b"POST /v2/models/identity_FP32/infer HTTP/1.1\r\nHost: x\r\nx-backend: http\r\n"
                  b"Inference-Header-Content-Length: 2\r\nContent-Length: %d\r\n\r\n{}" % size + bytes(size // 2))
     answer = _read_all(sock)
     sock.close()
@@ -408,10 +408,10 @@ def test_truncated_binary_and_bad_header_length(gw):
     header = orjson.dumps({"inputs": [
         {"name": "INPUT0", "datatype": "FP32", "shape": [4], "parameters": {"binary_data_size": 16}},
         {"name": "INPUT1", "datatype": "FP32", "shape": [4], "parameters": {"binary_data_size": 16}}]})
-    for pool in ("http", "grpc"):
+    for backend in ("http", "grpc"):
         status, answer = post(gw.http_url, "/v2/models/add_sub/infer", header + b"\0" * 20,
-                              {"inference-header-content-length": str(len(header)), "x-pool": pool})
-        assert 400 <= status < 500 and "error" in answer, (pool, status, answer)
+                              {"inference-header-content-length": str(len(header)), "x-backend": backend})
+        assert 400 <= status < 500 and "error" in answer, (backend, status, answer)
     for bad in ("-1", "abc", str(len(header) + 100), "1e3"):
         status, answer = post(gw.http_url, "/v2/models/add_sub/infer", header + b"\0" * 32,
                               {"inference-header-content-length": bad})
@@ -448,29 +448,29 @@ def test_memory_bounded_after_hostile_bursts(gw):
     assert rss(pid) - before < 50 << 20, (before, rss(pid))
 
 
-@pytest.mark.parametrize("pool", ["http", "grpc"], ids=["pass-through", "converting"])
-def test_invalid_utf8_names_and_ids(gw, pool):
+@pytest.mark.parametrize("backend", ["http", "grpc"], ids=["pass-through", "converting"])
+def test_invalid_utf8_names_and_ids(gw, backend):
     """Bytes that are not UTF-8 in a model name (URL), an id or a tensor name: 400 /
     INVALID_ARGUMENT, never a name or id changed on its way to Triton."""
     host, port = gw.http_url.rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
     try:
-        conn.request("POST", "/v2/models/add%FFsub/infer", body=b"{}", headers={"x-pool": pool})
+        conn.request("POST", "/v2/models/add%FFsub/infer", body=b"{}", headers={"x-backend": backend})
         r = conn.getresponse()
         assert r.status == 400 and b"not valid UTF-8" in r.read()
     finally:
         conn.close()
     for body in (b'{"id": "\xff", "inputs": []}',
                  b'{"inputs": [{"name": "IN\xc3\x28", "datatype": "FP32", "shape": [1], "data": [1]}]}'):
-        status, answer = post(gw.http_url, "/v2/models/add_sub/infer", body, {"x-pool": pool})
+        status, answer = post(gw.http_url, "/v2/models/add_sub/infer", body, {"x-backend": backend})
         assert status == 400 and "UTF-8" in answer["error"], answer
-    grpc_pool = "grpc" if pool == "http" else "http"  # a gRPC client: pass-through on the gRPC pool
+    grpc_backend = "grpc" if backend == "http" else "http"  # a gRPC client: pass-through on the gRPC backend
     good = _grpc_request().SerializeToString()
     with grpc.insecure_channel(gw.grpc_url) as channel:
         call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
         for bad in (b"\x1a\x02\xff\xfe" + good, good + b"\x1a\x02\xff\xfe", b"\x0a\x02\xff\xfe"):
             with pytest.raises(grpc.RpcError) as err:
-                call(bad, metadata=(("x-pool", grpc_pool),))
+                call(bad, metadata=(("x-backend", grpc_backend),))
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "UTF-8" in err.value.details()
     still_serving(gw)
@@ -491,8 +491,8 @@ def test_triton_reads_the_first_of_repeated_names(triton):
     assert {o["name"]: o["data"] for o in answer["outputs"]}["OUTPUT0"] == [2.0] * 4  # 1 + 1: the first
 
 
-@pytest.mark.parametrize("pool", ["http", "grpc"], ids=["pass-through", "converting"])
-def test_repeated_member_names_are_refused(gw, pool):
+@pytest.mark.parametrize("backend", ["http", "grpc"], ids=["pass-through", "converting"])
+def test_repeated_member_names_are_refused(gw, backend):
     """One request, two meanings: refused with 400 naming the member, on both paths — the
     limits check would judge one value and the backend read another."""
     over = orjson.dumps([{"name": "INPUT0", "datatype": "FP32", "shape": [1 << 40, 1 << 40], "data": [1.0]}])
@@ -505,24 +505,24 @@ def test_repeated_member_names_are_refused(gw, pool):
         "id": b'{"id":"a","id":"b","inputs":' + _add_sub_inputs(1, 2) + b"}",
     }
     for name, body in cases.items():
-        status, answer = post(gw.http_url, "/v2/models/add_sub/infer", body, {"x-pool": pool})
+        status, answer = post(gw.http_url, "/v2/models/add_sub/infer", body, {"x-backend": backend})
         assert status == 400 and f"repeats the member name '{name}'" in answer["error"], (name, answer)
     # Past the size the limits check parses (64 KiB of JSON): the converting path reads it, and refuses.
     big = orjson.dumps([{"name": "INPUT0", "datatype": "FP32", "shape": [20000], "data": [1.5] * 20000}])
     body = b'{"inputs":' + big + b',"inputs":' + _add_sub_inputs(1, 2) + b"}"
     assert len(body) > 64 * 1024
-    status, answer = post(gw.http_url, "/v2/models/add_sub/infer", body, {"x-pool": "grpc"})
+    status, answer = post(gw.http_url, "/v2/models/add_sub/infer", body, {"x-backend": "grpc"})
     assert status == 400 and "repeats the member name 'inputs'" in answer["error"], answer
     still_serving(gw)
 
 
-@pytest.mark.parametrize("pool", ["http", "grpc"], ids=["pass-through", "converting"])
-def test_colons_in_strings_are_not_repeats(gw, pool):
+@pytest.mark.parametrize("backend", ["http", "grpc"], ids=["pass-through", "converting"])
+def test_colons_in_strings_are_not_repeats(gw, backend):
     """The colon count that proves a request free of repeats is only a shortcut: a request
     whose strings hold colons (an id, a parameter) is read again and answered as ever."""
     body = (b'{"id":"urn:req:1","parameters":{"tag":"a:b"},"inputs":' + _add_sub_inputs(1.5, 2)
             + b',"outputs":[{"name":"OUTPUT0"}]}')
-    status, answer = post(gw.http_url, "/v2/models/add_sub/infer", body, {"x-pool": pool})
+    status, answer = post(gw.http_url, "/v2/models/add_sub/infer", body, {"x-backend": backend})
     assert status == 200, answer
     assert answer["id"] == "urn:req:1"
     assert answer["outputs"][0]["data"] == [3.5] * 4

@@ -1,4 +1,4 @@
-"""Memory comes back: after a burst of large requests through a gRPC pool (HTTP clients, binary
+"""Memory comes back: after a burst of large requests through a gRPC backend (HTTP clients, binary
 extension or plain JSON, converted; gRPC clients, ModelInfer and ModelStreamInfer, passed through) to real Triton drove
 the gateway's RSS up, it returns to near its idle level within 30 s of the burst ending — the allocator keeps freed
 buffers while large requests come (their speed: gateway/malloc.py) and gives them back once

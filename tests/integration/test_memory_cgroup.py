@@ -1,7 +1,7 @@
 """Admission control sized from a real memory limit: the gateway runs in a memory-limited
 cgroup (v2 ``memory.max``, or v1 ``memory.limit_in_bytes`` where the machine has the v1 memory
 controller — this one does), reads the limit, and a burst of large requests (HTTP binary → gRPC
-pool, gRPC → gRPC, gRPC → HTTP) past what the limit could hold gets answers (200, or 503 /
+backend, gRPC → gRPC, gRPC → HTTP) past what the limit could hold gets answers (200, or 503 /
 UNAVAILABLE with a retry hint) instead of an OOM kill; the gateway then serves as before.
 
 Skipped where no cgroup can be made (not root, no memory controller)."""
@@ -78,10 +78,10 @@ def oom_kills(cg: Path, events: str) -> int:
     return 0
 
 
-@pytest.mark.parametrize("client,pool", [("http", "grpc"), ("grpc", "grpc"), ("grpc", "http")])
-def test_a_burst_past_the_memory_limit_is_refused_not_oom_killed(cgroup, triton, tmp_path, client, pool):
+@pytest.mark.parametrize("client,backend", [("http", "grpc"), ("grpc", "grpc"), ("grpc", "http")])
+def test_a_burst_past_the_memory_limit_is_refused_not_oom_killed(cgroup, triton, tmp_path, client, backend):
     cg, events = cgroup
-    backends = {"t": {"protocol": pool, "endpoints": [triton.grpc_url if pool == "grpc" else triton.http_url]}}
+    backends = {"t": {"protocol": backend, "endpoints": [triton.grpc_url if backend == "grpc" else triton.http_url]}}
     cfg = gateway_config(backends, [{"model": "identity_FP32", "backend": "t"}])  # max_inflight_bytes unset
     env = {k: v for k, v in os.environ.items() if k != "OIP_GATEWAY_MEMORY_LIMIT"}
     with GatewayProcess(cfg, tmp_path, "gw-cgroup", env=env, cgroup=cg) as gw:

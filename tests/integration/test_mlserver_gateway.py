@@ -1,8 +1,8 @@
 """A second real backend, MLServer, behind both transports of the gateway.
 
-MLServer has no HTTP binary-data extension, so its HTTP pool is configured
+MLServer has no HTTP binary-data extension, so its HTTP backend is configured
 with ``binary_extension: false``: gRPC clients routed there are converted to
-JSON requests. HTTP clients to its gRPC pool may use binary inputs and outputs,
+JSON requests. HTTP clients to its gRPC backend may use binary inputs and outputs,
 which the gateway converts to and from raw gRPC contents.
 """
 from __future__ import annotations
@@ -29,9 +29,9 @@ def gws(mlserver, tmp_path_factory):
         "grpc": {"protocol": "grpc", "endpoints": [mlserver.grpc_url]},
     }
     out = {}
-    for pool in ("http", "grpc"):
-        routes = [{"model": "add_sub", "backend": pool}, {"model": "*", "backend": pool}]
-        out[pool] = GatewayProcess(gateway_config(backends, routes), workdir, f"gw-ml-{pool}").start()
+    for backend in ("http", "grpc"):
+        routes = [{"model": "add_sub", "backend": backend}, {"model": "*", "backend": backend}]
+        out[backend] = GatewayProcess(gateway_config(backends, routes), workdir, f"gw-ml-{backend}").start()
     for g in out.values():
         import tritonclient.http as httpclient
 
@@ -65,26 +65,26 @@ def norm(a: np.ndarray) -> list:
     return [a.dtype.str, a.shape, a.tobytes()]
 
 
-@pytest.mark.parametrize("pool", ["http", "grpc"])
+@pytest.mark.parametrize("backend", ["http", "grpc"])
 @pytest.mark.parametrize("client", ["http", "grpc", "http_aio", "grpc_aio"])
 @pytest.mark.parametrize("datatype", DATATYPES)
-def test_identity_through_gateway(mlserver, gws, client, pool, datatype):
+def test_identity_through_gateway(mlserver, gws, client, backend, datatype):
     proto = protocol_of(client)
-    if client == "http_aio" and pool == "http":
+    if client == "http_aio" and backend == "http":
         pytest.skip("tritonclient.http.aio posts JSON as application/octet-stream, which MLServer "
-                    "refuses with 422 directly too; the pass-through pool relays exactly that")
+                    "refuses with 422 directly too; the pass-through backend relays exactly that")
     arr = sample(datatype, np.random.default_rng(5))
-    # HTTP JSON cannot carry FP16: against the HTTP (JSON-only) pool that is MLServer's
-    # own limit, but through the gRPC pool the gateway carries it binary → raw.
-    binary = proto == "http" and pool == "grpc"
+    # HTTP JSON cannot carry FP16: against the HTTP (JSON-only) backend that is MLServer's
+    # own limit, but through the gRPC backend the gateway carries it binary → raw.
+    binary = proto == "http" and backend == "grpc"
     if datatype == "FP16" and proto == "http" and not binary:
         pytest.skip("FP16 cannot travel in JSON and MLServer has no binary extension")
-    # A gRPC client's FP16 to the JSON-only pool travels as JSON numbers (MLServer reads FP16
+    # A gRPC client's FP16 to the JSON-only backend travels as JSON numbers (MLServer reads FP16
     # numbers), widened exactly and rounded back to the same FP16 by MLServer's numpy.
     ins = [In("INPUT0", arr, datatype, binary)]
     outs = [Out("OUTPUT0", binary)]
     direct_url = mlserver.http_url if proto == "http" else mlserver.grpc_url
-    gw = gws[pool]
+    gw = gws[backend]
     via_url = gw.http_url if proto == "http" else gw.grpc_url
     d_ins = [In("INPUT0", arr, datatype, False)] if proto == "http" else ins
     if datatype == "FP16" and proto == "http":
@@ -98,10 +98,10 @@ def test_identity_through_gateway(mlserver, gws, client, pool, datatype):
     assert norm(got) == norm(arr)
 
 
-@pytest.mark.parametrize("pool", ["http", "grpc"])
+@pytest.mark.parametrize("backend", ["http", "grpc"])
 @pytest.mark.parametrize("client", ["http", "grpc"])
-def test_add_sub_and_string_reverse(gws, client, pool):
-    gw = gws[pool]
+def test_add_sub_and_string_reverse(gws, client, backend):
+    gw = gws[backend]
     url = gw.http_url if protocol_of(client) == "http" else gw.grpc_url
     a = np.arange(8, dtype=np.float32)
     b = np.full(8, 0.5, dtype=np.float32)
@@ -115,9 +115,9 @@ def test_add_sub_and_string_reverse(gws, client, pool):
     assert norm(r.outputs["OUTPUT0"]) == [b"cba", b"", b"zyx"]
 
 
-@pytest.mark.parametrize("pool", ["http", "grpc"])
-def test_metadata_through_gateway(mlserver, gws, pool):
-    gw = gws[pool]
+@pytest.mark.parametrize("backend", ["http", "grpc"])
+def test_metadata_through_gateway(mlserver, gws, backend):
+    gw = gws[backend]
     for kind, url in (("http", gw.http_url), ("grpc", gw.grpc_url)):
         meta = metadata(kind, url, "add_sub")
         assert meta["name"] == "add_sub"
@@ -127,10 +127,10 @@ def test_metadata_through_gateway(mlserver, gws, pool):
 NONFINITE = np.array([[1.0, np.inf, -np.inf], [np.nan, -0.0, 2.5]], dtype=np.float32)
 
 
-@pytest.mark.parametrize("pool", ["http", "grpc"])
+@pytest.mark.parametrize("backend", ["http", "grpc"])
 @pytest.mark.parametrize("client", ["http", "grpc"])
 @pytest.mark.parametrize("datatype", ["FP32", "FP64"])
-def test_infinities_and_nan_never_change_on_the_way_to_mlserver(mlserver, gws, client, pool, datatype):
+def test_infinities_and_nan_never_change_on_the_way_to_mlserver(mlserver, gws, client, backend, datatype):
     """±Inf and NaN on every path to MLServer. The gateway writes Triton's tokens (Infinity,
     NaN) where it writes JSON; MLServer's own parsers refuse them (its REST side: a 422 JSON
     decode error; its gRPC side: a 500), and that refusal is what the client gets — as going
@@ -138,7 +138,7 @@ def test_infinities_and_nan_never_change_on_the_way_to_mlserver(mlserver, gws, c
     from tritonclient.utils import InferenceServerException
 
     arr = NONFINITE.astype(datatype.lower().replace("fp", "float"))
-    gw = gws[pool]
+    gw = gws[backend]
     url = gw.http_url if client == "http" else gw.grpc_url
     try:
         got = infer(client, url, f"identity_{datatype}", [In("INPUT0", arr, datatype, False)],
@@ -155,7 +155,7 @@ def test_infinities_and_nan_never_change_on_the_way_to_mlserver(mlserver, gws, c
 def test_answer_in_the_client_s_form(mlserver, gws, typed):
     """A gRPC client that sends typed contents gets typed contents back, as MLServer answers it
     directly; a raw request gets raw_output_contents (all tritonclient reads) — through the
-    JSON-only HTTP pool, where the gateway writes the gRPC answer itself."""
+    JSON-only HTTP backend, where the gateway writes the gRPC answer itself."""
     import grpc
 
     from gateway._pb import grpc_predict_v2_pb2 as pb
@@ -198,13 +198,13 @@ def _hexes(url: str, values: list[bytes], grpc_client: bool) -> list[str]:
 
 
 def test_bytes_that_are_not_utf8_reach_mlserver_unchanged(mlserver, gws):
-    """A gRPC client's BYTES that are not UTF-8, to MLServer's JSON-only HTTP pool: sent as
+    """A gRPC client's BYTES that are not UTF-8, to MLServer's JSON-only HTTP backend: sent as
     MLServer's base64 content type (non_utf8_bytes: base64), so the model reads the very
     bytes it reads when the same request goes to MLServer over gRPC directly."""
     want = [v.hex() for v in NOT_UTF8]
     assert _hexes(mlserver.grpc_url, NOT_UTF8, True) == want
     assert _hexes(gws["http"].grpc_url, NOT_UTF8, True) == want
-    # An HTTP client sending them binary to the gRPC pool needs no base64 at all.
+    # An HTTP client sending them binary to the gRPC backend needs no base64 at all.
     assert _hexes(gws["grpc"].http_url, NOT_UTF8, False) == want
 
 

@@ -1,5 +1,5 @@
 """Model control through the gateway (tritonclient load_model / unload_model, on both
-transports): sent to every endpoint of the model's pool, effects observed on every real
+transports): sent to every endpoint of the model's backend, effects observed on every real
 Triton, a combined answer — and an endpoint that cannot take it named in the error."""
 from __future__ import annotations
 
@@ -81,17 +81,17 @@ def _override(origin: str) -> str:
 
 @pytest.mark.parametrize("client_protocol", ["http", "grpc"])
 def test_load_with_config_and_files_across_protocols(tmp_path: Path, client_protocol: str) -> None:
-    """tritonclient's load_model(config=..., files=...) through a pool of the other protocol:
+    """tritonclient's load_model(config=..., files=...) through a backend of the other protocol:
     the configuration override and the file's bytes (base64 over HTTP, bytes over gRPC)
     reach every endpoint, which then serves the model as configured."""
     repo = slow_repository(tmp_path, ["m"], 0)
-    pool = "grpc" if client_protocol == "http" else "http"
+    backend = "grpc" if client_protocol == "http" else "http"
     a, b = TritonServer(repo, startup_models=()), TritonServer(repo, startup_models=())
     a.start(tmp_path / "a")
     b.start(tmp_path / "b")
     try:
-        urls = [s.http_url if pool == "http" else s.grpc_url for s in (a, b)]
-        backends = {"p": {"protocol": pool, "endpoints": urls}}
+        urls = [s.http_url if backend == "http" else s.grpc_url for s in (a, b)]
+        backends = {"p": {"protocol": backend, "endpoints": urls}}
         with GatewayProcess(gateway_config(backends, [{"model": "m", "backend": "p"}]), tmp_path, "gw") as gw:
             mod = httpclient if client_protocol == "http" else grpcclient
             url = gw.http_url if client_protocol == "http" else gw.grpc_url

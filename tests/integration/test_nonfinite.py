@@ -1,5 +1,5 @@
 """NaN and ±Inf through the converting paths against real Triton: an HTTP client asking for
-JSON outputs from a model behind a gRPC pool gets the very text Triton itself writes
+JSON outputs from a model behind a gRPC backend gets the very text Triton itself writes
 (`[1.0,Infinity,-Infinity,NaN]`), not nulls; FP16 in JSON reaches Triton's gRPC side as
 numbers rounded to FP16 and comes back exactly."""
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_json_outputs_hold_triton_s_tokens_not_null(triton, gw):
     body, hl = binary_request(values, "FP32")
     status, direct = post(triton.http_url, "identity_FP32", body, hl)
     assert status == 200
-    status, via = post(gw.http_url, "identity_FP32", body, hl)  # HTTP client → gRPC pool → JSON
+    status, via = post(gw.http_url, "identity_FP32", body, hl)  # HTTP client → gRPC backend → JSON
     assert status == 200
     assert data_text(via) == data_text(direct) == b"[1.0,Infinity,-Infinity,NaN]"
 
@@ -62,8 +62,8 @@ def test_json_inputs_with_tokens_reach_triton_unchanged(gw):
     assert status == 200 and data_text(answer) == b"[Infinity,-Infinity,2.5]"
 
 
-def test_fp16_as_json_numbers_through_a_grpc_pool(gw):
-    """Triton refuses FP16 in JSON on its own HTTP side; through a gRPC pool the gateway carries
+def test_fp16_as_json_numbers_through_a_grpc_backend(gw):
+    """Triton refuses FP16 in JSON on its own HTTP side; through a gRPC backend the gateway carries
     it: numbers rounded once to FP16 (ties to even), answers widened exactly."""
     halfway = 1 + 2.0**-11  # ties to even: 1.0
     body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP16",

@@ -1,4 +1,4 @@
-"""Passive outlier ejection and safe retries through a real gateway: one endpoint of a pool
+"""Passive outlier ejection and safe retries through a real gateway: one endpoint of a backend
 passes every health check but resets each inference connection before answering (a broken
 pod behind a healthy sidecar). Clients never see it — each such request is retried on the
 good endpoint — and after ``consecutive_failures`` of them the endpoint is ejected."""
@@ -39,9 +39,9 @@ def metric_lines(g: GatewayProcess, name: str) -> list[str]:
 def test_resetting_endpoint_is_retried_around_then_ejected(reference, tmp_path):
     bad = ResettingBackend()
     try:
-        backends = {"pool": {"protocol": "http", "endpoints": [bad.address, reference.http_url],
+        backends = {"b": {"protocol": "http", "endpoints": [bad.address, reference.http_url],
                              "outlier": {"consecutive_failures": 3, "base_ejection_s": 60}}}
-        cfg = gateway_config(backends, [{"model": "add_sub", "backend": "pool"}],
+        cfg = gateway_config(backends, [{"model": "add_sub", "backend": "b"}],
                              health={"interval_s": 0.2, "timeout_s": 1.0})
         with GatewayProcess(cfg, tmp_path, "gw-outlier") as g:
             a = np.arange(4, dtype=np.float32)
@@ -59,7 +59,7 @@ def test_resetting_endpoint_is_retried_around_then_ejected(reference, tmp_path):
 
             wait_for(ejected, timeout=30, interval=0.05, what="the resetting endpoint to be ejected")
             assert bad.resets >= 3
-            events = metric_lines(g, "oip_gateway_pool_events_total")
+            events = metric_lines(g, "oip_gateway_backend_events_total")
             assert any('event="ejection"' in line and not line.endswith(" 0.0") for line in events), events
             assert any('event="retry"' in line and not line.endswith(" 0.0") for line in events), events
             # Ejected: it gets no more inference requests, though its health checks pass.

@@ -1,7 +1,7 @@
 """A request is planned once and checked once (the HTTP front end asks the data plane for one
-``Plan`` and the body's JSON passes the limits check once), whichever pool protocol it goes to:
+``Plan`` and the body's JSON passes the limits check once), whichever backend protocol it goes to:
 a gateway in this process, in front of the demo's reference V2 server on HTTP and gRPC (``add_sub``
-routes to the HTTP pool, ``identity_FP32`` to the gRPC pool), with real sockets between them.
+routes to the HTTP backend, ``identity_FP32`` to the gRPC backend), with real sockets between them.
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ async def test_one_plan_and_one_json_check_per_request(monkeypatch, model, body,
     gw = Gateway(demo_config(ref.ports, http=LOOPBACK, grpc=LOOPBACK, metrics=LOOPBACK))
     try:
         ports = await gw.start()
-        assert gw.proxy.routing.pools[gw.proxy.routing.table.resolve(model, "").backend].protocol == protocol
+        assert gw.proxy.routing.backends[gw.proxy.routing.table.resolve(model, "").backend].protocol == protocol
         assert ports.http is not None
         for _ in range(3):  # (the first request may find no kept-alive connection: another path)
             checks.clear()
@@ -66,7 +66,7 @@ async def test_one_plan_and_one_json_check_per_request(monkeypatch, model, body,
             status, answer = await asyncio.to_thread(_post, ports.http, model, body)
             assert status == 200, answer
             assert orjson.loads(answer)["model_name"] == model
-            # The gateway's front end checks the body once; behind an HTTP pool the reference
+            # The gateway's front end checks the body once; behind an HTTP backend the reference
             # server's own front end (in this process too) checks what it receives once.
             assert sorted(Counter(checks).values()) == ([1, 1] if protocol == "http" else [1]), \
                 f"JSON checks per front end of one {protocol} request: {Counter(checks)}"

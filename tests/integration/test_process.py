@@ -99,7 +99,7 @@ def test_metrics_endpoint(reference, tmp_path):
                    for line in gw.log_tail(200).splitlines() if "oip_gateway.access" in line]
         by = {(e["protocol"], e["model"], e["api"]): e for e in entries}
         http_ok, grpc_ok = by[("http", "add_sub", "infer")], by[("grpc", "add_sub", "infer")]
-        assert http_ok["status"] == 200 and http_ok["pool"] == "ref" and http_ok["protocol_out"] == "http"
+        assert http_ok["status"] == 200 and http_ok["backend"] == "ref" and http_ok["protocol_out"] == "http"
         assert http_ok["endpoint"] == reference.http_url and http_ok["bytes_in"] > 0 and http_ok["bytes_out"] > 0
         assert grpc_ok["status"] == "OK" and grpc_ok["protocol_out"] == "http" and "reason" not in grpc_ok
         unrouted = by[("http", "unrouted-model", "infer")]

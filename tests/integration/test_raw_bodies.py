@@ -1,4 +1,4 @@
-"""Large bodies read past the HTTP parsers (frontend/h1conn.py ``go_raw``, upstream/h1/connection.py
+"""Large bodies read past the HTTP parsers (frontend/h1conn.py ``go_raw``, backends/h1/connection.py
 ``_Connection.buffer_updated``): after the read that brought a request's (or an answer's) head,
 the rest of a large body is read straight into buffers of the connection's own and passed on
 as views, with no copy. Through a real gateway process and real sockets: every byte must
@@ -58,8 +58,8 @@ def read_answer(sock: socket.socket, pending: bytearray) -> tuple[int, bytes]:
 
 def test_large_bodies_both_ways_byte_exact_with_a_request_pipelined_behind(tmp_path):
     backend = ScriptedHttp(lambda line, headers, body: answer_for(body))
-    config = gateway_config({"pool": {"protocol": "http", "endpoints": [backend.address]}},
-                            [{"model": "*", "backend": "pool"}], health={"interval_s": 0.2, "timeout_s": 1.0})
+    config = gateway_config({"b": {"protocol": "http", "endpoints": [backend.address]}},
+                            [{"model": "*", "backend": "b"}], health={"interval_s": 0.2, "timeout_s": 1.0})
     try:
         with GatewayProcess(config, tmp_path, "gw-raw") as g:
             host, port = g.http_url.split(":")
@@ -92,8 +92,8 @@ def test_heads_and_bodies_around_the_head_read_size_in_one_packet(tmp_path):
     from gateway.rawbody import HEAD_READ
 
     backend = ScriptedHttp(lambda line, headers, body: answer_for(body)[: 64 + len(body) % 50_000])
-    config = gateway_config({"pool": {"protocol": "http", "endpoints": [backend.address]}},
-                            [{"model": "*", "backend": "pool"}], health={"interval_s": 0.2, "timeout_s": 1.0})
+    config = gateway_config({"b": {"protocol": "http", "endpoints": [backend.address]}},
+                            [{"model": "*", "backend": "b"}], health={"interval_s": 0.2, "timeout_s": 1.0})
 
     def request(body: bytes, extra: bytes = b"") -> bytes:
         return (b"POST /v2/models/m/infer HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n%s"
@@ -140,8 +140,8 @@ def test_binary_bodies_read_whole_around_the_limits(tmp_path):
         return answer_for(body)
 
     backend = ScriptedHttp(answer)
-    config = gateway_config({"pool": {"protocol": "http", "endpoints": [backend.address]}},
-                            [{"model": "*", "backend": "pool"}], health={"interval_s": 0.2, "timeout_s": 1.0})
+    config = gateway_config({"b": {"protocol": "http", "endpoints": [backend.address]}},
+                            [{"model": "*", "backend": "b"}], health={"interval_s": 0.2, "timeout_s": 1.0})
     small_head = (b"POST /v2/models/m/infer HTTP/1.1\r\nHost: gw\r\nContent-Type: "
                   b"application/json\r\nContent-Length: %d\r\n\r\n" % len(SMALL))
     header_len = len(binary_request(1, 0)[1]) - 1

@@ -2,7 +2,7 @@
 and a Kubernetes-style ConfigMap ``..data`` symlink swap) apply a new config atomically.
 
 100 reloads while steady load runs over both transports: the loaded model moves between an
-HTTP and a gRPC pool, a route and a backend come and go, one file among them is invalid.
+HTTP and a gRPC backend, a route and a backend come and go, one file among them is invalid.
 Nothing in flight fails; an added route answers within a second of its reload; the invalid
 file changes nothing and is counted in the metrics.
 """
@@ -49,7 +49,7 @@ def metric(url: str, name: str) -> float:
 
 
 def config(triton, i: int, *, extra_route: bool) -> dict[str, Any]:
-    """The i-th config: add_sub alternates between the HTTP and the gRPC pool; every other
+    """The i-th config: add_sub alternates between the HTTP and the gRPC backend; every other
     config has a route (identity_INT32) and a backend that the others lack."""
     backends: dict[str, Any] = {
         "t-http": {"protocol": "http", "endpoints": [triton.http_url]},

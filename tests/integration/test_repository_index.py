@@ -1,5 +1,5 @@
 """The gateway's repository index (`POST /v2/repository/index`, gRPC `RepositoryIndex`): every
-pool's endpoints' indexes merged — model, version, state, reason, and which pool and endpoints
+backend's endpoints' indexes merged — model, version, state, reason, and which backend and endpoints
 hold it — read with tritonclient on both transports and compared with Triton's own answer."""
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def gw(triton, reference, tmp_path_factory):
         yield g
 
 
-def test_index_merged_over_pools_matches_triton(triton, gw):
+def test_index_merged_over_backends_matches_triton(triton, gw):
     with httpclient.InferenceServerClient(triton.http_url) as c:
         direct = {(e["name"], e.get("version", ""), e.get("state", "")) for e in c.get_model_repository_index()}
     assert direct
@@ -30,12 +30,12 @@ def test_index_merged_over_pools_matches_triton(triton, gw):
         via_http = c.get_model_repository_index()
     with grpcclient.InferenceServerClient(gw.grpc_url) as c:
         via_grpc = c.get_model_repository_index(as_json=True)["models"]
-    for pool, url in (("t-http", triton.http_url), ("t-grpc", triton.grpc_url)):
-        entries = [e for e in via_http if e["backend"] == pool]
+    for backend, url in (("t-http", triton.http_url), ("t-grpc", triton.grpc_url)):
+        entries = [e for e in via_http if e["backend"] == backend]
         assert {(e["name"], e["version"], e["state"]) for e in entries} == direct
         assert all(e["endpoints"] == [url] for e in entries)
     assert {e["backend"] for e in via_http} == {"t-http", "t-grpc"}
-    # gRPC has no field for the pool: one ModelIndex per pool entry, Triton's fields.
+    # gRPC has no field for the backend: one ModelIndex per backend entry, Triton's fields.
     assert sorted((e["name"], e.get("version", ""), e.get("state", "")) for e in via_grpc) == sorted(
         (e["name"], e["version"], e["state"]) for e in via_http)
 

@@ -1,8 +1,8 @@
-"""A gRPC client through an HTTP pool gets its answer in the form the pool's servers give over
+"""A gRPC client through an HTTP backend gets its answer in the form the backend's servers give over
 gRPC (docs/config.md ``server_family``): Triton's gRPC side answers raw_output_contents to
 typed requests too (tritonclient reads nothing else), and marks each ModelStreamInfer answer
 ``triton_final_response``; MLServer and KServe answer a typed request typed. The family is read
-from each endpoint's server metadata name; the pool setting overrides it."""
+from each endpoint's server metadata name; the backend setting overrides it."""
 from __future__ import annotations
 
 import grpc
@@ -59,7 +59,7 @@ def test_typed_request_answered_as_the_family_answers(gw, triton, model, datatyp
         assert not via.outputs[0].HasField("contents")
         assert np.frombuffer(via.raw_output_contents[0], dtype).tolist() == values
         assert via.raw_output_contents[0] == direct.raw_output_contents[0]
-    else:  # the pool says its servers answer typed requests typed (MLServer's form)
+    else:  # the backend says its servers answer typed requests typed (MLServer's form)
         assert not via.raw_output_contents
         assert list(getattr(via.outputs[0].contents, field)) == values
 
@@ -76,7 +76,7 @@ def test_typed_bytes(gw, triton):
 
 def test_stream_answers_carry_triton_final_response(gw, triton):
     """Triton marks every ModelStreamInfer answer ``triton_final_response: true``; through an
-    HTTP pool of Triton the gateway writes the answers itself and marks them the same way."""
+    HTTP backend of Triton the gateway writes the answers itself and marks them the same way."""
     def answers(url: str) -> list:
         reqs = [pb.ModelInferRequest(model_name="identity_FP32", id=f"s{i}") for i in range(3)]
         for i, r in enumerate(reqs):

@@ -1,7 +1,7 @@
 """Triton's trace and log settings through the gateway (tritonclient get/update_trace_settings,
-get/update_log_settings), both client protocols × both pool protocols, two real Tritons:
-a per-model trace setting reaches every endpoint of the model's pool, a server-wide setting
-every endpoint of every pool, each seen on the Tritons directly; reads equal Triton's own
+get/update_log_settings), both client protocols × both backend protocols, two real Tritons:
+a per-model trace setting reaches every endpoint of the model's backend, a server-wide setting
+every endpoint of every backend, each seen on the Tritons directly; reads equal Triton's own
 answers; Triton's refusals come back as its errors."""
 from __future__ import annotations
 
@@ -81,9 +81,9 @@ def test_log_settings_reach_every_endpoint(fleet, protocol):
         assert httpclient.InferenceServerClient(t.http_url).get_log_settings()["log_verbose_level"] == 0
 
 
-@pytest.mark.parametrize("model", ["mh", "mg"])  # a model of the HTTP pool, one of the gRPC pool
+@pytest.mark.parametrize("model", ["mh", "mg"])  # a model of the HTTP backend, one of the gRPC backend
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_model_trace_settings_reach_the_models_pool(fleet, protocol, model):
+def test_model_trace_settings_reach_the_models_backend(fleet, protocol, model):
     gw, tritons = fleet["gw"], (fleet["a"], fleet["b"])
     through = client(protocol, gw.http_url if protocol == "http" else gw.grpc_url)
     rate = "17" if protocol == "http" else "23"

@@ -2,7 +2,7 @@
 ``stateful`` — is never sent to a backend twice once any of its bytes were written (docs/config.md
 "Safe retries"): a backend that resets the connection after reading it gets it once, and the
 client a 502 / UNAVAILABLE saying it was not sent again. Any other request reset before a byte of
-its answer goes to the pool's next endpoint (the pool's one retry)."""
+its answer goes to the backend's next endpoint (the backend's one retry)."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,5 +1,5 @@
 """Triton's ModelStreamInfer (tritonclient ``start_stream`` / ``async_stream_infer``) through the
-gateway: passed through to a gRPC pool, answers identical to the backend's own, decoupled
+gateway: passed through to a gRPC backend, answers identical to the backend's own, decoupled
 models included; clear errors when a stream cannot be served."""
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def gw_triton_http(triton, tmp_path_factory):
     gw.stop()
 
 
-def test_stream_through_an_http_pool_matches_direct(triton, gw_triton_http):
+def test_stream_through_an_http_backend_matches_direct(triton, gw_triton_http):
     """Each request of the stream becomes an HTTP inference on one endpoint; the answers come
     back in order, identical to Triton's own stream; a failing request carries its error in
     the stream, which goes on."""
@@ -123,8 +123,8 @@ def test_stream_through_an_http_pool_matches_direct(triton, gw_triton_http):
 
 
 def test_stream_errors(reference, tmp_path_factory):
-    """A stream to a model of an HTTP pool is served request by request, an unknown model is
-    NOT_FOUND, and a later request routed to another pool ends the stream after the
+    """A stream to a model of an HTTP backend is served request by request, an unknown model is
+    NOT_FOUND, and a later request routed to another backend ends the stream after the
     answers before it (INVALID_ARGUMENT)."""
     backends = {"h": {"protocol": "http", "endpoints": [reference.http_url]},
                 "g": {"protocol": "grpc", "endpoints": [reference.grpc_url]}}

@@ -146,7 +146,7 @@ def test_mutual_tls(reference, pki, tmp_path):
 
 
 def test_tls_to_backends(reference, pki, tmp_path):
-    """Gateway B reaches its backends over TLS (HTTP and gRPC pools): the backend here is
+    """Gateway B reaches its backends over TLS (HTTP and gRPC backends): the backend here is
     gateway A, whose listeners require client certificates."""
     a = _gateway(reference, pki, tmp_path, "gw-a", mutual=True)
     tls = {"ca": str(pki["ca"]), "cert": str(pki["client"]), "key": str(pki["client_key"])}
@@ -170,7 +170,7 @@ def test_tls_to_backends(reference, pki, tmp_path):
                         np.testing.assert_array_equal(c.infer("identity_FP32", [t_in]).as_numpy("OUTPUT0"), x)
                         # A large binary body both ways over TLS: read past the parsers on A's
                         # listener and on B's connection to A (frontend/h1conn.py go_raw,
-                        # upstream/h1/), through uvloop's TLS transport.
+                        # backends/h1/), through uvloop's TLS transport.
                         big = np.random.default_rng(5).integers(0, 256, (1, 3 << 20), dtype=np.uint8)
                         with httpclient.InferenceServerClient(b.http_url, network_timeout=60) as hc:
                             big_in = httpclient.InferInput("INPUT0", list(big.shape), "UINT8")

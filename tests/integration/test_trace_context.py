@@ -89,14 +89,14 @@ def grpc_call(g: GatewayProcess, model: str, request_id: str) -> None:
 
 
 @pytest.mark.parametrize("client", ["http", "grpc"])
-@pytest.mark.parametrize("pool", ["http", "grpc"])
-def test_trace_context_reaches_the_backend(gw, http_backend, grpc_backend, client, pool):
-    request_id = f"{client}-to-{pool}"
+@pytest.mark.parametrize("backend", ["http", "grpc"])
+def test_trace_context_reaches_the_backend(gw, http_backend, grpc_backend, client, backend):
+    request_id = f"{client}-to-{backend}"
     if client == "http":
-        assert http_call(gw, f"to_{pool}", request_id) == 200
+        assert http_call(gw, f"to_{backend}", request_id) == 200
     else:
-        grpc_call(gw, f"to_{pool}", request_id)
-    seen = http_backend[1] if pool == "http" else grpc_backend[1]
+        grpc_call(gw, f"to_{backend}", request_id)
+    seen = http_backend[1] if backend == "http" else grpc_backend[1]
     got = next(s for s in reversed(seen) if s.get("x-request-id") == request_id)
     assert got["traceparent"] == TRACEPARENT and got["tracestate"] == "vendor=1"
     assert got["authorization"] == "Bearer t0k"  # listed in forward_headers

@@ -149,7 +149,7 @@ def test_95_5_split_over_10000_requests(fleet, protocol):
     got_a, got_b = count(a, "m") - before[0], count(b, "m") - before[1]
     assert got_a + got_b == n
     assert abs(100 * got_b / n - 5) <= 1.5, (got_a, got_b)
-    # The gateway's metrics name the pool each request went to.
+    # The gateway's metrics name the backend each request went to.
     assert metric(gw, "oip_gateway_requests_total", api="infer", route="m", backend="b_grpc") >= got_b
 
 

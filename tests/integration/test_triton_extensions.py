@@ -1,9 +1,9 @@
 """Triton's per-model extensions through the gateway: model configuration and inference
 statistics (tritonclient ``get_model_config`` / ``get_inference_statistics``; perf_analyzer
-reads the configuration), on every client × pool protocol pair, compared with the same call
+reads the configuration), on every client × backend protocol pair, compared with the same call
 made directly. Same protocol: relayed unchanged. Across protocols: converted exactly (Triton's
-HTTP JSON is the mapping of its protobuf). Statistics of a pool with several endpoints are
-summed per model and version; with no model name, every pool's models are listed."""
+HTTP JSON is the mapping of its protobuf). Statistics of a backend with several endpoints are
+summed per model and version; with no model name, every backend's models are listed."""
 from __future__ import annotations
 
 import pytest
@@ -18,13 +18,13 @@ from tests.support.procs import wait_for
 
 
 @pytest.fixture(scope="module", params=["http", "grpc"])
-def pool(request):
+def backend(request):
     return request.param
 
 
 @pytest.fixture(scope="module")
-def gw(triton, pool, tmp_path_factory):
-    g = start_gateway(tmp_path_factory.mktemp(f"ext-{pool}"), triton.http_url, triton.grpc_url, pool)
+def gw(triton, backend, tmp_path_factory):
+    g = start_gateway(tmp_path_factory.mktemp(f"ext-{backend}"), triton.http_url, triton.grpc_url, backend)
     yield g
     g.stop()
 
@@ -64,8 +64,8 @@ def stats_pb(c, model: str = "") -> dict:
 @pytest.mark.parametrize("model, version", [("add_sub", ""), ("identity_FP32", "1"), ("repeat_FP32", ""),
                                             ("identity_BYTES", "")])
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_model_config_equals_direct(triton, gw, pool, protocol, model, version):
-    """Every client × pool pair: the configuration equals Triton's own answer in the client's
+def test_model_config_equals_direct(triton, gw, backend, protocol, model, version):
+    """Every client × backend pair: the configuration equals Triton's own answer in the client's
     protocol (gRPC: compared as messages, so a changed or dropped field fails)."""
     if protocol == "grpc":
         got = through(gw, "grpc").get_model_config(model, version)
@@ -89,7 +89,7 @@ def _run(c, model: str = "add_sub") -> None:
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_statistics_equal_direct(triton, gw, pool, protocol):
+def test_statistics_equal_direct(triton, gw, backend, protocol):
     """Statistics of one endpoint through the gateway are Triton's, in the client's form.
     Nothing infers in between: the gateway's answer is bracketed by two direct reads."""
     _run(through(gw, protocol))
@@ -104,8 +104,8 @@ def test_statistics_equal_direct(triton, gw, pool, protocol):
     assert int(count) >= 1  # gRPC JSON: a string, as protobuf prints uint64
 
 
-def test_statistics_of_every_model(triton, gw, pool):
-    """No model name: every model of every pool, as Triton lists them (HTTP /v2/models/stats)."""
+def test_statistics_of_every_model(triton, gw, backend):
+    """No model name: every model of every backend, as Triton lists them (HTTP /v2/models/stats)."""
     for protocol in ("http", "grpc"):
         got = stats(through(gw, protocol))
         want = stats(direct(triton, protocol))
@@ -114,7 +114,7 @@ def test_statistics_of_every_model(triton, gw, pool):
         assert {"add_sub", "identity_FP32"} <= {s["name"] for s in got["model_stats"]}
 
 
-def test_across_protocols_unknown_model_is_the_backends_answer(gw, pool):
+def test_across_protocols_unknown_model_is_the_backends_answer(gw, backend):
     for protocol in ("http", "grpc"):
         with pytest.raises(InferenceServerException) as info:
             config(through(gw, protocol), "no_such_model")
@@ -126,7 +126,7 @@ def test_across_protocols_unknown_model_is_the_backends_answer(gw, pool):
 
 @pytest.fixture(scope="module")
 def doubled(triton, tmp_path_factory):
-    """Two gateways whose pool has two endpoints that are one Triton (by two names): the
+    """Two gateways whose backend has two endpoints that are one Triton (by two names): the
     statistics the gateway gathers are those of two identical servers, so their sum is
     exactly twice Triton's — a sum that can be checked to the nanosecond."""
     _, http_port = triton.http_url.rsplit(":", 1)
@@ -163,10 +163,10 @@ def _doubled(doc: dict) -> dict:
     return {"model_stats": out}
 
 
-@pytest.mark.parametrize("pool_protocol", ["http", "grpc"])
+@pytest.mark.parametrize("backend_protocol", ["http", "grpc"])
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_statistics_are_summed_over_endpoints(triton, doubled, pool_protocol, protocol):
-    g = doubled[pool_protocol]
+def test_statistics_are_summed_over_endpoints(triton, doubled, backend_protocol, protocol):
+    g = doubled[backend_protocol]
     _run(direct(triton, "http"))
     before = stats(direct(triton, "http"), "add_sub")
     got = stats_pb(through(g, "grpc"), "add_sub") if protocol == "grpc" else stats(through(g, "http"), "add_sub")

@@ -1,6 +1,6 @@
 """A request Triton refuses is refused the same way through the gateway — same status, same
-words — on the converting paths too (a gRPC client to an HTTP pool, an HTTP client to a
-gRPC pool), compared with what the real Triton answers directly."""
+words — on the converting paths too (a gRPC client to an HTTP backend, an HTTP client to a
+gRPC backend), compared with what the real Triton answers directly."""
 from __future__ import annotations
 
 import json
@@ -19,7 +19,7 @@ from tests.conftest import start_gateway
 def gw(request, triton, tmp_path_factory):
     g = start_gateway(tmp_path_factory.mktemp(f"refusals-{request.param}"), triton.http_url, triton.grpc_url,
                       request.param)
-    g.pool_protocol = request.param  # (which pool the routes go to: the tests compare per path)
+    g.backend_protocol = request.param  # (which backend the routes go to: the tests compare per path)
     yield g
     g.stop()
 
@@ -80,12 +80,12 @@ def test_http_version_that_is_not_a_number(triton, gw):
 
 def test_json_bool_among_numbers_is_refused_never_read_as_one(triton, gw):
     # numpy reads [1.5, true] as [1.5, 1.0]; Triton refuses a JSON bool where a number belongs, and so
-    # must the gateway on the converting path (gRPC pool) — never send 1.0 in the client's name.
+    # must the gateway on the converting path (gRPC backend) — never send 1.0 in the client's name.
     # (Triton answers its JSON parse errors with 500; the gateway's own refusal is a 400.)
     direct = http_infer(triton.http_url, "/v2/models/add_sub/infer", [1.5, True])
     assert direct[0] == 500 and "non-number" in direct[1]["error"], direct
     status, answer = http_infer(gw.http_url, "/v2/models/add_sub/infer", [1.5, True])
-    if gw.pool_protocol == "grpc":
+    if gw.backend_protocol == "grpc":
         refusal = "tensor 'INPUT0': 'data' holds true or false, which are not FP32 values"
         assert (status, answer) == (400, {"error": refusal})
     else:  # pass-through: Triton's own refusal, relayed

@@ -1,9 +1,9 @@
-"""tritonclient through the gateway gets exactly what it gets from the backend directly.
+"""tritonclient through the gateway gets exactly what it gets from the server directly.
 
-Matrix: backend (the built-in reference server, real Triton) × client (http,
-grpc, http.aio, grpc.aio) × path (``same``: the pool speaks the client's
-protocol, pass-through; ``cross``: the pool speaks the other protocol, the
-gateway converts) × case. The direct answer always comes from the backend's
+Matrix: server (the built-in reference server, real Triton) × client (http,
+grpc, http.aio, grpc.aio) × path (``same``: the gateway's backend speaks the client's
+protocol, pass-through; ``cross``: the gateway's backend speaks the other protocol, the
+gateway converts) × case. The direct answer always comes from the server's
 port of the client's own protocol.
 """
 from __future__ import annotations
@@ -21,24 +21,24 @@ NO_JSON = {"FP16", "BF16"}  # spec README: FP16/BF16 cannot travel in JSON data
 
 
 @pytest.fixture(scope="module", params=["reference", "triton"])
-def backend(request):
+def server(request):
     return request.getfixturevalue(request.param)
 
 
 @pytest.fixture(scope="module")
-def gateways(backend, tmp_path_factory):
+def gateways(server, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("gw")
-    gws = {p: start_gateway(workdir, backend.http_url, backend.grpc_url, p) for p in ("http", "grpc")}
+    gws = {p: start_gateway(workdir, server.http_url, server.grpc_url, p) for p in ("http", "grpc")}
     yield gws
     for gw in gws.values():
         gw.stop()
 
 
-def urls(backend, gateways, client: str, path: str) -> tuple[str, str]:
+def urls(server, gateways, client: str, path: str) -> tuple[str, str]:
     proto = protocol_of(client)
-    pool = proto if path == "same" else ("grpc" if proto == "http" else "http")
-    gw = gateways[pool]
-    return (backend.http_url if proto == "http" else backend.grpc_url,
+    backend = proto if path == "same" else ("grpc" if proto == "http" else "http")
+    gw = gateways[backend]
+    return (server.http_url if proto == "http" else server.grpc_url,
             gw.http_url if proto == "http" else gw.grpc_url)
 
 
@@ -78,7 +78,7 @@ PATHS = ["same", "cross"]
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("client", CLIENTS)
 @pytest.mark.parametrize("form", ["json", "binary_in", "binary_out", "subset", "request_id"])
-def test_add_sub(backend, gateways, client, path, form):
+def test_add_sub(server, gateways, client, path, form):
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal(16).astype(np.float32), rng.standard_normal(16).astype(np.float32)
     ins = [In("INPUT0", a, "FP32", form == "binary_in"), In("INPUT1", b, "FP32", form == "binary_in")]
@@ -90,7 +90,7 @@ def test_add_sub(backend, gateways, client, path, form):
         "request_id": None,
     }[form]
     rid = "req-42" if form == "request_id" else ""
-    direct_url, via_url = urls(backend, gateways, client, path)
+    direct_url, via_url = urls(server, gateways, client, path)
     direct = infer(client, direct_url, "add_sub", ins, outs, request_id=rid)
     via = infer(client, via_url, "add_sub", ins, outs, request_id=rid)
     assert_same(direct, via)
@@ -101,23 +101,23 @@ def test_add_sub(backend, gateways, client, path, form):
         assert via.id == "req-42"
 
 
-def _has_model(backend, model: str) -> bool:
-    return readiness("http", backend.http_url, model)[2]
+def _has_model(server, model: str) -> bool:
+    return readiness("http", server.http_url, model)[2]
 
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("client", CLIENTS)
 @pytest.mark.parametrize("shape", [(2, 3), (0, 4)], ids=["2x3", "0x4"])
 @pytest.mark.parametrize("datatype", DATATYPES)
-def test_identity(backend, gateways, client, path, shape, datatype):
+def test_identity(server, gateways, client, path, shape, datatype):
     model = f"identity_{datatype}"
-    if not _has_model(backend, model):
-        pytest.skip(f"{model} is not served by this backend")
+    if not _has_model(server, model):
+        pytest.skip(f"{model} is not served by this server")
     arr = sample(datatype, shape, np.random.default_rng(7))
     binary = datatype in NO_JSON or shape == (2, 3)
     ins = [In("INPUT0", arr, datatype, binary)]
     outs = [Out("OUTPUT0", binary)]
-    direct_url, via_url = urls(backend, gateways, client, path)
+    direct_url, via_url = urls(server, gateways, client, path)
     direct = infer(client, direct_url, model, ins, outs)
     via = infer(client, via_url, model, ins, outs)
     assert_same(direct, via)
@@ -125,9 +125,9 @@ def test_identity(backend, gateways, client, path, shape, datatype):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("client", CLIENTS)
-def test_string_reverse(backend, gateways, client, path):
+def test_string_reverse(server, gateways, client, path):
     arr = np.array([b"hello", b"", "wörld".encode(), b"x" * 1000], dtype=object)
-    direct_url, via_url = urls(backend, gateways, client, path)
+    direct_url, via_url = urls(server, gateways, client, path)
     ins = [In("INPUT0", arr, "BYTES", client.startswith("grpc"))]
     direct = infer(client, direct_url, "string_reverse", ins)
     via = infer(client, via_url, "string_reverse", ins)
@@ -137,10 +137,10 @@ def test_string_reverse(backend, gateways, client, path):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("client", ["http", "grpc"])
-def test_large_tensor_64mb(backend, gateways, client, path):
-    """64 MB through both listeners and every pool channel (gRPC's 4 MiB default would refuse it)."""
+def test_large_tensor_64mb(server, gateways, client, path):
+    """64 MB through both listeners and every backend channel (gRPC's 4 MiB default would refuse it)."""
     arr = np.random.default_rng(3).integers(0, 255, size=(1, 64 * 1024 * 1024), dtype=np.uint8)
-    _, via_url = urls(backend, gateways, client, path)
+    _, via_url = urls(server, gateways, client, path)
     ins = [In("INPUT0", arr, "UINT8", True)]
     outs = [Out("OUTPUT0", True)]
     via = infer(client, via_url, "identity_UINT8", ins, outs)
@@ -149,8 +149,8 @@ def test_large_tensor_64mb(backend, gateways, client, path):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("client", ["http", "grpc"])
-def test_model_metadata_and_readiness(backend, gateways, client, path):
-    direct_url, via_url = urls(backend, gateways, client, path)
+def test_model_metadata_and_readiness(server, gateways, client, path):
+    direct_url, via_url = urls(server, gateways, client, path)
     for model in ("add_sub", "identity_FP32", "string_reverse"):
         assert metadata(client, via_url, model) == metadata(client, direct_url, model)
     live, ready, model_ready = readiness(client, via_url, "add_sub")
@@ -168,7 +168,7 @@ def test_server_metadata_is_the_gateways_own(gateways, client):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
 @pytest.mark.parametrize("client", CLIENTS)
-def test_compression(backend, gateways, client, path, algorithm):
+def test_compression(server, gateways, client, path, algorithm):
     """Compressed requests and responses, as tritonclient asks for them (HTTP Content-Encoding /
     Accept-Encoding; gRPC message compression)."""
     rng = np.random.default_rng(11)
@@ -180,7 +180,7 @@ def test_compression(backend, gateways, client, path, algorithm):
         kw = {"request_compression_algorithm": algorithm, "response_compression_algorithm": algorithm}
     else:
         kw = {"compression_algorithm": algorithm}
-    direct_url, via_url = urls(backend, gateways, client, path)
+    direct_url, via_url = urls(server, gateways, client, path)
     direct = infer(client, direct_url, "add_sub", ins, outs, **kw)
     via = infer(client, via_url, "add_sub", ins, outs, **kw)
     assert_same(direct, via)

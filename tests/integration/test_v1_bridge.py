@@ -1,5 +1,5 @@
 """The first-generation ("v1") API through the gateway, answered by real Triton on an HTTP
-pool and on a gRPC pool.
+backend and on a gRPC backend.
 
 The client here is written from the spec text (../shared/spec/legacy-v1-inference-server-
 api.txt, legacy-v1-infer-request-header.proto.txt): HTTP requests by hand with

@@ -1,4 +1,4 @@
-"""Drive the backend HTTP/1.1 client's protocol (gateway/upstream/h1/connection.py ``Connection``)
+"""Drive the backend HTTP/1.1 client's protocol (gateway/backends/h1/connection.py ``Connection``)
 below the network, and read the same bytes with h11 as a client — the reference side of the
 differential tests (tests/unit/test_h1_framing_diff.py) and the fuzz harness (fuzz/h1_answer.py).
 
@@ -25,10 +25,10 @@ from typing import Any
 
 import h11
 
-from gateway.upstream.h1.answer import BodyStream, H1Response
-from gateway.upstream.h1.connection import Connection
-from gateway.upstream.h1.errors import BadAnswer, ConnectionDropped
-from gateway.upstream.h1.limits import AnswerLimits
+from gateway.backends.h1.answer import BodyStream, H1Response
+from gateway.backends.h1.connection import Connection
+from gateway.backends.h1.errors import BadAnswer, ConnectionDropped
+from gateway.backends.h1.limits import AnswerLimits
 
 __all__ = ["REQUEST_BODY", "REQUEST_HEAD", "Driven", "FakeTransport", "Outcome", "Reference", "RecordingWaiter",
            "drive", "h11_answers", "outcome_of"]

@@ -31,7 +31,8 @@ def _one_request(caplog) -> None:  # in a context of its own, as each served req
     (line,) = [r.getMessage() for r in caplog.records if r.name == "oip_gateway.access"]
     entry = json.loads(line)
     assert entry["request_id"] == "req-7" and entry["endpoint"] == "10.0.0.3:8001"
-    assert (entry["protocol"], entry["protocol_out"], entry["pool"], entry["status"]) == ("http", "grpc", "p", 503)
+    assert (entry["protocol"], entry["protocol_out"], entry["backend"], entry["status"]) == ("http", "grpc", "p", 503)
+    assert entry["pool"] == entry["backend"]  # the deprecated alias, same value
     assert (entry["bytes_in"], entry["bytes_out"], entry["duration_ms"]) == (123, 45, 12.3)
     assert entry["reason"].startswith("model 'm' is not ready") and entry["time"].endswith("+00:00")
 

@@ -1,4 +1,4 @@
-"""gateway.upstream.dns without a DNS server: literals, failures mapped to DnsFailure, bad input."""
+"""gateway.backends.dns without a DNS server: literals, failures mapped to DnsFailure, bad input."""
 from __future__ import annotations
 
 import socket
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.upstream.dns import DnsFailure, DnsResolver
+from gateway.backends.dns import DnsFailure, DnsResolver
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""Who is at fault when a gRPC pool's call fails (upstream/grpcfault.py ``fault`` and
-``GrpcPool._mapped``): grpc-core reports a backend's reset as CANCELLED and an answer over the
+"""Who is at fault when a gRPC backend's call fails (backends/grpcfault.py ``fault`` and
+``GrpcBackend._mapped``): grpc-core reports a backend's reset as CANCELLED and an answer over the
 channel's receive limit as RESOURCE_EXHAUSTED — a client's codes — so what grpc-core says
 itself is told apart from the status a backend chose. The table pins grpc-core's words; the
 last test checks them against the installed grpcio, on a real socket (tests/support/badgrpc.py)."""
@@ -10,7 +10,11 @@ import pytest
 from grpc import aio
 
 from gateway._pb import grpc_predict_v2_pb2 as pb
-from gateway.config.backends import Backend
+from gateway.backends.base import Refused
+from gateway.backends.grpc import GrpcBackend
+from gateway.backends.grpc_endpoint import METHOD_PREFIX, channel_options
+from gateway.backends.grpcfault import Fault, fault
+from gateway.config.backends import BackendSpec
 from gateway.config.network import HostPort
 from gateway.errors import (
     GatewayError,
@@ -22,10 +26,6 @@ from gateway.errors import (
     UpstreamTimeout,
     UpstreamTooLarge,
 )
-from gateway.upstream.grpc import GrpcPool
-from gateway.upstream.grpc_endpoint import METHOD_PREFIX, channel_options
-from gateway.upstream.grpcfault import Fault, fault
-from gateway.upstream.pool import Refused
 from tests.support.badgrpc import BadGrpc
 
 RST8 = "Stream removed (RST_STREAM (Received RST_STREAM with error code 8))"
@@ -77,14 +77,14 @@ def _error(code: grpc.StatusCode, details: str) -> aio.AioRpcError:
     return aio.AioRpcError(code, aio.Metadata(), aio.Metadata(), details=details)
 
 
-# What the pool raises for each, and how a client sees it.
+# What the backend raises for each, and how a client sees it.
 MAPPED = [
     (grpc.StatusCode.CANCELLED, RST8, UpstreamReset, 502, "UNAVAILABLE",
      "reset the stream (RST_STREAM CANCEL) before its answer was complete"),
     (grpc.StatusCode.CANCELLED, "cancelled by me", UpstreamReset, 502, "UNAVAILABLE",
      "cancelled the call, which the gateway did not cancel (cancelled by me)"),
     (grpc.StatusCode.RESOURCE_EXHAUSTED, "Stream removed (CLIENT: Received message larger than max (9 vs. 8))",
-     UpstreamTooLarge, 502, "INTERNAL", "answered with a message of 9 bytes, over the pool's max_message_bytes (8)"),
+     UpstreamTooLarge, 502, "INTERNAL", "answered with a message of 9 bytes, over the backend's max_message_bytes (8)"),
     (grpc.StatusCode.INTERNAL, "Stream removed (Error parsing 'grpc-encoding' metadata)", UpstreamEncoding, 502,
      "INTERNAL", "answered in an encoding the gateway cannot read"),
     (grpc.StatusCode.UNKNOWN, "No status received", UpstreamFraming, 502, "INTERNAL", "without a grpc-status"),
@@ -97,14 +97,14 @@ MAPPED = [
 
 
 @pytest.mark.parametrize("code, details, cls, status, grpc_code, words", MAPPED)
-async def test_the_pool_raises_the_error_of_the_party_at_fault(code, details, cls, status, grpc_code, words):
-    pool = GrpcPool(Backend("b", "grpc", (HostPort("127.0.0.1", 1),)))
-    ep = pool._make(HostPort("127.0.0.1", 1))
-    error = pool._mapped(ep, _error(code, details), 2.5)
+async def test_the_backend_raises_the_error_of_the_party_at_fault(code, details, cls, status, grpc_code, words):
+    backend = GrpcBackend(BackendSpec("b", "grpc", (HostPort("127.0.0.1", 1),)))
+    ep = backend._make(HostPort("127.0.0.1", 1))
+    error = backend._mapped(ep, _error(code, details), 2.5)
     assert type(error) is cls and isinstance(error, GatewayError)
     assert (error.http_status, error.grpc_code) == (status, grpc_code)
     assert words in error.message
-    if cls is not UpstreamError:  # the gateway's own finding names the pool and endpoint
+    if cls is not UpstreamError:  # the gateway's own finding names the backend and endpoint
         assert error.message.startswith("backend 'b' endpoint 127.0.0.1:1: ")
 
 
@@ -114,9 +114,9 @@ async def test_the_pool_raises_the_error_of_the_party_at_fault(code, details, cl
     ("Stream removed (Socket closed)", Refused.TRANSPORT),
 ])
 async def test_what_was_not_processed_is_refused_so_another_endpoint_may_take_it(details, kind):
-    pool = GrpcPool(Backend("b", "grpc", (HostPort("127.0.0.1", 1),)))
-    ep = pool._make(HostPort("127.0.0.1", 1))
-    error = pool._mapped(ep, _error(grpc.StatusCode.UNAVAILABLE, details), 1.0)
+    backend = GrpcBackend(BackendSpec("b", "grpc", (HostPort("127.0.0.1", 1),)))
+    ep = backend._make(HostPort("127.0.0.1", 1))
+    error = backend._mapped(ep, _error(grpc.StatusCode.UNAVAILABLE, details), 1.0)
     assert isinstance(error, Refused) and error.kind == kind
     assert isinstance(error.error, NoEndpointAvailable)
     assert error.error.message.startswith("backend 'b' endpoint 127.0.0.1:1: ")
@@ -130,14 +130,14 @@ async def test_what_was_not_processed_is_refused_so_another_endpoint_may_take_it
 async def test_a_request_of_a_sequence_is_never_sent_twice(details, sent):
     """A connection that went after the call may have been sent: a sequence's step is not sent
     again (UpstreamReset); one that never connected is refused, so another endpoint may take it."""
-    pool = GrpcPool(Backend("b", "grpc", (HostPort("127.0.0.1", 1),)))
-    ep = pool._make(HostPort("127.0.0.1", 1))
-    error = pool._mapped(ep, _error(grpc.StatusCode.UNAVAILABLE, details), 1.0, "m", "", True)
+    backend = GrpcBackend(BackendSpec("b", "grpc", (HostPort("127.0.0.1", 1),)))
+    ep = backend._make(HostPort("127.0.0.1", 1))
+    error = backend._mapped(ep, _error(grpc.StatusCode.UNAVAILABLE, details), 1.0, "m", "", True)
     if sent:
         assert type(error) is UpstreamReset and "not sent again" in error.message
     else:
         assert isinstance(error, Refused) and error.kind == Refused.TRANSPORT
-    assert isinstance(pool._mapped(ep, _error(grpc.StatusCode.UNAVAILABLE, details), 1.0), Refused)
+    assert isinstance(backend._mapped(ep, _error(grpc.StatusCode.UNAVAILABLE, details), 1.0), Refused)
 
 
 # model of tests/support/badgrpc.py -> the kind grpc-core's own report of it must be read as.

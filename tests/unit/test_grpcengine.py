@@ -86,9 +86,9 @@ def test_grpc_accepts_the_setting_silently():
 def test_read_ahead_is_capped_on_both_sides():
     # grpc's read buffer per connection has no upper bound of its own (grpcengine.py): the listener's
     # connections from clients and the backend channels' connections both carry the cap.
+    from gateway.backends.grpc_endpoint import channel_options
     from gateway.frontend.grpc import server_options
     from gateway.grpcengine import READ_BUFFER_CAP, READ_BUFFER_OPTION
-    from gateway.upstream.grpc_endpoint import channel_options
 
     assert READ_BUFFER_OPTION == ("grpc.experimental.tcp_max_read_buffer_size", READ_BUFFER_CAP)
     assert READ_BUFFER_OPTION in server_options(64 << 20)

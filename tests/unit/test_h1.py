@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from gateway.upstream.h1 import (
+from gateway.backends.h1 import (
     BadAnswer,
     BodyStream,
     ConnectFailed,
@@ -15,7 +15,7 @@ from gateway.upstream.h1 import (
     H1ConnectionPool,
     SourceStalled,
 )
-from gateway.upstream.h1.connection import Connection as _Connection
+from gateway.backends.h1.connection import Connection as _Connection
 
 
 async def serve(handler):

@@ -1,4 +1,4 @@
-"""The backend client's answer framing (gateway/upstream/h1/connection.py, issue 35) against h11.
+"""The backend client's answer framing (gateway/backends/h1/connection.py, issue 35) against h11.
 
 Random answers for one connection — interim 1xx, 101, final answers of HTTP/1.0 and 1.1 framed by
 Content-Length (right, wrong, repeated, conflicting, not a number), chunked (valid and invalid
@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.upstream.h1.errors import BadAnswer, ConnectionDropped
-from gateway.upstream.h1.limits import MAX_INTERIM, AnswerLimits
+from gateway.backends.h1.errors import BadAnswer, ConnectionDropped
+from gateway.backends.h1.limits import MAX_INTERIM, AnswerLimits
 from tests.support.h1drive import Outcome, Reference, drive, h11_answers
 
 # ------------------------------------------------------------------------------ the generator

@@ -39,7 +39,7 @@ def test_nonfinite_read_back_from_a_triton_answer():
     assert np.isinf(got[1]) and got[2] < 0
 
 
-def test_json_only_pool_receives_tokens_python_json_reads():
+def test_json_only_backend_receives_tokens_python_json_reads():
     """A gRPC client's +Inf to MLServer over JSON: MLServer's json.loads must read +Inf, not NaN."""
     req = InferRequest("m", inputs=(Tensor("x", "FP64", (3,), memoryview(np.array([np.inf, -np.inf, 2.5]).tobytes())),))
     chunks, hl = httpencode.encode_request(req, binary=False)

@@ -91,3 +91,14 @@ def test_multiprocess_mode_sets_the_gauge(monkeypatch):
     assert admission.gauge is metrics.inflight_bytes
     admission.enter(7)
     assert metrics.inflight_bytes._value.get() == 7
+
+
+def test_backend_events_count_under_the_deprecated_name_too():
+    metrics = Metrics(CollectorRegistry())
+    retry = metrics.backend_event("b", "retry")
+    retry.inc()
+    retry.inc()
+    metrics.backend_event("b", "ejection").inc()
+    for name in ("oip_gateway_backend_events_total", "oip_gateway_pool_events_total"):  # (the alias: docs/metrics.md)
+        assert metrics.registry.get_sample_value(name, {"backend": "b", "event": "retry"}) == 2
+        assert metrics.registry.get_sample_value(name, {"backend": "b", "event": "ejection"}) == 1

@@ -1,6 +1,6 @@
 """No module of the gateway touches a private member of a package it does not own: a name with a
 leading underscore is the package's to change in any release (uvicorn 0.35 removed one the HTTP
-listener called, and JSON inference to gRPC pools broke).
+listener called, and JSON inference to gRPC backends broke).
 
 The rule, checked on the source: every ``x._name`` attribute the gateway reads or writes is a name
 the gateway itself defines somewhere (a function, class, attribute, slot or module name of its

@@ -281,7 +281,7 @@ def test_success_resets_the_count():
     assert h.ejected_until is None and h.failures == 0
 
 
-def test_no_ejection_when_the_pool_may_not_eject_more():
+def test_no_ejection_when_the_backend_may_not_eject_more():
     h = EndpointHealth()
     for _ in range(10):
         assert not h.failed(OUTLIER, 0.0, may_eject=False)

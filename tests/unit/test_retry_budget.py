@@ -87,7 +87,7 @@ def test_least_request_puts_loaded_endpoints_last():
 
 
 def test_unknown_balance_name_falls_back_to_round_robin():
-    # Backend validates the name; the factory itself never fails.
+    # BackendSpec validates the name; the factory itself never fails.
     assert type(balancer("round_robin")) is RoundRobin
     assert type(balancer("least_request")) is LeastRequest
     assert type(balancer("random")) is RoundRobin

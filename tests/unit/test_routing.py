@@ -26,8 +26,8 @@ def test_exact_then_glob_in_order():
 
 
 def test_versions_first_match_in_config_order():
-    t = RouteTable((Route("bert", "v2pool", "2"), Route("bert", "default")))
-    assert t.resolve("bert", "2").backend == "v2pool"
+    t = RouteTable((Route("bert", "v2-backend", "2"), Route("bert", "default")))
+    assert t.resolve("bert", "2").backend == "v2-backend"
     assert t.resolve("bert", "1").backend == "default"
     assert t.resolve("bert", "").backend == "default"
 
@@ -72,7 +72,7 @@ def test_round_robin_rotates_over_the_candidates_it_is_given():
     rr = RoundRobin()
     firsts = [rr.order(eps)[0].name for _ in range(6)]
     assert firsts == ["a", "b", "c", "a", "b", "c"]
-    # The pool passes only the endpoints that may take the request (live, model ready).
+    # The backend passes only the endpoints that may take the request (live, model ready).
     for _ in range(6):
         order = rr.order([eps[0], eps[2]])
         assert {e.name for e in order} == {"a", "c"} and len(order) == 2

@@ -34,7 +34,7 @@ def test_a_canary_is_spread_not_bursty():
 def test_a_side_that_cannot_take_it_gives_its_share_to_the_others():
     split = WeightedSplit(["main", "canary"], [95, 5])
     assert {split.choose(lambda n: n == "main") for _ in range(100)} == {"main"}
-    # Nobody can: every side stays eligible (the chosen pool says why).
+    # Nobody can: every side stays eligible (the chosen backend says why).
     assert {split.choose(lambda _: False) for _ in range(100)} == {"main", "canary"}
 
 

@@ -48,7 +48,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "oip-gateway.configPath" -}}/etc/oip-gateway/config.yaml{{- end }}
 {{- define "oip-gateway.tlsDir" -}}/etc/oip-gateway/tls{{- end }}
 
-{{/* "true" when the values give neither backends nor routes: the chart's placeholder pool. */}}
+{{/* "true" when the values give neither backends nor routes: the chart's placeholder backend. */}}
 {{- define "oip-gateway.placeholder" -}}
 {{- and (empty .Values.config.backends) (empty .Values.config.routes) }}
 {{- end }}
@@ -65,7 +65,7 @@ express fail here, each naming the value (`helm lint` only logs a template's fai
 {{- $_ := set $cfg "backends" (dict "triton" $triton) }}
 {{- $_ := set $cfg "routes" (list (dict "model" "*" "backend" "triton")) }}
 {{- else if empty .Values.config.backends }}
-{{- fail "config.backends: required with config.routes (named pools of backend servers, docs/config.md)" }}
+{{- fail "config.backends: required with config.routes (named sets of endpoints, docs/config.md)" }}
 {{- else if empty .Values.config.routes }}
 {{- fail "config.routes: required with config.backends (a list of {model, backend[, version]}, docs/config.md)" }}
 {{- end }}

@@ -1,25 +1,25 @@
-"""The one pool interface, and what every pool does the same way.
+"""The one backend interface, and what every backend does the same way.
 
-A pool is a named set of endpoints speaking one protocol (``http.py``,
-``grpc.py``). The proxy sees only :class:`Pool`: live / ready / model
+A backend is a named set of endpoints speaking one protocol (``http.py``,
+``grpc.py``). The proxy sees only :class:`Backend`: live / ready / model
 readiness for the health checker, metadata, and inference in either client
-form (``infer_http``, ``infer_grpc``) — a pool that speaks the other protocol
-converts through ``codec/convert.py``. No caller branches on the pool type.
+form (``infer_http``, ``infer_grpc``) — a backend that speaks the other protocol
+converts through ``codec/convert.py``. No caller branches on the backend type.
 
 Shared here:
 
-- **endpoint set** (``endpoints.py``, :class:`EndpointSet`, the base of :class:`Pool`): static
+- **endpoint set** (``endpoints.py``, :class:`EndpointSet`, the base of :class:`Backend`): static
   addresses plus those DNS discovery finds; endpoints come and go (``set_addresses``) without
-  disturbing requests in flight on them; on a config reload a new pool adopts the endpoints
+  disturbing requests in flight on them; on a config reload a new backend adopts the endpoints
   (connections, health state) of the old one that it keeps (``adopt``);
-- **choice** (:meth:`Pool.candidates`): only endpoints that are live, not
+- **choice** (:meth:`Backend.candidates`): only endpoints that are live, not
   ejected, and have the model ready (``routing/readiness.py``), ordered by the
   balancer;
-- **safe retries** (:meth:`Pool.attempt`): an attempt refused before any
+- **safe retries** (:meth:`Backend.attempt`): an attempt refused before any
   inference could have run (:class:`Refused`: connection refused or reset before
   a byte of the answer, or "unknown model / not ready" from an endpoint the
   checker thought ready) is retried on the next candidate, ``retries`` times at
-  most and within the pool's retry budget. A timeout or an answer broken off is
+  most and within the backend's retry budget. A timeout or an answer broken off is
   never retried (no duplicate inference), nor is a streamed body already sent.
 - **passive outlier ejection**: transport failures counted per endpoint.
 """
@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from typing import Any, TypeVar
 
 from ..codec.repository import IndexEntry
-from ..config.schema import Backend
+from ..config.schema import BackendSpec
 from ..dataplane import HttpReply, IncomingBody
 from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable, UpstreamError
 from ..observability.access import note_endpoint
@@ -42,17 +42,17 @@ from ..routing.readiness import Ready
 from ..routing.retry import RetryBudget
 from .endpoints import E, EndpointSet
 
-__all__ = ["TRITON_GRPC_PREFIX", "Pool", "Refused", "is_not_ready_message"]
+__all__ = ["TRITON_GRPC_PREFIX", "Backend", "Refused", "is_not_ready_message"]
 
 # Triton's --grpc-restricted-protocol=<api>:<key>=<value> wants the gRPC metadata key
 # "triton-grpc-protocol-<key>"; over HTTP the header is plain "<key>".
 TRITON_GRPC_PREFIX = "triton-grpc-protocol-"
 
-log = logging.getLogger("oip_gateway.pool")
+log = logging.getLogger("oip_gateway.backend")
 
 T = TypeVar("T")
 
-# How backends say "I do not have this model (yet)": Triton "Request for unknown model",
+# How servers say "I do not have this model (yet)": Triton "Request for unknown model",
 # "... has no available versions", "... is not ready"; MLServer "Model x not found";
 # OVMS "Model with requested name is not found", "... version is not loaded yet".
 _NOT_READY = re.compile(
@@ -73,7 +73,7 @@ class Refused(Exception):
     take the request. ``error`` is what the client gets if none does. ``kind``:
     TRANSPORT (unreachable or reset: counted for ejection, no traffic until seen live),
     NOT_READY (the model is not there: none of its traffic until a check sees it), or
-    BUSY (the backend refused it for now, e.g. Triton's queue is full)."""
+    BUSY (the server refused it for now, e.g. Triton's queue is full)."""
 
     TRANSPORT, NOT_READY, BUSY = "transport", "not_ready", "busy"
 
@@ -83,10 +83,10 @@ class Refused(Exception):
         self.kind = kind
 
 
-class Pool(EndpointSet[E]):
+class Backend(EndpointSet[E]):
     """The endpoints of one backend (config ``backends``) and what the gateway can ask of them.
-    What differs between the pool kinds is said here, not asked with isinstance: the
-    protocol, what admission counts per request byte on each path through the pool, and
+    What differs between the backend kinds is said here, not asked with isinstance: the
+    protocol, what admission counts per request byte on each path through the backend, and
     whether a whole small HTTP request can be served from callbacks (:meth:`infer_http_now`)."""
 
     protocol = ""
@@ -112,15 +112,15 @@ class Pool(EndpointSet[E]):
         """An HTTP inference served from callbacks; False: nothing was sent."""
         return False
 
-    def __init__(self, backend: Backend) -> None:
-        super().__init__(backend)
-        self.balancer = balancer(backend.balance)
-        self.budget = RetryBudget(backend.retry_budget_percent)
+    def __init__(self, spec: BackendSpec) -> None:
+        super().__init__(spec)
+        self.balancer = balancer(spec.balance)
+        self.budget = RetryBudget(spec.retry_budget_percent)
         self._choice: dict[tuple[str, str], tuple[int, list[E]]] = {}
-        # Exact model names routed to this pool: a model ready nowhere is then "not
-        # ready" (503), where an unknown glob-routed one is left for a backend to refuse.
+        # Exact model names routed to this backend: a model ready nowhere is then "not
+        # ready" (503), where an unknown glob-routed one is left for the servers to refuse.
         self._routed: frozenset[str] = frozenset()
-        # Counts what the pool did for metrics: "retry", "retry_budget_exhausted", "ejection",
+        # Counts what the backend did for metrics: "retry", "retry_budget_exhausted", "ejection",
         # and conversions ("http_to_grpc", "grpc_to_http").
         self.on_event: Callable[[str], None] = lambda kind: None
 
@@ -164,7 +164,7 @@ class Pool(EndpointSet[E]):
             return ready
         if version:
             # A version no endpoint lists (none of its versions, or not a number): not one
-            # that is loading, so no "retry later" — the backend says what it is.
+            # that is loading, so no "retry later" — the server says what it is.
             foreign = [ep for ep in usable if ep.health.lacks_version(model, version)]
             if foreign:
                 return foreign
@@ -172,12 +172,12 @@ class Pool(EndpointSet[E]):
             what = f"model '{model}'" + (f" version {version}" if version else "")
             raise ModelNotReady(f"{what} is not ready on any endpoint of backend '{self.name}' "
                                 f"({len(usable)} live endpoints); retry later")
-        # No endpoint has heard of the model: the backend answers for itself (its own 404).
+        # No endpoint has heard of the model: the servers answer for themselves (their own 404).
         return usable
 
     def can_take(self, model: str, version: str) -> bool:
         """Some live endpoint may take a request for ``model`` now: a split route sends this
-        pool its share only then (else the other sides take it)."""
+        backend its share only then (else the other sides take it)."""
         try:
             return any(ep.health.usable() for ep in self.candidates(model, version))
         except GatewayError:
@@ -199,7 +199,7 @@ class Pool(EndpointSet[E]):
         budget = self.budget
         budget.active += 1
         retrying = False
-        left = self.backend.retries
+        left = self.spec.retries
         try:
             error: GatewayError | None = None
             for i, ep in enumerate(order):
@@ -242,14 +242,14 @@ class Pool(EndpointSet[E]):
         now = time.monotonic()
         eps = self.endpoints.values()
         ejected = sum(1 for e in eps if e.health.ejected_until is not None)
-        if ep.health.failed(self.backend.outlier, now, self.backend.outlier.may_eject(ejected, len(eps))):
+        if ep.health.failed(self.spec.outlier, now, self.spec.outlier.may_eject(ejected, len(eps))):
             self.on_event("ejection")
             log.warning("backend '%s': endpoint %s ejected for %.0f s after %d consecutive failures",
                         self.name, ep.address, ep.health.ejected_until - now,  # type: ignore[operator]
-                        self.backend.outlier.consecutive_failures)
+                        self.spec.outlier.consecutive_failures)
 
     def refusal(self, ep: E, model: str, version: str, error: GatewayError, resendable: bool) -> Exception:
-        """What to raise for a backend's error answer: a :class:`Refused` (retry elsewhere)
+        """What to raise for an endpoint's error answer: a :class:`Refused` (retry elsewhere)
         when it says "unknown model / not ready" and the checker thought the model ready
         there; ModelNotReady when such a request cannot be resent; else ``error`` itself."""
         if not is_not_ready_message(error.message) or not ep.health.ready_exactly(model, version):
@@ -329,7 +329,7 @@ class Pool(EndpointSet[E]):
         raise NotImplementedError
 
     async def each_endpoint(self, call: Callable[[E], Awaitable[T]]) -> list[tuple[E, T | None, GatewayError | None]]:
-        """``call`` on every endpoint of the pool at once (model control, statistics,
+        """``call`` on every endpoint of the backend at once (model control, statistics,
         settings): (endpoint, answer, None) or (endpoint, None, error) for each."""
         async def one(ep: E) -> tuple[E, T | None, GatewayError | None]:
             try:
@@ -367,5 +367,5 @@ class Pool(EndpointSet[E]):
     async def generate(self, model: str, version: str, body: bytes, headers: Mapping[str, str],
                        forwarded: Sequence[str], stream: bool) -> HttpReply:
         """Triton's generate extension (``stream``: generate_stream), JSON ``body`` in; the
-        answer JSON, or server-sent events of unknown length (upstream/generate.py)."""
+        answer JSON, or server-sent events of unknown length (backends/generate.py)."""
         raise NotImplementedError

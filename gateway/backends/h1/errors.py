@@ -1,5 +1,5 @@
-"""The HTTP/1.1 client's own failures (the pools map them into the gateway's error tree:
-upstream/http_exchange.py)."""
+"""The HTTP/1.1 client's own failures (the HTTP backends map them into the gateway's error tree:
+backends/http_exchange.py)."""
 from __future__ import annotations
 
 from typing import ClassVar

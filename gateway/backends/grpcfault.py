@@ -1,7 +1,7 @@
 """What grpc-core's own reports of a failed call mean, told from a status a backend chose: read
 from grpc-core's words in the status details (grpcio 1.85; tests/unit/test_grpc_attribution.py
 pins them against the installed grpcio, so an upgrade that changes them fails there). Pure: no
-grpc import, no I/O; the pool maps a kind into the error tree (``upstream/grpc.py`` ``_mapped``)."""
+grpc import, no I/O; the backend maps a kind into the error tree (``backends/grpc.py`` ``_mapped``)."""
 from __future__ import annotations
 
 import re
@@ -92,7 +92,7 @@ def fault(code: str, details: str) -> tuple[str, str] | None:
     if code == "RESOURCE_EXHAUSTED":
         big = _TOO_LARGE.search(details)
         if big is not None and (big.group(1) or details.startswith(_LOCAL)):
-            return Fault.TOO_LARGE, (f"answered with a message of {big.group(2)} bytes, over the pool's "
+            return Fault.TOO_LARGE, (f"answered with a message of {big.group(2)} bytes, over the backend's "
                                      f"max_message_bytes ({big.group(3)})")
         meta = _METADATA.search(details)
         if meta is not None and details.startswith(_LOCAL):

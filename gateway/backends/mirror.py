@@ -1,11 +1,11 @@
-"""Shadow traffic: copies of a share of a route's inference requests sent to another pool
+"""Shadow traffic: copies of a share of a route's inference requests sent to another backend
 in the background, their answers and failures discarded.
 
 The client's request never waits for its copy: the copy is a task of its own, started
-after the primary pool was chosen, and the share is exact (a running credit of
+after the primary backend was chosen, and the share is exact (a running credit of
 ``percent`` per request, so 10 % is every tenth request, not about a tenth). Copies in
 flight per route are bounded by ``max_inflight``: past it a copy is dropped, not queued,
-so a slow or dead shadow pool holds at most that many requests' memory and never builds
+so a slow or dead shadow backend holds at most that many requests' memory and never builds
 a backlog. Outcomes are counted (``oip_gateway_mirror_requests_total``).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from ..dataplane import HttpReply, is_streamed
 from ..routing.table import Match
-from .pool import Pool
+from .base import Backend
 
 __all__ = ["Mirrors"]
 
@@ -33,14 +33,14 @@ class _State:
 
 
 class Mirrors:
-    def __init__(self, pools: Callable[[], Mapping[str, Pool[Any]]], counter: Any, gauge: Any) -> None:
-        self._pools = pools
+    def __init__(self, backends: Callable[[], Mapping[str, Backend[Any]]], counter: Any, gauge: Any) -> None:
+        self._backends = backends
         self._counter = counter
         self._gauge = gauge
         self._state: dict[tuple[str, str], _State] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def _take(self, match: Match) -> tuple[tuple[str, str], Pool[Any]] | None:
+    def _take(self, match: Match) -> tuple[tuple[str, str], Backend[Any]] | None:
         mirror = match.mirror
         assert mirror is not None
         key = (match.label, mirror.backend)
@@ -53,15 +53,15 @@ class Mirrors:
         if state.credit < 100.0:
             return None
         state.credit -= 100.0
-        pool = self._pools().get(mirror.backend)
-        if pool is None:
+        backend = self._backends().get(mirror.backend)
+        if backend is None:
             return None
         if state.inflight >= mirror.max_inflight:
             self._counter.labels(*key, "dropped").inc()
             return None
         state.inflight += 1
         self._gauge.labels(*key).inc()
-        return key, pool
+        return key, backend
 
     def _start(self, key: tuple[str, str], call: Awaitable[Any]) -> None:
         task = asyncio.get_running_loop().create_task(self._run(key, call))
@@ -91,16 +91,16 @@ class Mirrors:
 
     def http(self, match: Match, model: str, version: str, body: bytes, headers: Mapping[str, str],
              forwarded: Sequence[str], limit: int) -> None:
-        """Maybe copy an HTTP inference (body already read) to the route's shadow pool."""
+        """Maybe copy an HTTP inference (body already read) to the route's shadow backend."""
         taken = self._take(match)
         if taken is not None:
-            key, pool = taken
-            self._start(key, pool.infer_http(model, version, body, dict(headers), forwarded, limit))
+            key, backend = taken
+            self._start(key, backend.infer_http(model, version, body, dict(headers), forwarded, limit))
 
     def grpc(self, match: Match, model: str, version: str, message: bytes,
              metadata: tuple[tuple[str, str], ...]) -> None:
-        """Maybe copy a gRPC ModelInfer to the route's shadow pool."""
+        """Maybe copy a gRPC ModelInfer to the route's shadow backend."""
         taken = self._take(match)
         if taken is not None:
-            key, pool = taken
-            self._start(key, pool.infer_grpc(message, model, version, None, None, metadata))
+            key, backend = taken
+            self._start(key, backend.infer_grpc(message, model, version, None, None, metadata))

@@ -1,4 +1,4 @@
-"""gRPC backend pools: the only grpc client code of the gateway.
+"""gRPC backends: the only grpc client code of the gateway.
 
 One ``grpc.aio`` channel per endpoint (``grpc_endpoint.py``: the channel's options, the
 calls it makes; ModelInfer's request and response bytes go as received). An HTTP client's
@@ -35,7 +35,7 @@ from ..codec.triton import (
     trace_to_pb,
     version_refusal,
 )
-from ..config.schema import Backend, HostPort
+from ..config.schema import BackendSpec, HostPort
 from ..dataplane import HttpReply, IncomingBody
 from ..errors import (
     BadUpstreamResponse,
@@ -50,15 +50,15 @@ from ..errors import (
     UpstreamTooLarge,
 )
 from ..routing.table import STATEFUL
+from .base import TRITON_GRPC_PREFIX, Backend, Refused, is_not_ready_message
 from .grpc_endpoint import _INFER, GrpcEndpoint, _Rpc, channel_options
 from .grpcfault import Fault, fault, never_sent, seconds
-from .pool import TRITON_GRPC_PREFIX, Pool, Refused, is_not_ready_message
 
 # (channel_options is grpc_endpoint.py's; benchmarks/ import it from here.)
-__all__ = ["Fault", "GrpcPool", "channel_options", "fault"]
+__all__ = ["Fault", "GrpcBackend", "channel_options", "fault"]
 
 
-class GrpcPool(Pool[GrpcEndpoint]):
+class GrpcBackend(Backend[GrpcEndpoint]):
     protocol = "grpc"
 
     def http_cost(self, binary: bool) -> int:
@@ -70,17 +70,17 @@ class GrpcPool(Pool[GrpcEndpoint]):
     def generate_cost(self) -> int:
         return COST_CONVERT
 
-    def __init__(self, backend: Backend) -> None:
-        super().__init__(backend)
+    def __init__(self, spec: BackendSpec) -> None:
+        super().__init__(spec)
         # Triton's --grpc-restricted-protocol=<api>:<key>=<value> wants the metadata key
         # "triton-grpc-protocol-<key>"; other servers take the plain name. Both are sent.
         self._check_metadata = tuple(
-            pair for k, v in backend.check_headers
+            pair for k, v in spec.check_headers
             for pair in ([(k, v)] if k.startswith(TRITON_GRPC_PREFIX) else [(k, v), (TRITON_GRPC_PREFIX + k, v)])
         ) or None
 
     def _make(self, address: HostPort) -> GrpcEndpoint:
-        return GrpcEndpoint(address, self.backend)
+        return GrpcEndpoint(address, self.spec)
 
     # -- one call on one endpoint --------------------------------------------------------
     async def _call(self, ep: GrpcEndpoint, pick: Callable[[GrpcEndpoint], _Rpc],
@@ -90,7 +90,7 @@ class GrpcPool(Pool[GrpcEndpoint]):
         before answering), so the request may go to another one. ``refusing``: a NOT_FOUND or
         INVALID_ARGUMENT answer is the endpoint's refusal too (it may lack the model another has).
         ``stateful``: a request of a sequence, sent again only if it never left (see _mapped)."""
-        tmo = self.backend.timeout_s if timeout is None else min(timeout, self.backend.timeout_s)
+        tmo = self.spec.timeout_s if timeout is None else min(timeout, self.spec.timeout_s)
         ep._inflight += 1
         try:
             answer = await pick(ep)(request, timeout=tmo, metadata=metadata or None)
@@ -238,7 +238,7 @@ class GrpcPool(Pool[GrpcEndpoint]):
     async def repository_grpc(self, rpc: str, model: str, message: bytes, timeout: float | None,
                               metadata: tuple[tuple[str, str], ...]) -> bytes:
         # The client's metadata for a restricted repository API is passed on as it came.
-        names = {k for k, _ in self.backend.check_headers}
+        names = {k for k, _ in self.spec.check_headers}
         mine = names | {TRITON_GRPC_PREFIX + k for k in names}
         keys = tuple((k, v) for k, v in metadata if k in mine)
         results = await self.each_endpoint(lambda ep: self._call(ep, lambda e: e.raw[rpc], message, timeout, keys))
@@ -249,7 +249,7 @@ class GrpcPool(Pool[GrpcEndpoint]):
         """An HTTP client's load / unload, converted (codec/triton.py): the client's own
         credentials for a restricted repository API go on as metadata in both spellings."""
         message = control_from_json(body, model, action == "unload")
-        metadata = tuple(pair for k, _ in self.backend.check_headers if (v := headers.get(k)) is not None
+        metadata = tuple(pair for k, _ in self.spec.check_headers if (v := headers.get(k)) is not None
                          for pair in ((k, v), (TRITON_GRPC_PREFIX + k.removeprefix(TRITON_GRPC_PREFIX), v)))
         rpc = "RepositoryModelUnload" if action == "unload" else "RepositoryModelLoad"
         self.on_event("http_to_grpc")
@@ -323,7 +323,7 @@ class GrpcPool(Pool[GrpcEndpoint]):
 
     async def generate(self, model: str, version: str, body: bytes, headers: Mapping[str, str],
                        forwarded: Sequence[str], stream: bool) -> HttpReply:
-        """Triton's generate extension, converted to ModelInfer / ModelStreamInfer (upstream/generate.py)."""
+        """Triton's generate extension, converted to ModelInfer / ModelStreamInfer (backends/generate.py)."""
         from .generate import via_grpc  # (it imports this module)
 
         return await via_grpc(self, model, version, body, headers, forwarded, stream)

@@ -1,13 +1,13 @@
-"""DNS discovery building blocks: resolve a pool endpoint's host name to all of its addresses.
+"""DNS discovery building blocks: resolve a backend endpoint's host name to all of its addresses.
 
-A pool endpoint may be a DNS name with one record per replica (a Kubernetes headless Service has one
+A backend endpoint may be a DNS name with one record per replica (a Kubernetes headless Service has one
 A/AAAA record per ready pod), so the gateway re-resolves it periodically. ``socket.getaddrinfo`` would
 block the event loop (asyncio runs it in a thread pool, uvloop too) and hides the difference between
 "no such name" and "the resolver is down"; dnspython's asyncio resolver does neither, which is why we
 use it here.
 
 The distinction matters to callers: a successful answer with zero addresses (NXDOMAIN, or no A/AAAA
-data, RFC 2308 section 2) means the pool really is empty, while :class:`DnsFailure` means we do not
+data, RFC 2308 section 2) means the name really has no endpoints, while :class:`DnsFailure` means we do not
 know, and the caller keeps the addresses it last knew.
 """
 
@@ -52,7 +52,7 @@ class DnsResolver:
                 resolver = dns.asyncresolver.Resolver(configure=True)
             except (dns.exception.DNSException, OSError, ValueError) as exc:
                 # Missing/unreadable /etc/resolv.conf or one without nameservers: fail on use, not at
-                # construction, so a gateway whose pools need no DNS still starts.
+                # construction, so a gateway whose backends need no DNS still starts.
                 resolver = dns.asyncresolver.Resolver(configure=False)
                 self._unconfigured = f"no usable /etc/resolv.conf ({exc})"
         else:

@@ -1,4 +1,4 @@
-"""HTTP backend pools: the only HTTP client code of the gateway.
+"""HTTP backends: the only HTTP client code of the gateway.
 
 Each endpoint has a pool of keep-alive HTTP/1.1 connections (``h1``; ``http_endpoint.py``).
 Pass-through bodies go out and come back as bytes, untouched — a compressed
@@ -33,6 +33,7 @@ from ..dataplane import HttpReply, IncomingBody
 from ..errors import GatewayError, InvalidRequest, ModelNotReady
 from ..observability.access import AccessRecord
 from ..routing.table import STATEFUL
+from .base import TRITON_GRPC_PREFIX, Refused
 from .h1 import BodyStream, H1Response
 from .http_affinity import http_affinity
 from .http_endpoint import (
@@ -46,10 +47,9 @@ from .http_endpoint import (
     model_path,
 )
 from .http_exchange import HttpExchange
-from .pool import TRITON_GRPC_PREFIX, Refused
 
 # (http_affinity is http_affinity.py's; proxy.py imports it from here.)
-__all__ = ["STREAM_MIN", "HttpPool", "http_affinity"]
+__all__ = ["STREAM_MIN", "HttpBackend", "http_affinity"]
 
 # Pass-through answers at least this large are relayed chunk by chunk as they
 # arrive instead of being held whole; large binary-extension requests stream to
@@ -59,7 +59,7 @@ __all__ = ["STREAM_MIN", "HttpPool", "http_affinity"]
 STREAM_MIN = 256 * 1024
 
 
-class HttpPool(HttpExchange):
+class HttpBackend(HttpExchange):
     protocol = "http"
     serves_now = True
 
@@ -76,13 +76,13 @@ class HttpPool(HttpExchange):
     async def check_live(self, ep: HttpEndpoint, timeout: float) -> bool:
         try:
             reply = await self._send(ep, "GET", "/v2/health/live", headers=self._check_headers, timeout=timeout,
-                                     max_body=self.backend.max_check_answer_bytes)
+                                     max_body=self.spec.max_check_answer_bytes)
         except (GatewayError, Refused):
             ep.family = None  # (a restarted endpoint may be another server)
             return False
         if reply.status != 200:
             return False
-        if ep.family is None and self.backend.server_family == "auto":
+        if ep.family is None and self.spec.server_family == "auto":
             ep.family = await self._read_family(ep, timeout)
         return True
 
@@ -91,7 +91,7 @@ class HttpPool(HttpExchange):
         Metadata"): Triton answers "triton", MLServer "mlserver", KServe's server "kserve"."""
         try:
             reply = await self._send(ep, "GET", "/v2", headers=self._check_headers, timeout=timeout,
-                                     max_body=self.backend.max_check_answer_bytes)
+                                     max_body=self.spec.max_check_answer_bytes)
             if reply.status != 200 or isinstance(reply.body, BodyStream):
                 return "other"
             name = orjson.loads(reply.body).get("name")
@@ -103,7 +103,7 @@ class HttpPool(HttpExchange):
 
     def family(self, ep: HttpEndpoint) -> str:
         """How this endpoint's servers answer over gRPC: config ``server_family``, or read."""
-        configured = self.backend.server_family
+        configured = self.spec.server_family
         if configured != "auto":
             return configured
         return ep.family or "other"
@@ -112,7 +112,7 @@ class HttpPool(HttpExchange):
         headers = {"content-type": "application/json", **self._check_headers}
         try:
             reply = await self._send(ep, "POST", "/v2/repository/index", body=INDEX_REQUEST_JSON,
-                                     headers=headers, timeout=timeout, max_body=self.backend.max_check_answer_bytes)
+                                     headers=headers, timeout=timeout, max_body=self.spec.max_check_answer_bytes)
             if reply.status != 200 or isinstance(reply.body, BodyStream):
                 return None  # no repository extension (OVMS), or restricted (Triton: 4xx)
             return parse_index_json(reply.body)
@@ -124,7 +124,7 @@ class HttpPool(HttpExchange):
         try:
             reply = await self._send(ep, "GET", model_path(model, version) + "/ready",
                                      headers=self._check_headers, timeout=timeout,
-                                     max_body=self.backend.max_check_answer_bytes)
+                                     max_body=self.spec.max_check_answer_bytes)
             return reply.status == 200
         except (GatewayError, Refused):
             return None
@@ -195,7 +195,7 @@ class HttpPool(HttpExchange):
         unload = rpc == "RepositoryModelUnload"
         _, body = control_to_json(message, unload)
         given = dict(metadata)
-        headers = {k: v for k, _ in self.backend.check_headers
+        headers = {k: v for k, _ in self.spec.check_headers
                    if (v := given.get(k, given.get(TRITON_GRPC_PREFIX + k))) is not None}
         self.on_event("grpc_to_http")
         await self.repository_http("unload" if unload else "load", model, body, headers)
@@ -205,7 +205,7 @@ class HttpPool(HttpExchange):
         # The client's own credentials for a restricted repository API are passed on (the
         # names check_headers uses); the gateway never adds its own key to a client's call.
         fwd = {"content-type": "application/json",
-               **{k: v for k, _ in self.backend.check_headers if (v := headers.get(k)) is not None}}
+               **{k: v for k, _ in self.spec.check_headers if (v := headers.get(k)) is not None}}
         path = f"/v2/repository/models/{quote(model, safe='')}/{action}"
 
         async def one(ep: HttpEndpoint) -> UpstreamReply:
@@ -223,20 +223,20 @@ class HttpPool(HttpExchange):
     async def infer_stream(self, requests: AsyncIterator[bytes], model: str, version: str,
                            timeout: float | None, affinity: str | None,
                            metadata: tuple[tuple[str, str], ...]) -> AsyncIterator[bytes]:
-        """Triton's ModelStreamInfer over an HTTP pool: each request of the stream becomes an
+        """Triton's ModelStreamInfer over an HTTP backend: each request of the stream becomes an
         HTTP inference on one endpoint (a stream's requests may share sequence state), its
         answer streamed back in order as a ModelStreamInferResponse; a request that fails
         carries its error in ``error_message`` and the stream goes on, as Triton's does.
-        One answer per request: a decoupled model behind an HTTP pool gets the backend's
+        One answer per request: a decoupled model behind an HTTP backend gets the server's
         own error for it. ``timeout`` (the client's deadline) bounds the stream, not each
-        request: those have the pool's ``timeout_s``."""
+        request: those have the backend's ``timeout_s``."""
         ep = self.first(model, version, affinity)
         ep_headers = dict(metadata)
         async for message in requests:
             try:
                 m, v, sequence = scan_infer_routing(message)
                 self.on_event("grpc_to_http")
-                chunks, headers, typed = grpc_request_to_http(message, binary=self.backend.binary_extension,
+                chunks, headers, typed = grpc_request_to_http(message, binary=self.spec.binary_extension,
                                                            base64_bytes=self._base64_bytes)
                 try:
                     reply = await self._send(ep, "POST", model_path(m, v) + "/infer", body=chunks,
@@ -248,7 +248,7 @@ class HttpPool(HttpExchange):
                     raise error_from_reply(reply)
                 assert not isinstance(reply.body, BodyStream)
                 triton = self.family(ep) == "triton"
-                answer = http_answer_to_grpc(reply.body, reply.headers, self.backend.max_message_bytes, self.name,
+                answer = http_answer_to_grpc(reply.body, reply.headers, self.spec.max_message_bytes, self.name,
                                              typed=typed and not triton, final_flag=triton)
             except GatewayError as err:
                 yield encode_stream_response(error=err.message)
@@ -297,7 +297,7 @@ class HttpPool(HttpExchange):
         affinity = sequence_of_json(body, headers.get(HEADER_LENGTH))
         stateful = affinity is not None or STATEFUL.get()
         ep = self.candidates(model, version, affinity)[0]
-        tmo = self.backend.timeout_s
+        tmo = self.spec.timeout_s
         budget = self.budget
 
         def answered(result: H1Response | Exception) -> None:
@@ -340,7 +340,7 @@ class HttpPool(HttpExchange):
                          affinity: str | None, metadata: tuple[tuple[str, str], ...]) -> bytes:
         """A gRPC client's request, converted: binary extension (or JSON) out, raw back."""
         self.on_event("grpc_to_http")
-        chunks, headers, typed = grpc_request_to_http(message, binary=self.backend.binary_extension,
+        chunks, headers, typed = grpc_request_to_http(message, binary=self.spec.binary_extension,
                                                            base64_bytes=self._base64_bytes)
         del message
         reply = await self.request("POST", model_path(model, version) + "/infer", model, version, body=chunks,
@@ -354,17 +354,17 @@ class HttpPool(HttpExchange):
                 raise InvalidRequest(refusal)
             raise error
         assert not isinstance(reply.body, BodyStream)  # no stream_min asked
-        # The answer's form is the one the pool's servers give over gRPC: Triton's gRPC side
+        # The answer's form is the one the backend's servers give over gRPC: Triton's gRPC side
         # always answers raw_output_contents (tritonclient reads nothing else); MLServer and
         # KServe answer a typed request typed.
         ep = reply.endpoint
         triton = ep is not None and self.family(ep) == "triton"
-        return http_answer_to_grpc(reply.body, reply.headers, self.backend.max_message_bytes, self.name,
+        return http_answer_to_grpc(reply.body, reply.headers, self.spec.max_message_bytes, self.name,
                                    typed=typed and not triton)
 
     async def generate(self, model: str, version: str, body: bytes, headers: Mapping[str, str],
                        forwarded: Sequence[str], stream: bool) -> HttpReply:
-        """Triton's generate extension, passed through (upstream/generate.py)."""
+        """Triton's generate extension, passed through (backends/generate.py)."""
         from .generate import via_http  # (it imports this module)
 
         return await via_http(self, model, version, body, headers, forwarded, stream)

@@ -297,7 +297,7 @@ class AnswerReader(Link):
 
     def _limit_name(self) -> str:
         key = "max_check_answer_bytes" if self._max_body < self._limits.max_body_bytes else "max_message_bytes"
-        return f"the pool's {key} ({self._max_body})"
+        return f"the backend's {key} ({self._max_body})"
 
     def on_body(self, body: bytes) -> None:
         self._last_body = body

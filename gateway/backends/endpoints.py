@@ -1,9 +1,9 @@
-"""The endpoint set of a pool: one :class:`Endpoint` per address, static or found by DNS discovery.
+"""The endpoint set of a backend: one :class:`Endpoint` per address, static or found by DNS discovery.
 
 Endpoints come and go (``set_dns_addresses``) without disturbing requests in flight on them: a
-removed one retires once they are done. On a config reload a new pool adopts the endpoints
-(connections, health state) of the old one that it keeps (``adopt``). What a pool does with
-its endpoints — choice, safe retries, ejection — is :class:`~.pool.Pool`'s (pool.py).
+removed one retires once they are done. On a config reload a new backend adopts the endpoints
+(connections, health state) of the old one that it keeps (``adopt``). What a backend does with
+its endpoints — choice, safe retries, ejection — is :class:`~.base.Backend`'s (base.py).
 """
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Generic, TypeVar
 
-from ..config.schema import Backend, HostPort
+from ..config.schema import BackendSpec, HostPort
 from ..routing.readiness import EndpointHealth, Generation
 
 __all__ = ["E", "Endpoint", "EndpointSet"]
 
-log = logging.getLogger("oip_gateway.pool")
+log = logging.getLogger("oip_gateway.backend")
 
 
 class Endpoint:
-    """One address of a pool and what is known of its health."""
+    """One address of a backend and what is known of its health."""
 
     __slots__ = ("address", "health", "queue")
 
@@ -43,7 +43,7 @@ class Endpoint:
 
 E = TypeVar("E", bound=Endpoint)
 
-# Backend fields that an endpoint's connections depend on: a reloaded pool keeps an
+# BackendSpec fields that an endpoint's connections depend on: a reloaded backend keeps an
 # endpoint (its connections and health state) only when these are unchanged.
 _TRANSPORT_FIELDS = ("protocol", "tls", "connect_timeout_s", "max_connections", "max_message_bytes",
                      "max_answer_header_count", "max_answer_head_bytes")
@@ -51,14 +51,14 @@ _TRANSPORT_FIELDS = ("protocol", "tls", "connect_timeout_s", "max_connections", 
 
 class EndpointSet(Generic[E]):
     """The endpoints of one backend (config ``backends``) as its addresses come and go: what
-    :class:`~.pool.Pool` chooses from."""
+    :class:`~.base.Backend` chooses from."""
 
-    # The protocol the endpoints speak (Pool's; a reloaded pool adopts only endpoints of its own).
+    # The protocol the endpoints speak (Backend's; a reloaded backend adopts only endpoints of its own).
     protocol: ClassVar[str]
 
-    def __init__(self, backend: Backend) -> None:
-        self.backend = backend
-        self.name = backend.name
+    def __init__(self, spec: BackendSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
         self.endpoints: dict[HostPort, E] = {}
         # Bumped by every change of what decides where a request may go (endpoint health,
         # the endpoint set, ``routed``); the eligible endpoints per model are cached against it.
@@ -67,7 +67,7 @@ class EndpointSet(Generic[E]):
         self.on_new_endpoints: Callable[[], None] | None = None
         self._dns: frozenset[HostPort] = frozenset()
         self._started = False
-        # Work that lives as long as the pool (least_queue's scraper): start() / async stop().
+        # Work that lives as long as the backend (least_queue's scraper): start() / async stop().
         self.background: list[Any] = []
         self._closing: set[asyncio.Task[None]] = set()  # removed endpoints finishing their requests
 
@@ -75,7 +75,7 @@ class EndpointSet(Generic[E]):
         raise NotImplementedError
 
     def _own(self, ep: E) -> E:
-        ep.health.gen = self._gen  # its health changes now invalidate this pool's choices
+        ep.health.gen = self._gen  # its health changes now invalidate this backend's choices
         self._gen.n += 1
         return ep
 
@@ -94,7 +94,7 @@ class EndpointSet(Generic[E]):
             self._apply(self._dns)
 
     def _apply(self, dns: frozenset[HostPort]) -> None:
-        wanted = list(dict.fromkeys([*self.backend.endpoints, *sorted(dns, key=str)]))
+        wanted = list(dict.fromkeys([*self.spec.endpoints, *sorted(dns, key=str)]))
         added = False
         for addr in wanted:
             if addr not in self.endpoints:
@@ -108,14 +108,14 @@ class EndpointSet(Generic[E]):
             self.on_new_endpoints()
 
     def adopt(self, old: EndpointSet[Any]) -> None:
-        """Take over ``old``'s endpoints that this pool also has (hot reload): their
+        """Take over ``old``'s endpoints that this backend also has (hot reload): their
         connections and health state carry over; ``old`` no longer owns them."""
         if old.protocol != self.protocol or any(
-                getattr(old.backend, f) != getattr(self.backend, f) for f in _TRANSPORT_FIELDS):
+                getattr(old.spec, f) != getattr(self.spec, f) for f in _TRANSPORT_FIELDS):
             return
-        self._dns = old._dns if self.backend.dns == old.backend.dns else self._dns
+        self._dns = old._dns if self.spec.dns == old.spec.dns else self._dns
         for addr in list(old.endpoints):
-            if addr in self.backend.endpoints or addr in self._dns:
+            if addr in self.spec.endpoints or addr in self._dns:
                 self.endpoints[addr] = self._own(old.endpoints.pop(addr))
                 old._gen.n += 1
 
@@ -125,7 +125,7 @@ class EndpointSet(Generic[E]):
         task.add_done_callback(self._closing.discard)
 
     def retire(self) -> None:
-        """The pool is no longer routed to (a reload): its endpoints close in the
+        """The backend is no longer routed to (a reload): its endpoints close in the
         background once the requests in flight on them are done."""
         for ep in self.endpoints.values():
             self._retire(ep)

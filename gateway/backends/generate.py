@@ -1,13 +1,13 @@
-"""Triton's generate extension on the pools: ``HttpPool.generate`` and ``GrpcPool.generate``
+"""Triton's generate extension on the backends: ``HttpBackend.generate`` and ``GrpcBackend.generate``
 delegate here (docs/protocol/extension_generate.md; what the conversion follows is in
 ``codec/generate.py``).
 
-- **HTTP pools** pass the request through to the backend's own ``/generate`` or
+- **HTTP backends** pass the request through to the server's own ``/generate`` or
   ``/generate_stream``. Triton answers both with chunked transfer encoding, one chunk per
   server-sent event: a stream is handed on as an h1 ``BodyStream`` of unknown length, each
   event relayed as it arrives.
-- **gRPC pools** have no generate endpoint: the request is converted with the model's
-  input metadata (cached per pool, model and version, :class:`_Metadata`). ``generate``
+- **gRPC backends** have no generate endpoint: the request is converted with the model's
+  input metadata (cached per backend, model and version, :class:`_Metadata`). ``generate``
   is one ModelInfer; ``generate_stream`` — and ``generate`` for a decoupled model, which
   ModelInfer refuses — is Triton's ModelStreamInfer with that one request, each
   ModelStreamInferResponse becoming one event as it arrives. The HTTP status is decided,
@@ -28,9 +28,9 @@ from ..dataplane import HttpReply
 from ..errors import GatewayError, InvalidRequest, Unsupported, UpstreamError
 
 if TYPE_CHECKING:
-    from .grpc import GrpcPool
-    from .http import HttpPool
-    from .pool import Pool
+    from .base import Backend
+    from .grpc import GrpcBackend
+    from .http import HttpBackend
 
 __all__ = ["via_grpc", "via_http"]
 
@@ -40,9 +40,9 @@ _SSE = {"content-type": gen.SSE_CONTENT_TYPE}
 # A model's input metadata is asked again after this long, at once when a request cannot be
 # converted with it (then converted again with the fresh one: a model reloaded on the backend
 # with other inputs is seen by its first request), and after the backend refused a converted
-# request. A config reload builds new pools, and so new caches.
+# request. A config reload builds new backends, and so new caches.
 _METADATA_TTL_S = 10.0
-_MAX_MODELS = 1024  # clients choose model names (glob routes): the cache per pool stays bounded
+_MAX_MODELS = 1024  # clients choose model names (glob routes): the cache per backend stays bounded
 
 # gRPC headers of an HTTP request: everything forwarded but the HTTP body's own framing.
 _FRAMING = frozenset({"content-type", "inference-header-content-length", "content-encoding", "accept-encoding"})
@@ -52,21 +52,21 @@ _FRAMING = frozenset({"content-type", "inference-header-content-length", "conten
 _TRITON_HTTP = {"UNKNOWN": 400, "ALREADY_EXISTS": 400, "CANCELLED": 400}
 
 
-# ---------------------------------------------------------------------- HTTP pools
-async def via_http(pool: HttpPool, model: str, version: str, body: bytes, headers: Mapping[str, str],
+# ---------------------------------------------------------------------- HTTP backends
+async def via_http(backend: HttpBackend, model: str, version: str, body: bytes, headers: Mapping[str, str],
                    forwarded: Sequence[str], stream: bool) -> HttpReply:
     """Pass-through: the body as received; status, headers and body back unchanged. A
     stream's answer of unknown length (chunked) comes back as a BodyStream, relayed as it
-    arrives; the whole exchange is bounded by the pool's ``timeout_s``."""
+    arrives; the whole exchange is bounded by the backend's ``timeout_s``."""
     from .http_endpoint import model_path
 
     fwd = {k: v for k in forwarded if (v := headers.get(k)) is not None}
     path = model_path(model, version) + ("/generate_stream" if stream else "/generate")
-    reply = await pool.request("POST", path, model, version, body=body, headers=fwd, stream_unsized=stream)
+    reply = await backend.request("POST", path, model, version, body=body, headers=fwd, stream_unsized=stream)
     return HttpReply(reply.status, reply.body, reply.headers)
 
 
-# ---------------------------------------------------------------------- gRPC pools
+# ---------------------------------------------------------------------- gRPC backends
 class _Metadata:
     __slots__ = ("decoupled", "expires", "inputs")
 
@@ -77,15 +77,15 @@ class _Metadata:
 
 
 _Slot = _Metadata | asyncio.Task[_Metadata]
-_CACHES: weakref.WeakKeyDictionary[Pool[Any], dict[tuple[str, str], _Slot]] = weakref.WeakKeyDictionary()
+_CACHES: weakref.WeakKeyDictionary[Backend[Any], dict[tuple[str, str], _Slot]] = weakref.WeakKeyDictionary()
 
 
-async def _metadata(pool: GrpcPool, model: str, version: str, *, fresh: bool = False) -> _Metadata:
+async def _metadata(backend: GrpcBackend, model: str, version: str, *, fresh: bool = False) -> _Metadata:
     """The model's inputs, from the cache (unless ``fresh``) or the backend (one request at a
     time asks it: the others wait for that answer)."""
-    cache = _CACHES.get(pool)
+    cache = _CACHES.get(backend)
     if cache is None:
-        cache = _CACHES[pool] = {}
+        cache = _CACHES[backend] = {}
     key = (model, version)
     slot = cache.get(key)
     if isinstance(slot, _Metadata) and slot.expires > time.monotonic() and not fresh:
@@ -96,8 +96,8 @@ async def _metadata(pool: GrpcPool, model: str, version: str, *, fresh: bool = F
 
         async def fetch() -> _Metadata:
             try:
-                meta = await pool.model_metadata(model, version)
-                entry = _Metadata(gen.inputs_from_metadata(meta, pool.name), time.monotonic() + _METADATA_TTL_S)
+                meta = await backend.model_metadata(model, version)
+                entry = _Metadata(gen.inputs_from_metadata(meta, backend.name), time.monotonic() + _METADATA_TTL_S)
             except BaseException:
                 if cache.get(key) is task:
                     del cache[key]
@@ -112,8 +112,8 @@ async def _metadata(pool: GrpcPool, model: str, version: str, *, fresh: bool = F
     return await asyncio.shield(slot)
 
 
-def _forget(pool: GrpcPool, model: str, version: str) -> None:
-    cache = _CACHES.get(pool)
+def _forget(backend: GrpcBackend, model: str, version: str) -> None:
+    cache = _CACHES.get(backend)
     if cache is not None and isinstance(cache.get((model, version)), _Metadata):
         del cache[(model, version)]
 
@@ -140,23 +140,23 @@ def _event(answer: gen.StreamAnswer, backend: str) -> tuple[int, bytes]:
         return err.http_status, gen.error_json(err.message)
 
 
-async def via_grpc(pool: GrpcPool, model: str, version: str, body: bytes, headers: Mapping[str, str],
+async def via_grpc(backend: GrpcBackend, model: str, version: str, body: bytes, headers: Mapping[str, str],
                    forwarded: Sequence[str], stream: bool) -> HttpReply:
     """Converted, in HandleGenerate's order: the model's metadata (unknown model: the
     backend's 404), the body's encoding, its JSON, its keys; then the call."""
     if version and not is_count(version):
         # Triton's HTTP routes take only digits for a version (http_server.cc's route regex).
         raise UpstreamError("Not Found", http_status=404, body=b'{"error":"Not Found"}', content_type="text/plain")
-    meta = await _metadata(pool, model, version)
+    meta = await _metadata(backend, model, version)
     if headers.get("content-encoding", "identity").strip().lower() != "identity":
         raise InvalidRequest("Unsupported content-encoding, only 'identity' is supported.")
-    pool.on_event("http_to_grpc")
+    backend.on_event("http_to_grpc")
     doc = gen.parse_generate(body)
     try:
         message = gen.generate_to_grpc(doc, meta.inputs, model, version)
     except (InvalidRequest, Unsupported):
         # Perhaps the model changed since its metadata was cached: ask again, convert again.
-        latest = await _metadata(pool, model, version, fresh=True)
+        latest = await _metadata(backend, model, version, fresh=True)
         if latest.inputs == meta.inputs:
             raise
         meta = latest
@@ -164,16 +164,16 @@ async def via_grpc(pool: GrpcPool, model: str, version: str, body: bytes, header
     trace = tuple((k, v) for k in forwarded if k not in _FRAMING and (v := headers.get(k)) is not None)
     if not stream and not meta.decoupled:
         try:
-            answer = await pool.infer_grpc(message, model, version, None, None, trace)
+            answer = await backend.infer_grpc(message, model, version, None, None, trace)
         except UpstreamError as err:
             if not (err.grpc_code == "UNIMPLEMENTED" and "decoupled" in err.message):
-                _forget(pool, model, version)  # the model may have changed: ask its metadata again
+                _forget(backend, model, version)  # the model may have changed: ask its metadata again
                 raise _as_triton(err) from err
             meta.decoupled = True  # ModelInfer refuses decoupled models: Triton's generate still serves them
         else:
-            return HttpReply(200, gen.answer_json(answer, pool.name), _JSON)
+            return HttpReply(200, gen.answer_json(answer, backend.name), _JSON)
     # One request, then half-close: the backend ends the stream after its last answer.
-    answers = pool.infer_stream(_one(message), model, version, pool.backend.timeout_s, None, trace).__aiter__()
+    answers = backend.infer_stream(_one(message), model, version, backend.spec.timeout_s, None, trace).__aiter__()
     try:
         first = gen.split_stream_answer(await answers.__anext__())
     except StopAsyncIteration:  # a decoupled model may answer nothing (only the final flag)
@@ -184,11 +184,11 @@ async def via_grpc(pool: GrpcPool, model: str, version: str, body: bytes, header
     if first.error is not None and not first.began:
         # Refused before inference began: Triton's plain JSON error (INVALID_ARG: 400), not an event.
         await _close(answers)
-        _forget(pool, model, version)
+        _forget(backend, model, version)
         raise UpstreamError(first.error, http_status=400, grpc_code="INVALID_ARGUMENT")
-    status, data = _event(first, pool.name)
+    status, data = _event(first, backend.name)
     if stream:
-        return HttpReply(status, _Events(gen.sse_event(data), answers, pool.name), _SSE)
+        return HttpReply(status, _Events(gen.sse_event(data), answers, backend.name), _SSE)
     try:
         extra = 0
         async for _ in answers:
@@ -203,7 +203,7 @@ async def via_grpc(pool: GrpcPool, model: str, version: str, body: bytes, header
 async def _close(answers: AsyncIterator[bytes]) -> None:
     aclose = getattr(answers, "aclose", None)
     if aclose is not None:
-        await aclose()  # GrpcPool.infer_stream's finally cancels the call
+        await aclose()  # GrpcBackend.infer_stream's finally cancels the call
 
 
 class _Events:

@@ -1,12 +1,12 @@
 """Background health and model-readiness checks (never per request).
 
-Each round, for every endpoint of every pool:
+Each round, for every endpoint of every backend:
 
 1. server-live. A server that was down (or is new) and answers again is a new
    process: what was known of its models is forgotten (``EndpointHealth.set_live``);
 2. its repository index, one call (Triton, MLServer): every model with its state;
 3. where there is no index (OVMS; Triton with a restricted repository API and no
-   ``check_headers``): per-model ready calls for the pool's exact routes. Their cost
+   ``check_headers``): per-model ready calls for the backend's exact routes. Their cost
    is bounded for large route tables: a model not ready is re-checked with
    exponential backoff (every round at first, then every 2, 4, … up to
    ``max_backoff_rounds``), and a rolling window of ``recheck_per_round`` ready ones
@@ -30,7 +30,7 @@ known for ``unhealthy_threshold`` rounds (``EndpointHealth.index_missing``).
 
 The gateway is ready when every exact route has an endpoint with its model ready,
 and never with no live backend. Results live on the endpoints (``ep.health``) and
-in ``ready`` / ``not_ready``; the pools read them to choose endpoints.
+in ``ready`` / ``not_ready``; the backends read them to choose endpoints.
 """
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ from typing import Any, TypeVar
 
 from ..config.schema import Health
 from ..routing.readiness import Ready
+from .base import Backend
 from .endpoints import Endpoint
-from .pool import Pool
 
 __all__ = ["HealthChecker"]
 
@@ -53,8 +53,8 @@ log = logging.getLogger("oip_gateway.health")
 
 T = TypeVar("T")
 # (model, version or None, backend[, group]): routes with the same group are one route's
-# pools (a split's sides): it is ready when one of them is. Group -1: checked, never
-# required (a mirror's shadow pool). Without a group, each entry is a route of its own.
+# backends (a split's sides): it is ready when one of them is. Group -1: checked, never
+# required (a mirror's shadow backend). Without a group, each entry is a route of its own.
 Route = tuple[str, str | None, str] | tuple[str, str | None, str, int]
 
 
@@ -75,7 +75,7 @@ class _Schedule:
 class HealthChecker:
     def __init__(
         self,
-        pools: Mapping[str, Pool[Any]],
+        backends: Mapping[str, Backend[Any]],
         exact_routes: Sequence[Route],
         *,
         interval_s: float,
@@ -106,26 +106,26 @@ class HealthChecker:
         self._schedules: dict[int, _Schedule] = {}
         # id(endpoint) -> its late calls still running (the endpoint is skipped until they end).
         self._late: dict[int, set[asyncio.Future[Any]]] = {}
-        self.pools: Mapping[str, Pool[Any]] = {}
+        self.backends: Mapping[str, Backend[Any]] = {}
         self.exact_routes: list[tuple[str, str | None, str, int]] = []
         self._keys: dict[str, list[tuple[str, str]]] = {}
-        self.reconfigure(pools, exact_routes)
+        self.reconfigure(backends, exact_routes)
 
-    def reconfigure(self, pools: Mapping[str, Pool[Any]], exact_routes: Sequence[Route]) -> None:
-        """New pools and routes (a config reload); endpoints keep their state. The next
+    def reconfigure(self, backends: Mapping[str, Backend[Any]], exact_routes: Sequence[Route]) -> None:
+        """New backends and routes (a config reload); endpoints keep their state. The next
         round comes at once."""
-        self.pools = pools
+        self.backends = backends
         # (model, version or None, backend), deduplicated, in config order.
         self.exact_routes = list(dict.fromkeys(
             (r[0], r[1], r[2], r[3] if len(r) > 3 else -2 - i) for i, r in enumerate(exact_routes)))
-        keys: dict[str, list[tuple[str, str]]] = {name: [] for name in pools}
-        for model, version, backend, _ in self.exact_routes:
-            if backend in keys:
-                keys[backend].append((model, version or ""))
+        keys: dict[str, list[tuple[str, str]]] = {name: [] for name in backends}
+        for model, version, name, _ in self.exact_routes:
+            if name in keys:
+                keys[name].append((model, version or ""))
         self._keys = {name: list(dict.fromkeys(k)) for name, k in keys.items()}
-        for name, pool in pools.items():
-            pool.routed = frozenset(m for m, _ in self._keys[name])
-            pool.on_new_endpoints = self.kick
+        for name, backend in backends.items():
+            backend.routed = frozenset(m for m, _ in self._keys[name])
+            backend.on_new_endpoints = self.kick
         self.kick()
 
     def late_calls(self) -> int:
@@ -184,7 +184,7 @@ class HealthChecker:
                 ep.health.readmit(time.monotonic())
         return apply
 
-    async def _check_endpoint(self, pool: Pool[Any], ep: Endpoint) -> None:
+    async def _check_endpoint(self, backend: Backend[Any], ep: Endpoint) -> None:
         if id(ep) in self._late:
             return  # a call of an earlier round still running: its answer decides when it comes
         health = ep.health
@@ -194,20 +194,20 @@ class HealthChecker:
             answered.append(ok)
             self._live(ep)(ok)
 
-        if not await self._ask(ep, lambda t: pool.check_live(ep, t), live):
+        if not await self._ask(ep, lambda t: backend.check_live(ep, t), live):
             if health.live is None:
                 health.checked(False, self.unhealthy_threshold, self.healthy_threshold)  # the first check decides
             return
         if not answered[0] or not health.live:
             return  # a failed check (below the threshold, what is known stays) or down
-        if pool.backend.repository_index:
+        if backend.spec.repository_index:
 
             def got(entries: list[Any] | None) -> None:
                 answered.append(entries)
                 if entries and health.live:  # (late: only while still up — see _check_models)
                     health.set_index(entries)
 
-            if not await self._ask(ep, lambda t: pool.check_index(ep, t), got):
+            if not await self._ask(ep, lambda t: backend.check_index(ep, t), got):
                 return  # late: the index known stays until the answer comes
             index = answered[1]
             if index:
@@ -219,13 +219,13 @@ class HealthChecker:
             if index is None and health.index_missing(self.unhealthy_threshold):
                 return
         health.set_no_index()  # index gone (restricted, or never had one): per-model calls
-        if await self._check_models(pool, ep):
+        if await self._check_models(backend, ep):
             health.set_models_checked()
 
-    async def _check_models(self, pool: Pool[Any], ep: Endpoint) -> bool:
+    async def _check_models(self, backend: Backend[Any], ep: Endpoint) -> bool:
         """Per-model ready calls; True when every one answered in time (the models are then
         checked: a model not asked is no longer "not checked since the server came up")."""
-        keys = self._keys.get(pool.name, [])
+        keys = self._keys.get(backend.name, [])
         if not keys:
             return True
         sched = self._schedules.setdefault(id(ep), _Schedule())
@@ -243,7 +243,7 @@ class HealthChecker:
                 if not health.live:
                     return
                 was = known.get(key)
-                if ok is None:  # no answer (a pool that tells it from "not ready"): keep what is known
+                if ok is None:  # no answer (a backend that tells it from "not ready"): keep what is known
                     if was is not None:
                         return
                     ok = False
@@ -257,12 +257,12 @@ class HealthChecker:
             return apply
 
         async def one(key: tuple[str, str]) -> bool:
-            return await self._ask(ep, lambda t: pool.check_model(ep, key[0], key[1], t), answer(key))
+            return await self._ask(ep, lambda t: backend.check_model(ep, key[0], key[1], t), answer(key))
 
         return all(await asyncio.gather(*(one(k) for k in todo)))
 
     async def check_once(self) -> bool:
-        pairs = [(pool, ep) for pool in self.pools.values() for ep in list(pool.endpoints.values())]
+        pairs = [(backend, ep) for backend in self.backends.values() for ep in list(backend.endpoints.values())]
         await asyncio.gather(*(self._check_endpoint(p, ep) for p, ep in pairs))
         alive = {id(ep) for _, ep in pairs}
         for key in [k for k in self._schedules if k not in alive]:
@@ -276,17 +276,17 @@ class HealthChecker:
         """The gateway's readiness from the endpoints' decided state (after a round, and when
         a late answer arrives)."""
         states: dict[tuple[str, str], bool] = {}
-        groups: dict[int, tuple[str, bool]] = {}  # group -> (what, some pool has it ready)
-        for model, version, backend, group in self.exact_routes:
-            pool = self.pools.get(backend)
-            eps = pool.endpoints.values() if pool is not None else ()
+        groups: dict[int, tuple[str, bool]] = {}  # group -> (what, some backend has it ready)
+        for model, version, name, group in self.exact_routes:
+            backend = self.backends.get(name)
+            eps = backend.endpoints.values() if backend is not None else ()
             ok = any(ep.health.usable() and ep.health.ready_for(model, version or "") == Ready.YES for ep in eps)
             if group != -1:
                 what = model + (f"/{version}" if version else "")
                 groups[group] = (what, groups.get(group, (what, False))[1] or ok)
-            states[(model, backend)] = states.get((model, backend), True) and ok
+            states[(model, name)] = states.get((model, name), True) and ok
         not_ready = [what for what, ok in groups.values() if not ok]
-        live = any(ep.health.live is True for pool in self.pools.values() for ep in pool.endpoints.values())
+        live = any(ep.health.live is True for backend in self.backends.values() for ep in backend.endpoints.values())
         self.not_ready = not_ready
         self.route_states = states
         self.ready = live and not not_ready

@@ -1,14 +1,15 @@
-"""One exchange on one HTTP endpoint, and with the pool's endpoint choice and safe retries:
-the base of :class:`~.http.HttpPool`. The endpoints are made here (an ``h1`` connection pool
+"""One exchange on one HTTP endpoint, and with the backend's endpoint choice and safe retries:
+the base of :class:`~.http.HttpBackend`. The endpoints are made here (an ``h1`` connection pool
 each, with the backend's TLS and answer limits), and the h1 client's errors are mapped to the
 gateway's error tree here, once (``raise ... from exc``)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from ..config.schema import Backend, HostPort
+from ..config.schema import BackendSpec, HostPort
 from ..errors import NoEndpointAvailable, RequestTimeout, UpstreamReset, UpstreamTimeout
 from ..routing.table import STATEFUL
+from .base import Backend, Refused, _always
 from .h1 import (
     AnswerLimits,
     BadAnswer,
@@ -29,24 +30,23 @@ from .http_endpoint import (
     error_from_reply,
     ssl_context,
 )
-from .pool import Pool, Refused, _always
 
 __all__ = ["HttpExchange"]
 
 
-class HttpExchange(Pool[HttpEndpoint]):
-    """An HTTP pool's endpoints and exchanges (what :class:`~.http.HttpPool` asks them)."""
+class HttpExchange(Backend[HttpEndpoint]):
+    """An HTTP backend's endpoints and exchanges (what :class:`~.http.HttpBackend` asks them)."""
 
-    def __init__(self, backend: Backend) -> None:
-        super().__init__(backend)
-        self._ssl = ssl_context(backend.tls)
-        self._check_headers = dict(backend.check_headers)
-        self._base64_bytes = backend.non_utf8_bytes == "base64"
+    def __init__(self, spec: BackendSpec) -> None:
+        super().__init__(spec)
+        self._ssl = ssl_context(spec.tls)
+        self._check_headers = dict(spec.check_headers)
+        self._base64_bytes = spec.non_utf8_bytes == "base64"
         self._infer_paths: dict[tuple[str, str], str] = {}
         self._apply(frozenset())  # static endpoints exist from the start: no loop needed
 
     def _make(self, address: HostPort) -> HttpEndpoint:
-        b = self.backend
+        b = self.spec
         limits = AnswerLimits(b.max_answer_header_count, b.max_answer_head_bytes, b.max_message_bytes)
         return HttpEndpoint(address, H1ConnectionPool(
             address.host, address.port, connect_timeout=b.connect_timeout_s, ssl=self._ssl,
@@ -60,9 +60,9 @@ class HttpExchange(Pool[HttpEndpoint]):
         """Raises Refused when nothing of an answer came (connection refused, or closed
         before a byte of it), so the request may go to another endpoint. ``stream_unsized``:
         an answer of unknown length (chunked) comes as a BodyStream (generate_stream).
-        ``max_body``: a lower body limit than the pool's (health checks). ``stateful``: a
+        ``max_body``: a lower body limit than the backend's (health checks). ``stateful``: a
         request of a sequence, never sent twice (see :meth:`_mapped`)."""
-        tmo = self.backend.timeout_s if timeout is None else min(timeout, self.backend.timeout_s)
+        tmo = self.spec.timeout_s if timeout is None else min(timeout, self.spec.timeout_s)
         try:
             resp = await ep.connections.request(method, path, body=body, headers=headers, timeout=tmo,  # type: ignore[arg-type]
                                                 stream_min=stream_min, stream_unsized=stream_unsized,
@@ -124,7 +124,7 @@ class HttpExchange(Pool[HttpEndpoint]):
                       headers: Mapping[str, str] | None = None, timeout: float | None = None,
                       affinity: str | None = None, stream_min: int | None = None,
                       stream_unsized: bool = False) -> UpstreamReply:
-        """One exchange on the pool for ``model``: chosen endpoint, safe retries. An error
+        """One exchange on the backend for ``model``: chosen endpoint, safe retries. An error
         answer meaning "model not here" from an endpoint thought ready is retried too."""
         # (Not isinstance(body, IncomingBody): a runtime Protocol check costs ~20 µs.)
         resendable = _always if body is None or isinstance(body, (bytes, bytearray, list)) \

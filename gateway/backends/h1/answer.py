@@ -33,7 +33,7 @@ class BodyStream:
     again, so a slow client never makes the gateway hold the whole answer.
     ``close()`` abandons it (the connection is closed if the body is unfinished).
     Errors surface from the iteration: ConnectionDropped or TimeoutError, passed
-    through ``map_error`` (set by the pool to its own error tree).
+    through ``map_error`` (set by the HTTP backend to the gateway's error tree).
     """
 
     _HIGH: ClassVar[int] = 4 << 20  # (ClassVar: class constants, also when mypyc compiles this module)

@@ -1,10 +1,10 @@
-"""A lean HTTP/1.1 client for backend pools: asyncio protocol + httptools parser.
+"""A lean HTTP/1.1 client for the HTTP backends: asyncio protocol + httptools parser.
 
 Why not aiohttp (the stack's first choice, still used by the test suite): the CPU of a client
 process per small inference POST is 0.18–0.32 × aiohttp's with this client, 0.74–0.96 × at 1 MiB
 (``benchmarks/h1client.py`` measures it, so the choice stays justified; benchmarks/README.md),
 and aiohttp's was the single largest item of the gateway's HTTP pass-through profile when it
-was used. A backend pool needs only a small
+was used. A backend needs only a small
 part of HTTP/1.1 — keep-alive POST/GET with a known body, responses with
 Content-Length, chunked or close-delimited framing — and httptools (the parser uvicorn uses)
 does the parsing.

@@ -1,5 +1,5 @@
 """An HTTP backend endpoint (its pool of keep-alive HTTP/1.1 connections, ``h1``), what an
-exchange on it hands back (:class:`UpstreamReply`), and the helpers the HTTP pool builds
+exchange on it hands back (:class:`UpstreamReply`), and the helpers the HTTP backend builds
 requests and reads answers with: paths, relayed headers, a backend's error answer as the
 gateway's error."""
 from __future__ import annotations
@@ -25,7 +25,7 @@ __all__ = ["Body", "HttpEndpoint", "UpstreamReply", "error_from_reply", "family_
 _RELAYED = ("content-type", "inference-header-content-length", "content-encoding")
 
 # Error answers that may mean "model not (yet) here": read as such only from an
-# endpoint the checker thought ready (Pool.refusal).
+# endpoint the checker thought ready (Backend.refusal).
 _NOT_READY_STATUS = frozenset({400, 404, 503})
 
 

@@ -3,7 +3,7 @@
 One channel per endpoint, max message sizes set on each (gRPC's 4 MiB default is the most
 reported failure of other gateways). ModelInfer goes through a generic multi-callable with no
 serializers: the request bytes are sent as received and the response bytes returned as received.
-What a pool does with its endpoints' calls is ``grpc.py``'s (:class:`~.grpc.GrpcPool`).
+What a backend does with its endpoints' calls is ``grpc.py``'s (:class:`~.grpc.GrpcBackend`).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import grpc
 from grpc import aio
 
 from .._pb import grpc_predict_v2_pb2 as pb
-from ..config.schema import Backend, BackendTls, HostPort
+from ..config.schema import BackendSpec, BackendTls, HostPort
 from ..grpcengine import READ_BUFFER_OPTION
 from .endpoints import Endpoint
 
@@ -53,7 +53,7 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int | str]]:
         ("grpc.keepalive_time_ms", 30_000),
         ("grpc.keepalive_timeout_ms", 10_000),
         ("grpc.http2.max_pings_without_data", 0),
-        # The pool retries itself (safe retries only); grpc-core's transparent-retry
+        # The backend retries itself (safe retries only); grpc-core's transparent-retry
         # machinery only adds per-call buffering. Measured here on a pass-through
         # proxy: +37% RPC/s with retries off, +42% with throughput tuning too.
         ("grpc.enable_retries", 0),
@@ -81,10 +81,10 @@ def _credentials(tls: BackendTls) -> grpc.ChannelCredentials:
 class GrpcEndpoint(Endpoint):
     __slots__ = ("_drained", "_grace", "_inflight", "channel", "infer", "raw", "stream", "typed")
 
-    def __init__(self, address: HostPort, backend: Backend) -> None:
+    def __init__(self, address: HostPort, spec: BackendSpec) -> None:
         super().__init__(address)
-        opts = channel_options(backend.max_message_bytes)
-        tls = backend.tls
+        opts = channel_options(spec.max_message_bytes)
+        tls = spec.tls
         if tls is None:
             ch = aio.insecure_channel(str(address), options=opts)
         else:
@@ -103,7 +103,7 @@ class GrpcEndpoint(Endpoint):
         }
         self.raw = {name: ch.unary_unary(METHOD_PREFIX + name) for name in RAW_RPCS}
         self._inflight = 0  # calls and open streams on this endpoint now
-        self._grace = backend.timeout_s
+        self._grace = spec.timeout_s
         self._drained: asyncio.Event | None = None  # set when _inflight reaches 0, while closing
 
     @property

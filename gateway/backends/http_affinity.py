@@ -41,7 +41,7 @@ async def http_affinity(body: bytes | bytearray | IncomingBody, headers: Mapping
 
 async def _compressed_sequence(body: bytes | bytearray | IncomingBody, json_length: str | None,
                                limit: int) -> str | None:
-    """``sequence_id`` of a gzip/deflate body bound for a pool of several endpoints. A
+    """``sequence_id`` of a gzip/deflate body bound for a backend of several endpoints. A
     binary-extension body still arriving is inflated only up to its JSON part, from as
     little of it as that takes (the rest still streams)."""
     if isinstance(body, (bytes, bytearray)):

@@ -1,6 +1,6 @@
 """least_queue: each endpoint's Triton queue depth, read in the background.
 
-For a pool with ``balance: least_queue``, every ``queue_metrics.interval_s`` each endpoint's
+For a backend with ``balance: least_queue``, every ``queue_metrics.interval_s`` each endpoint's
 Triton metrics page (``http://<host>:<metrics port>/metrics``, plain HTTP on its own port)
 is read over a kept-alive connection and its pending request counts stored on the endpoint
 (``Endpoint.queue``), where the balancer reads them. A page that cannot be read (port
@@ -21,9 +21,9 @@ from typing import Any
 
 from ..codec.queue_metrics import parse_pending
 from ..config.schema import HostPort
-from .h1 import H1ConnectionPool
+from .base import Backend
 from .endpoints import Endpoint
-from .pool import Pool
+from .h1 import H1ConnectionPool
 
 __all__ = ["QueueScraper"]
 
@@ -35,13 +35,13 @@ _MAX_PAGE = 32 << 20
 
 
 class QueueScraper:
-    def __init__(self, pool: Pool[Any], on_scrape: Callable[[str, bool, float], None] | None = None) -> None:
-        self.pool = pool
+    def __init__(self, backend: Backend[Any], on_scrape: Callable[[str, bool, float], None] | None = None) -> None:
+        self.backend = backend
         self._conns: dict[HostPort, H1ConnectionPool] = {}
         self._task: asyncio.Task[None] | None = None
-        self._ports = dict(pool.backend.metrics_ports)
+        self._ports = dict(backend.spec.metrics_ports)
         self._unreadable: set[HostPort] = set()  # endpoints whose page could not be read (logged once)
-        # (pool name, read ok, seconds of work): for the metrics.
+        # (backend name, read ok, seconds of work): for the metrics.
         self.on_scrape = on_scrape or (lambda name, ok, seconds: None)
 
     def start(self) -> None:
@@ -59,26 +59,26 @@ class QueueScraper:
         self._conns.clear()
 
     async def _run(self) -> None:
-        interval = self.pool.backend.queue_metrics.interval_s
+        interval = self.backend.spec.queue_metrics.interval_s
         while True:
             started = time.monotonic()
             await self.scrape_once()
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
     async def scrape_once(self) -> None:
-        eps = list(self.pool.endpoints.values())
-        for addr in [a for a in self._conns if a not in self.pool.endpoints]:
+        eps = list(self.backend.endpoints.values())
+        for addr in [a for a in self._conns if a not in self.backend.endpoints]:
             self._conns.pop(addr).close()  # the endpoint left (DNS, reload)
         await asyncio.gather(*(self._scrape(ep) for ep in eps))
 
     async def _scrape(self, ep: Endpoint) -> None:
-        backend = self.pool.backend
-        timeout = min(backend.queue_metrics.interval_s * 4, backend.timeout_s, 2.0)
+        spec = self.backend.spec
+        timeout = min(spec.queue_metrics.interval_s * 4, spec.timeout_s, 2.0)
         conns = self._conns.get(ep.address)
         if conns is None:
-            port = self._ports.get(ep.address, backend.queue_metrics.port)
+            port = self._ports.get(ep.address, spec.queue_metrics.port)
             conns = self._conns[ep.address] = H1ConnectionPool(
-                ep.address.host, port, connect_timeout=min(timeout, backend.connect_timeout_s), max_connections=1,
+                ep.address.host, port, connect_timeout=min(timeout, spec.connect_timeout_s), max_connections=1,
                 max_idle=1)
         try:
             reply = await conns.request("GET", "/metrics", timeout=timeout, stream_min=_MAX_PAGE)
@@ -92,15 +92,15 @@ class QueueScraper:
             if ep.address not in self._unreadable:
                 self._unreadable.add(ep.address)
                 log.warning("backend '%s' endpoint %s: queue metrics unreadable (%s); balanced by its requests "
-                            "in flight until they can be read", self.pool.name, ep.address,
+                            "in flight until they can be read", self.backend.name, ep.address,
                             str(exc) or f"{type(exc).__name__}: no answer within {timeout:g}s"
                             if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__)
             ep.queue = None
-            self.on_scrape(self.pool.name, False, 0.0)
+            self.on_scrape(self.backend.name, False, 0.0)
             return
         if ep.address in self._unreadable:
             self._unreadable.discard(ep.address)
-            log.info("backend '%s' endpoint %s: queue metrics readable again", self.pool.name, ep.address)
+            log.info("backend '%s' endpoint %s: queue metrics readable again", self.backend.name, ep.address)
         t0 = time.perf_counter()
         ep.queue = parse_pending(bytes(body))
-        self.on_scrape(self.pool.name, True, time.perf_counter() - t0)
+        self.on_scrape(self.backend.name, True, time.perf_counter() - t0)
