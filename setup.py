@@ -28,6 +28,7 @@ COMPILED = [
     "gateway/backends/h1/pool.py",
     "gateway/frontend/h1direct.py",
     "gateway/frontend/infer.py",
+    "gateway/frontend/inferchecks.py",
     "gateway/codec/content.py",
     "gateway/codec/jsondup.py",
     "gateway/codec/grpcscan.py",

@@ -50,7 +50,7 @@ NO_INDEX = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
 BODIES = ("small", "1m", "16m", "json1m", "json1mb")
 # All-JSON FP32 bodies (identity_FP32, workloads._json_fp32), tensor bytes → JSON bytes:
 # json1m is the load benchmark's http_json_to_grpc_1m body (1 MiB of FP32: 1,284,620 bytes of
-# JSON, over h1conn.DEFER_MAX / infer._LARGE, so streamed in from the socket); json1mb is
+# JSON, over h1sizes.DEFER_MAX / infer._LARGE, so streamed in from the socket); json1mb is
 # 816,000 bytes of FP32, 999,720 bytes of JSON (under DEFER_MAX: held whole, then served).
 JSON_BODIES = {"json1m": MiB, "json1mb": 816_000}
 MAX_MESSAGE_BYTES = 64 << 20

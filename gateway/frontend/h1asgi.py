@@ -21,7 +21,7 @@ from typing import Any
 from .answers import INTERNAL_ANSWER
 from .h1direct import status_line
 
-__all__ = ["HIGH", "AsgiApp", "AsgiExchange"]
+__all__ = ["HIGH", "AsgiApp", "AsgiExchange", "asgi_scope"]
 
 log = logging.getLogger("oip_gateway.http")
 
@@ -212,3 +212,23 @@ class AsgiExchange:
             if not self.keep_alive:
                 transport.close()
             self._conn.response_complete()
+
+
+def asgi_scope(version: str, method: str, path: str, raw_path: bytes, query: bytes, *,
+               server: tuple[str, int] | None, client: tuple[str, int] | None, scheme: str,
+               headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+    """The ASGI HTTP connection scope (asgiref's specification, version 3, spec_version 2.3)."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": version,
+        "server": server,
+        "client": client,
+        "scheme": scheme,
+        "root_path": "",
+        "method": method,
+        "path": path,
+        "raw_path": raw_path,
+        "query_string": query,
+        "headers": headers,
+    }

@@ -12,37 +12,20 @@ from typing import TYPE_CHECKING, Any, Protocol
 import httptools
 
 from ..rawbody import HEAD_READ, RawBody, new_buffer, plain_socket
-from .h1asgi import AsgiExchange
+from .h1asgi import AsgiExchange, asgi_scope
 from .h1direct import DirectExchange
+from .h1sizes import DEFER_MAX, WHOLE_MAX, WHOLE_MIN
 
 if TYPE_CHECKING:
     from .h1listen import HttpListener
 
-__all__ = ["DEFER_MAX", "LINGER_BYTES", "LINGER_S", "WHOLE_MAX", "WHOLE_MIN", "Connection", "Exchange"]
+__all__ = ["LINGER_BYTES", "LINGER_S", "Connection", "Exchange"]
 
 # A refused connection is read and its bytes dropped this long, or this much, before it
 # closes (``Connection._refuse``).
 LINGER_S = 2.0
 LINGER_BYTES = 16 << 20
 
-# A request served directly whose declared body is at most this long is held until its
-# body is all here, then served from callbacks if it can be (h1direct.DirectExchange.serve).
-# The front end reads bodies up to the same size whole before anything else happens to them
-# (frontend/infer.py _LARGE); larger ones stream through from their first bytes.
-DEFER_MAX = 1 << 20
-# A binary-extension request body (Inference-Header-Content-Length, not compressed) of more
-# than WHOLE_MIN and at most WHOLE_MAX bytes is read past the parser into one buffer of its
-# exact size (the part that came with the head first), then served as a deferred request
-# (from callbacks, as a small one: frontend/infer.py infer_now). Streamed instead, a 1 MiB
-# request took a task, the coroutine chain through proxy, backend and connection, and a future
-# per chunk: benchmarks/instructions.py counted ~490 k instructions per 1 MiB request against
-# ~170 k for a small one. Through the parser it would be copied twice (httptools' chunks, then
-# joined). A/B (4 rounds), 1 MiB pass-through: CPU per request −11 / −8 / −9 % at c=1 / 16 / 64,
-# p50 unchanged on loopback. The price is store-and-forward: the backend gets the body once it
-# is all here — at 2 MiB, ~1.7 ms on a 10 Gb/s link — as behind nginx, which buffers request
-# bodies by default. (Answers the same way were tried: c=1 +4 %, c=64 −1 %; not kept.)
-WHOLE_MIN = 64 * 1024
-WHOLE_MAX = 2 << 20
 
 class Exchange(Protocol):
     """What a connection needs of a request it hands on (DirectExchange, AsgiExchange)."""
@@ -333,8 +316,9 @@ class Connection(asyncio.BufferedProtocol):
                 self.raw_length = declared  # read past the parser after this read (go_raw)
             deferred = deferrable and declared is not None and (declared <= DEFER_MAX or self.raw_whole)
         else:
-            exchange = AsgiExchange(self, self.listener.app, _scope(self, version, method, path, raw_path, query),
-                                    keep_alive, self._continue)
+            scope = asgi_scope(version, method, path, raw_path, query, server=self.server, client=self.client,
+                               scheme=self.scheme, headers=self.headers)
+            exchange = AsgiExchange(self, self.listener.app, scope, keep_alive, self._continue)
         previous = self.exchange
         self.exchange = exchange
         if previous is None or previous.response_complete:
@@ -445,20 +429,3 @@ def _address(value: Any) -> tuple[str, int] | None:
         return str(value[0]), int(value[1])
     return None
 
-
-def _scope(conn: Connection, version: str, method: str, path: str, raw_path: bytes, query: bytes) -> dict[str, Any]:
-    """The ASGI HTTP connection scope (asgiref's specification, version 3, spec_version 2.3)."""
-    return {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": version,
-        "server": conn.server,
-        "client": conn.client,
-        "scheme": conn.scheme,
-        "root_path": "",
-        "method": method,
-        "path": path,
-        "raw_path": raw_path,
-        "query_string": query,
-        "headers": conn.headers,
-    }

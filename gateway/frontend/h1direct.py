@@ -213,7 +213,7 @@ class DirectExchange:
 
     def whole(self) -> bytes | memoryview:
         """The body, all of it here (a deferred request), kept until :meth:`taken`: bytes, or
-        a view of the buffer a binary body was read into whole (h1conn.py WHOLE_MAX)."""
+        a view of the buffer a binary body was read into whole (h1sizes.py WHOLE_MAX)."""
         chunks = self._chunks
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 

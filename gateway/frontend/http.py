@@ -33,7 +33,8 @@ from ..security.guard import Gate
 from .answers import INTERNAL, JSON, error_response, send_error
 from .generate import build_generate, generate_target
 from .h1direct import DirectRoute
-from .infer import HttpInference, check_depth
+from .infer import HttpInference
+from .inferchecks import check_depth
 from .shims import endpoint_function, handler_function
 from .v1_http import build_v1_http_app
 

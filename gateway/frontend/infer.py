@@ -12,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import urllib.parse
 from collections.abc import Callable
 
 from ..budget import ByteBudget
 from ..codec.content import decode_content, is_count
-from ..codec.jsondepth import InflatingScanner, too_deep
+from ..codec.jsondepth import InflatingScanner
 from ..codec.jsonscan import JsonScanner
 from ..codec.limits import JSON_CHECK_MAX, JsonCheck, check_names
 from ..config.security import Limits
@@ -38,9 +37,10 @@ from .answers import INTERNAL, error_answer
 from .h1direct import DirectExchange, DirectRoute
 from .incoming import IncomingBody as _IncomingBody
 from .incoming import too_deep_message as _too_deep_message
+from .inferchecks import check_depth, header_length, infer_target, json_part, utf8_path
 from .kinds import http_kind
 
-__all__ = ["HttpInference", "check_depth", "json_part"]
+__all__ = ["HttpInference"]
 
 log = logging.getLogger("oip_gateway.http")
 
@@ -56,30 +56,6 @@ CLIENT_LEFT = 499
 
 # Preallocated request bodies in flight may add up to this many max-size messages.
 _PREALLOC_BUDGET_MESSAGES = 4
-
-
-def json_part(body: bytes | bytearray | memoryview, json_length: str | None) -> bytes | bytearray | memoryview:
-    """The JSON of an inference body: all of it, or its first Inference-Header-Content-Length bytes."""
-    if json_length is not None and is_count(json_length) and int(json_length) <= len(body):
-        return memoryview(body)[: int(json_length)]
-    return body
-
-
-def check_depth(body: bytes | bytearray | memoryview, limit: int) -> None:
-    """Refuse a JSON body nesting deeper than ``limit`` (codec/jsondepth.py: a scan, not a parse)."""
-    if limit and too_deep(body, limit):
-        raise InvalidRequest(_too_deep_message(limit))
-
-
-def _header_length(value: str | None, body_length: int) -> int | None:
-    """Inference-Header-Content-Length, checked (binary extension): a number within the body."""
-    if value is None:
-        return None
-    text = value.strip()
-    if not is_count(text) or int(text) > body_length:
-        raise InvalidRequest(f"Inference-Header-Content-Length {value!r} is not a byte count within the "
-                             f"{body_length}-byte body")
-    return int(text)
 
 
 async def _send_streamed(ex: DirectExchange, status: int, headers: list[tuple[bytes, bytes]],
@@ -101,26 +77,6 @@ async def _send_streamed(ex: DirectExchange, status: int, headers: list[tuple[by
         body.close()
     await ex.send(b"", False)
     return sent
-
-
-def _infer_target(path: str) -> tuple[str, str] | None:
-    """(model, version) of ``/v2/models/{m}[/versions/{v}]/infer``, else None."""
-    if not (path.startswith("/v2/models/") and path.endswith("/infer")):
-        return None
-    parts = path[11:-6].split("/")
-    if len(parts) == 1 and parts[0]:
-        return parts[0], ""
-    if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
-        return parts[0], parts[2]
-    return None
-
-
-def _utf8_path(raw_path: bytes) -> bool:
-    try:
-        urllib.parse.unquote_to_bytes(raw_path).decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 class HttpInference:
@@ -159,7 +115,7 @@ class HttpInference:
             return claimed[path]
         except KeyError:
             pass
-        target = _infer_target(path)
+        target = infer_target(path)
         route: DirectRoute | None = None
         if target is not None:
             model, version = target
@@ -184,7 +140,7 @@ class HttpInference:
                                 f"{self.max_header_bytes})")
         # (find, not `in`: a bytes `in` first tries its operand as an integer, and the TypeError
         # it formats and drops costs more than the search.)
-        if raw_path.find(b"%") >= 0 and not _utf8_path(raw_path):
+        if raw_path.find(b"%") >= 0 and not utf8_path(raw_path):
             # %-decoding (as ASGI's path is decoded) puts replacement characters where the bytes
             # are not UTF-8: a model name would reach a backend changed. Refused instead (a name
             # is UTF-8 text).
@@ -216,7 +172,7 @@ class HttpInference:
         # binary body read whole past the parser: never a compressed one, h1conn.py.)
         plain = decode_content(bytes(body) if isinstance(body, memoryview) else body, encoding,
                                self.max_message_bytes) if encoding else body
-        _header_length(ihcl, len(plain))
+        header_length(ihcl, len(plain))
         head = json_part(plain, ihcl)
         if len(head) > JSON_CHECK_MAX:
             # One scan gives the depth and the skeleton the limits read (codec/jsonscan.py), where
@@ -304,7 +260,7 @@ class HttpInference:
             ihcl = headers.get("inference-header-content-length")
             if declared is not None and is_count(declared) and int(declared) > _LARGE:
                 # Inference-Header-Content-Length counts inflated bytes of a compressed body.
-                json_length = _header_length(ihcl, self.max_message_bytes if compressed else int(declared))
+                json_length = header_length(ihcl, self.max_message_bytes if compressed else int(declared))
                 # The JSON part's depth and self.limits, checked as it streams by (frontend/incoming.py).
                 scanner = JsonScanner(self.max_json_depth or -1, True)  # (0: no depth limit)
                 scan = InflatingScanner(scanner, coding, json_length) if compressed else scanner

@@ -6,7 +6,7 @@ missing, repeated, not a number, past the body or inside the JSON; a Content-Len
 long, repeated or beside Transfer-Encoding: chunked; gzip; Expect: 100-continue; a body cut off
 mid-way (the client half-closes); shapes and sizes that disagree, huge or negative
 dimensions, an id with control characters; body sizes around the limits where the gateway
-reads a body whole past its parser (frontend/h1conn.py WHOLE_MIN / WHOLE_MAX). What must
+reads a body whole past its parser (frontend/h1sizes.py WHOLE_MIN / WHOLE_MAX). What must
 hold: every request gets an HTTP answer unless the client cut it off (then the connection
 closes, never hangs); the gateway's own answers to bad input are 4xx, its 5xx only relayed
 from Triton, never a traceback; the backend's Python-backend model keeps serving (a run of

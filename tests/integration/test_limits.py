@@ -282,9 +282,9 @@ def test_stalled_body(gw):
 
 
 def test_stalled_binary_body_read_whole(gw):
-    """A binary body of a size read whole past the parser (h1conn.py WHOLE_MAX) that stops
+    """A binary body of a size read whole past the parser (h1sizes.py WHOLE_MAX) that stops
     half-way: the request is refused with 408 once body_timeout_s passes without a byte."""
-    from gateway.frontend.h1conn import WHOLE_MAX, WHOLE_MIN
+    from gateway.frontend.h1sizes import WHOLE_MAX, WHOLE_MIN
 
     size = 1 << 20
     assert WHOLE_MIN < size < WHOLE_MAX

@@ -131,7 +131,7 @@ def test_binary_bodies_read_whole_around_the_limits(tmp_path):
     mid-body costs nothing. Every byte must arrive where it should."""
     import gzip
 
-    from gateway.frontend.h1conn import WHOLE_MAX, WHOLE_MIN
+    from gateway.frontend.h1sizes import WHOLE_MAX, WHOLE_MIN
 
     seen: list[int] = []  # the body sizes the backend got
 

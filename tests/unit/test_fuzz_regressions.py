@@ -186,11 +186,11 @@ def test_header_length_with_non_ascii_digit_is_refused_not_500(value):
     """Header values arrive decoded as latin-1: byte 0xB2 is '²', for which str.isdigit() is True
     and int() raises ValueError — an Inference-Header-Content-Length of it was a 500 (and a
     logged traceback) instead of a 400, and the pass-through affinity raised on it too."""
-    from gateway.frontend.infer import _header_length, json_part
+    from gateway.frontend.inferchecks import header_length, json_part
 
     body = b'{"inputs": []}'
     with pytest.raises(InvalidRequest, match="Inference-Header-Content-Length"):
-        _header_length(value, len(body))
+        header_length(value, len(body))
     assert json_part(body, value) == body
     assert content.sequence_of_json(b'{"parameters": {"sequence_id": 1}}', value) == "1"
     assert content.sequence_of_compressed(zlib.compress(b'{"parameters": {"sequence_id": 1}}'), value, 1024) == "1"

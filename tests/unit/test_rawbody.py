@@ -44,7 +44,7 @@ def test_a_new_buffer_when_little_is_free():
 
 
 def test_a_body_read_whole_fills_the_buffer_it_was_given():
-    """``into``: a body read whole (h1conn.py WHOLE_MAX) goes into one buffer of its size,
+    """``into``: a body read whole (h1sizes.py WHOLE_MAX) goes into one buffer of its size,
     every read right after the last, never into a buffer of RawBody's own — even when less
     than RAW_MIN of it is left."""
     from gateway.rawbody import new_buffer
