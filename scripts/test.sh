@@ -27,6 +27,9 @@ PYTHON=${PYTHON:-python3}
 #   checked against a real Prometheus scraping a running gateway (tests/deploy).
 # - docker.io + debootstrap: the image is really built and run (tests/deploy/test_image.py
 #   starts its own dockerd; no registry is reachable, so the base is debootstrapped).
+# - libnghttp2-dev (checked by its header, not a binary): setup.py builds gateway/h2/_h2.c, the
+#   HTTP/2 data path on libnghttp2, against it; without it that extension is left out and
+#   tests/unit/test_h2_native.py skips.
 # Services these packages ship are not started (there is no init system here; a
 # policy-rc.d refuses them where there is one).
 declare -A NEED=([dnsmasq]=dnsmasq-base [prometheus]=prometheus [promtool]=prometheus
@@ -35,6 +38,12 @@ MISSING=()
 for bin in "${!NEED[@]}"; do
   if ! command -v "$bin" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$bin" ] && [ ! -x "/usr/bin/$bin" ]; then
     MISSING+=("${NEED[$bin]}")
+  fi
+done
+declare -A NEED_HEADER=([/usr/include/nghttp2/nghttp2.h]=libnghttp2-dev)
+for header in "${!NEED_HEADER[@]}"; do
+  if [ ! -e "$header" ]; then
+    MISSING+=("${NEED_HEADER[$header]}")
   fi
 done
 if [ ${#MISSING[@]} -gt 0 ]; then
