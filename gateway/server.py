@@ -251,8 +251,9 @@ class Gateway:
         # SHA-256 of the config file content last loaded or refused (set by the caller
         # that read the first one): what a file watch compares a change against.
         self.config_digest: bytes | None = None
-        self._endpoint_labels: set[tuple[str, str]] = set()
-        self._route_labels: set[tuple[str, str]] = set()
+        # (live, ejected) per (backend, endpoint) as last set on the endpoint gauges.
+        self._endpoint_states: dict[tuple[str, str], tuple[bool, bool]] = {}
+        self._route_states: dict[tuple[str, str], bool] = {}  # as last set on the route_ready gauges
         self._event_children: dict[tuple[str, str], Any] = {}
 
     def _backend(self, spec: BackendSpec) -> Backend[Any]:
@@ -284,24 +285,30 @@ class Gateway:
         return self.proxy.routing.backends
 
     def _record_health(self, checker: HealthChecker) -> None:
-        labels = set()
+        shown: dict[tuple[str, str], tuple[bool, bool]] = {}
+        before = self._endpoint_states
         for backend in self.backends.values():
             for ep in backend.endpoints.values():
                 key = (backend.name, str(ep.address))
-                labels.add(key)
-                self.metrics.endpoint_healthy.labels(*key).set(1 if ep.health.live else 0)
-                self.metrics.endpoint_ejected.labels(*key).set(0 if ep.health.ejected_until is None else 1)
-        for key in self._endpoint_labels - labels:  # endpoints gone (DNS, reload): their series go too
+                now = shown[key] = (ep.health.live is True, ep.health.ejected_until is not None)
+                if before.get(key) != now:  # gauges set when they change, not every round
+                    self.metrics.endpoint_healthy.labels(*key).set(1 if now[0] else 0)
+                    self.metrics.endpoint_ejected.labels(*key).set(1 if now[1] else 0)
+        for key in before.keys() - shown.keys():  # endpoints gone (DNS, reload): their series go too
             for gauge in (self.metrics.endpoint_healthy, self.metrics.endpoint_ejected):
                 with contextlib.suppress(KeyError):
                     gauge.remove(*key)
-        self._endpoint_labels = labels
-        for key, ok in checker.route_states.items():
-            self.metrics.route_ready.labels(*key).set(1 if ok else 0)
-        for key in self._route_labels - checker.route_states.keys():  # routes a reload removed
-            with contextlib.suppress(KeyError):
-                self.metrics.route_ready.remove(*key)
-        self._route_labels = set(checker.route_states)
+        self._endpoint_states = shown
+        states = checker.route_states
+        if states is not self._route_states:  # (the checker makes a new dict only when something moved)
+            shown_routes = self._route_states
+            for key, ok in states.items():
+                if shown_routes.get(key) is not ok:
+                    self.metrics.route_ready.labels(*key).set(1 if ok else 0)
+            for key in shown_routes.keys() - states.keys():  # routes a reload removed
+                with contextlib.suppress(KeyError):
+                    self.metrics.route_ready.remove(*key)
+            self._route_states = states
         self.metrics.ready.set(1 if checker.ready else 0)
 
     async def start(

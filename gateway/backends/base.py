@@ -266,7 +266,24 @@ class Backend(EndpointSet[E]):
         raise NotImplementedError
 
     async def check_index(self, ep: E, timeout: float) -> list[IndexEntry] | None:
-        """The endpoint's repository index, or None when it has none (or refuses it)."""
+        """The endpoint's repository index, or None when it has none (or refuses it, or
+        answers something that does not read as one)."""
+        raw = await self.check_index_raw(ep, timeout)
+        if raw is None:
+            return None
+        try:
+            return self.parse_index(raw)
+        except GatewayError:
+            return None
+
+    async def check_index_raw(self, ep: E, timeout: float) -> bytes | bytearray | None:
+        """The endpoint's repository index answer as it came (:meth:`parse_index` reads it),
+        or None when it has none (or refuses it)."""
+        raise NotImplementedError
+
+    def parse_index(self, raw: bytes | bytearray) -> list[IndexEntry]:
+        """The entries of an answer of :meth:`check_index_raw`; a GatewayError when it does
+        not read as an index."""
         raise NotImplementedError
 
     async def check_model(self, ep: E, model: str, version: str, timeout: float) -> bool | None:

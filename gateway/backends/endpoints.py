@@ -107,6 +107,12 @@ class EndpointSet(Generic[E]):
         if added and self.on_new_endpoints is not None:
             self.on_new_endpoints()
 
+    @property
+    def generation(self) -> int:
+        """Moves whenever anything that decides where a request may go changes (the health
+        checker recomputes the gateway's readiness only then)."""
+        return self._gen.n
+
     def adopt(self, old: EndpointSet[Any]) -> None:
         """Take over ``old``'s endpoints that this backend also has (hot reload): their
         connections and health state carry over; ``old`` no longer owns them."""

@@ -170,13 +170,16 @@ class GrpcBackend(Backend[GrpcEndpoint]):
         except (GatewayError, Refused):
             return False
 
-    async def check_index(self, ep: GrpcEndpoint, timeout: float) -> list[IndexEntry] | None:
+    async def check_index_raw(self, ep: GrpcEndpoint, timeout: float) -> bytes | bytearray | None:
         try:
-            answer = await self._call(ep, lambda e: e.raw["RepositoryIndex"], INDEX_REQUEST_PB, timeout,
-                                      self._check_metadata)
-            return parse_index_pb(answer)
+            answer: bytes = await self._call(ep, lambda e: e.raw["RepositoryIndex"], INDEX_REQUEST_PB, timeout,
+                                             self._check_metadata)
         except (GatewayError, Refused):
             return None  # no repository extension (UNIMPLEMENTED), or restricted
+        return answer
+
+    def parse_index(self, raw: bytes | bytearray) -> list[IndexEntry]:
+        return parse_index_pb(bytes(raw))
 
     async def check_model(self, ep: GrpcEndpoint, model: str, version: str, timeout: float) -> bool | None:
         """Whether the model is ready there; None: no answer (the checker keeps what it knew). The

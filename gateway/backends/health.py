@@ -43,7 +43,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..config.schema import Health
-from ..routing.readiness import Ready
+from ..errors import GatewayError
+from ..routing.readiness import EndpointHealth, Index, Ready
 from .base import Backend
 from .endpoints import Endpoint
 
@@ -109,6 +110,13 @@ class HealthChecker:
         self.backends: Mapping[str, Backend[Any]] = {}
         self.exact_routes: list[tuple[str, str | None, str, int]] = []
         self._keys: dict[str, list[tuple[str, str]]] = {}
+        # Per backend: (models routed without a version, (model, version) routed with one).
+        self._wanted: dict[str, tuple[frozenset[str], frozenset[tuple[str, str]]]] = {}
+        # The backends' generations at the last summary (None: recompute).
+        self._stamp: tuple[int, ...] | None = None
+        # Repository indexes by the bytes they were read from, shared by the endpoints that
+        # answered those bytes (``_index``).
+        self._indexes: dict[bytes, Index] = {}
         self.reconfigure(backends, exact_routes)
 
     def reconfigure(self, backends: Mapping[str, Backend[Any]], exact_routes: Sequence[Route]) -> None:
@@ -123,6 +131,9 @@ class HealthChecker:
             if name in keys:
                 keys[name].append((model, version or ""))
         self._keys = {name: list(dict.fromkeys(k)) for name, k in keys.items()}
+        self._wanted = {name: (frozenset(m for m, v in k if not v), frozenset((m, v) for m, v in k if v))
+                        for name, k in self._keys.items()}
+        self._stamp = None  # (the routes changed: the next summary recomputes)
         for name, backend in backends.items():
             backend.routed = frozenset(m for m, _ in self._keys[name])
             backend.on_new_endpoints = self.kick
@@ -202,15 +213,16 @@ class HealthChecker:
             return  # a failed check (below the threshold, what is known stays) or down
         if backend.spec.repository_index:
 
-            def got(entries: list[Any] | None) -> None:
-                answered.append(entries)
-                if entries and health.live:  # (late: only while still up — see _check_models)
-                    health.set_index(entries)
+            def got(raw: bytes | bytearray | None) -> None:
+                index = self._index(backend, health, raw)
+                answered.append(index)
+                if index is not None and index.names and health.live:  # (late: only while still up)
+                    health.set_index_state(index)
 
-            if not await self._ask(ep, lambda t: backend.check_index(ep, t), got):
+            if not await self._ask(ep, lambda t: backend.check_index_raw(ep, t), got):
                 return  # late: the index known stays until the answer comes
             index = answered[1]
-            if index:
+            if index is not None and index.names:
                 return
             # An empty index tells nothing a per-model call would not (a server whose index
             # covers only part of what it serves — another gateway in front of OVMS — answers
@@ -221,6 +233,26 @@ class HealthChecker:
         health.set_no_index()  # index gone (restricted, or never had one): per-model calls
         if await self._check_models(backend, ep):
             health.set_models_checked()
+
+    def _index(self, backend: Backend[Any], health: EndpointHealth, raw: bytes | bytearray | None) -> Index | None:
+        """The index an answer says: the endpoint's own if the bytes are the same as last
+        time (a comparison, no parse), else the one another endpoint answered with the same
+        bytes, else a new one. None: no answer, or one that does not read as an index."""
+        if raw is None:
+            return None
+        now = health.index
+        if now is not None and now.raw == raw:
+            return now
+        key = bytes(raw)
+        index = self._indexes.get(key)
+        if index is None:
+            try:
+                entries = backend.parse_index(key)
+            except GatewayError as err:
+                log.warning("backend '%s': a repository index that does not read: %s", backend.name, err.message)
+                return None
+            index = self._indexes[key] = Index(key, entries)
+        return index
 
     async def _check_models(self, backend: Backend[Any], ep: Endpoint) -> bool:
         """Per-model ready calls; True when every one answered in time (the models are then
@@ -267,6 +299,9 @@ class HealthChecker:
         alive = {id(ep) for _, ep in pairs}
         for key in [k for k in self._schedules if k not in alive]:
             del self._schedules[key]
+        held = {id(ep.health.index) for _, ep in pairs}
+        for raw in [k for k, index in self._indexes.items() if id(index) not in held]:
+            del self._indexes[raw]  # no endpoint answers with these bytes any more
         self.rounds += 1
         self._summarise()
         self._first.set()
@@ -274,24 +309,49 @@ class HealthChecker:
 
     def _summarise(self) -> None:
         """The gateway's readiness from the endpoints' decided state (after a round, and when
-        a late answer arrives)."""
+        a late answer arrives) — recomputed only when something that decides it moved."""
+        stamp = tuple(backend.generation for backend in self.backends.values())
+        if stamp != self._stamp:
+            self._stamp = stamp
+            self._compute()
+        if self._on_round is not None:
+            self._on_round(self)
+
+    def _compute(self) -> None:
+        ready: dict[str, tuple[frozenset[str], frozenset[tuple[str, str]]]] = {}
+        for name, backend in self.backends.items():
+            ready[name] = self._ready_in(backend)
         states: dict[tuple[str, str], bool] = {}
         groups: dict[int, tuple[str, bool]] = {}  # group -> (what, some backend has it ready)
         for model, version, name, group in self.exact_routes:
-            backend = self.backends.get(name)
-            eps = backend.endpoints.values() if backend is not None else ()
-            ok = any(ep.health.usable() and ep.health.ready_for(model, version or "") == Ready.YES for ep in eps)
+            plain, versioned = ready.get(name, (frozenset(), frozenset()))
+            ok = (model, version) in versioned if version else model in plain
             if group != -1:
                 what = model + (f"/{version}" if version else "")
                 groups[group] = (what, groups.get(group, (what, False))[1] or ok)
             states[(model, name)] = states.get((model, name), True) and ok
-        not_ready = [what for what, ok in groups.values() if not ok]
         live = any(ep.health.live is True for backend in self.backends.values() for ep in backend.endpoints.values())
-        self.not_ready = not_ready
+        self.not_ready = [what for what, ok in groups.values() if not ok]
         self.route_states = states
-        self.ready = live and not not_ready
-        if self._on_round is not None:
-            self._on_round(self)
+        self.ready = live and not self.not_ready
+
+    def _ready_in(self, backend: Backend[Any]) -> tuple[frozenset[str], frozenset[tuple[str, str]]]:
+        """(models routed without a version, (model, version) routed) ready on some usable
+        endpoint of ``backend``. Endpoints that share an index are looked at once, with set
+        operations: a fleet of identical pods costs one index's worth, not one per pod."""
+        plain, versioned = self._wanted.get(backend.name, (frozenset(), frozenset()))
+        usable = [ep.health for ep in backend.endpoints.values() if ep.health.usable()]
+        shared = {id(h.index): h.index for h in usable if h.index is not None}
+        plain_ok: set[str] = set()
+        versioned_ok: set[tuple[str, str]] = set()
+        for index in shared.values():
+            plain_ok |= plain & index.ready_names
+            versioned_ok |= versioned & index.ready
+        for h in usable:
+            if h.index is None:  # per-model checks (no index): each model asked of each endpoint
+                plain_ok.update(m for m in plain - plain_ok if h.ready_for(m, "") == Ready.YES)
+                versioned_ok.update(k for k in versioned - versioned_ok if h.ready_for(*k) == Ready.YES)
+        return frozenset(plain_ok), frozenset(versioned_ok)
 
     async def _run(self) -> None:
         while True:

@@ -108,16 +108,19 @@ class HttpBackend(HttpExchange):
             return configured
         return ep.family or "other"
 
-    async def check_index(self, ep: HttpEndpoint, timeout: float) -> list[IndexEntry] | None:
+    async def check_index_raw(self, ep: HttpEndpoint, timeout: float) -> bytes | bytearray | None:
         headers = {"content-type": "application/json", **self._check_headers}
         try:
             reply = await self._send(ep, "POST", "/v2/repository/index", body=INDEX_REQUEST_JSON,
                                      headers=headers, timeout=timeout, max_body=self.spec.max_check_answer_bytes)
-            if reply.status != 200 or isinstance(reply.body, BodyStream):
-                return None  # no repository extension (OVMS), or restricted (Triton: 4xx)
-            return parse_index_json(reply.body)
         except (GatewayError, Refused):
             return None
+        if reply.status != 200 or isinstance(reply.body, BodyStream):
+            return None  # no repository extension (OVMS), or restricted (Triton: 4xx)
+        return reply.body
+
+    def parse_index(self, raw: bytes | bytearray) -> list[IndexEntry]:
+        return parse_index_json(raw)
 
     async def check_model(self, ep: HttpEndpoint, model: str, version: str, timeout: float) -> bool | None:
         """Whether the model is ready there; None: no answer (the checker keeps what it knew)."""

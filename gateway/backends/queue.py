@@ -9,6 +9,13 @@ in-flight requests alone, and nothing fails (logged once per endpoint). Counted:
 by result, and the CPU spent reading pages (``oip_gateway_queue_scrape_seconds_total``:
 parsing only — the HTTP exchange around it cost ~10 × more in benchmarks/least_queue.py,
 ~0.33 ms of CPU per scrape in all).
+
+At fleet size the pages are the cost (Triton's page for 10,000 models is ~1 MB; 300 such
+endpoints every 0.5 s would be ~600 MB/s to read): a pass reads at most ``CONCURRENCY`` pages at
+once, and the next pass waits at least ``interval_s`` after this one *ended* and at least as long
+again as this pass's own work took, times ``1 / SHARE`` — never back to back, and never more than
+about ``SHARE`` of a core. A small fleet is read every ``interval_s``; a large one as often as
+that share allows (benchmarks/control_plane.py).
 """
 from __future__ import annotations
 
@@ -32,6 +39,12 @@ log = logging.getLogger("oip_gateway.queue")
 # A metrics page larger than this is not read whole (Triton's with thousands of models is a
 # few MiB); the endpoint then falls back to least-request.
 _MAX_PAGE = 32 << 20
+# Pages read at once by one backend's pass.
+CONCURRENCY = 8
+# The share of a core one backend's scraping may take, averaged over a pass and the wait after it.
+SHARE = 0.02
+# Good reads in a row after which an unreadable page is logged as readable again.
+_READABLE_AGAIN = 3
 
 
 class QueueScraper:
@@ -40,7 +53,8 @@ class QueueScraper:
         self._conns: dict[HostPort, H1ConnectionPool] = {}
         self._task: asyncio.Task[None] | None = None
         self._ports = dict(backend.spec.metrics_ports)
-        self._unreadable: set[HostPort] = set()  # endpoints whose page could not be read (logged once)
+        # Endpoints whose page could not be read (logged once) -> good reads since.
+        self._unreadable: dict[HostPort, int] = {}
         # (backend name, read ok, seconds of work): for the metrics.
         self.on_scrape = on_scrape or (lambda name, ok, seconds: None)
 
@@ -61,15 +75,24 @@ class QueueScraper:
     async def _run(self) -> None:
         interval = self.backend.spec.queue_metrics.interval_s
         while True:
-            started = time.monotonic()
+            cpu = time.thread_time()
             await self.scrape_once()
-            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+            # thread_time: this thread's CPU during the pass (the loop's other work included: an
+            # upper bound on the pass's own).
+            work = time.thread_time() - cpu
+            await asyncio.sleep(max(interval, work / SHARE - work))
 
     async def scrape_once(self) -> None:
         eps = list(self.backend.endpoints.values())
         for addr in [a for a in self._conns if a not in self.backend.endpoints]:
             self._conns.pop(addr).close()  # the endpoint left (DNS, reload)
-        await asyncio.gather(*(self._scrape(ep) for ep in eps))
+        gate = asyncio.Semaphore(CONCURRENCY)
+
+        async def one(ep: Endpoint) -> None:
+            async with gate:
+                await self._scrape(ep)
+
+        await asyncio.gather(*(one(ep) for ep in eps))
 
     async def _scrape(self, ep: Endpoint) -> None:
         spec = self.backend.spec
@@ -90,17 +113,27 @@ class QueueScraper:
                 raise ValueError(f"metrics answered {reply.status}")
         except Exception as exc:  # any failure only means "no queue known here"
             if ep.address not in self._unreadable:
-                self._unreadable.add(ep.address)
+                self._unreadable[ep.address] = 0
                 log.warning("backend '%s' endpoint %s: queue metrics unreadable (%s); balanced by its requests "
-                            "in flight until they can be read", self.backend.name, ep.address,
-                            str(exc) or f"{type(exc).__name__}: no answer within {timeout:g}s"
-                            if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__)
+                            "in flight until they can be read", self.backend.name, ep.address, _reason(exc, timeout))
+            else:
+                self._unreadable[ep.address] = 0
             ep.queue = None
             self.on_scrape(self.backend.name, False, 0.0)
             return
         if ep.address in self._unreadable:
-            self._unreadable.discard(ep.address)
-            log.info("backend '%s' endpoint %s: queue metrics readable again", self.backend.name, ep.address)
+            # Said once it stays readable (a page that comes every other time is no flapping log).
+            self._unreadable[ep.address] += 1
+            if self._unreadable[ep.address] >= _READABLE_AGAIN:
+                del self._unreadable[ep.address]
+                log.info("backend '%s' endpoint %s: queue metrics readable again", self.backend.name, ep.address)
         t0 = time.perf_counter()
         ep.queue = parse_pending(bytes(body))
         self.on_scrape(self.backend.name, True, time.perf_counter() - t0)
+
+
+def _reason(exc: BaseException, timeout: float) -> str:
+    """What a failed read says in the log: its message, else what it was."""
+    if isinstance(exc, TimeoutError):
+        return str(exc) or f"no answer within {timeout:g}s"
+    return str(exc) or type(exc).__name__

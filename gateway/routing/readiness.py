@@ -36,13 +36,14 @@ checker next finds it live (``readmit``).
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.schema import Outlier
 
-__all__ = ["EndpointHealth", "Generation", "Ready"]
+__all__ = ["EndpointHealth", "Generation", "Index", "Ready"]
 
 # (model, version) — version "" means "no particular version".
 ModelKey = tuple[str, str]
@@ -67,16 +68,40 @@ class Generation:
         self.n = 0
 
 
+class Index:
+    """A repository index as read: the answer's bytes and what they say. Immutable, so
+    endpoints whose answers are byte-identical (every pod of one deployment, usually) share one
+    (backends/health.py keeps them by their bytes): a fleet's model state costs one index per
+    distinct answer, not one per endpoint, and an answer identical to the last costs a
+    comparison of bytes, not a parse."""
+
+    __slots__ = ("listed", "names", "raw", "ready", "ready_names")
+
+    def __init__(self, raw: bytes, entries: Sequence[Sequence[Any]]) -> None:
+        self.raw = raw
+        intern = sys.intern
+        self.names: frozenset[str] = frozenset(intern(e[0]) for e in entries)
+        self.ready: frozenset[ModelKey] = frozenset((intern(e[0]), e[1]) for e in entries if e[2])
+        self.listed: frozenset[ModelKey] = frozenset((intern(e[0]), e[1]) for e in entries)
+        self.ready_names: frozenset[str] = frozenset(name for name, _ in self.ready)
+
+    def without(self, model: str) -> Index:
+        """This index with ``model`` not ready (an endpoint's own copy: it answered "not ready")."""
+        other = Index(b"", ())
+        other.names = self.names
+        other.listed = self.listed
+        other.ready = frozenset(k for k in self.ready if k[0] != model)
+        other.ready_names = self.ready_names - {model}
+        return other
+
+
 @dataclass(slots=True)
 class EndpointHealth:
     # None until the first check: a new endpoint takes no traffic before it is checked.
     live: bool | None = None
     # From the repository index: every listed name, and the ready (model, version) pairs.
     # None while the endpoint has no index (never fetched, refused, or not live).
-    names: frozenset[str] | None = None
-    ready: frozenset[ModelKey] = frozenset()
-    ready_names: frozenset[str] = frozenset()
-    listed: frozenset[ModelKey] = frozenset()  # every (name, version) of the index
+    index: Index | None = None
     # From per-model ready calls (no index): (model, route version or "") -> ready.
     per_model: dict[ModelKey, bool] = field(default_factory=dict)
     # The models were checked since the server was last seen coming up: until then
@@ -131,25 +156,30 @@ class EndpointHealth:
         self.gen.n += 1
         self.models_checked = False
         self.index_misses = 0
-        self.names = None
-        self.ready = frozenset()
-        self.ready_names = frozenset()
-        self.listed = frozenset()
+        self.index = None
         self.per_model.clear()
+
+    @property
+    def names(self) -> frozenset[str] | None:
+        """Every model the index lists (ready or not); None without an index."""
+        return self.index.names if self.index is not None else None
 
     def set_index(self, entries: Sequence[Sequence[Any]]) -> None:
         """A repository index: (name, version, ready, …) per entry."""
+        self.set_index_state(Index(b"", entries))
+
+    def set_index_state(self, index: Index) -> None:
+        """A repository index read (shared with the endpoints that answered the same bytes)."""
         self.index_misses = 0
-        names = frozenset(e[0] for e in entries)
-        ready = frozenset((e[0], e[1]) for e in entries if e[2])
-        listed = frozenset((e[0], e[1]) for e in entries)
-        if names == self.names and ready == self.ready and listed == self.listed and self.models_checked:
+        now = self.index
+        if now is index and self.models_checked:
             return  # the same as last round: what is cached stays valid
+        if (now is not None and self.models_checked and now.names == index.names and now.ready == index.ready
+                and now.listed == index.listed):
+            self.index = index  # other bytes, the same models: nothing to invalidate
+            return
         self.gen.n += 1
-        self.names = names
-        self.ready = ready
-        self.listed = listed
-        self.ready_names = frozenset(name for name, _ in ready)
+        self.index = index
         self.models_checked = True
 
     def index_missing(self, unhealthy: int) -> bool:
@@ -158,16 +188,16 @@ class EndpointHealth:
         liveness — a busy server's slow round does not flip its models to per-model calls
         (or to not ready). False: no index is known, or the threshold is reached (per-model
         calls decide from now on)."""
-        if self.names is None:
+        if self.index is None:
             return False
         self.index_misses += 1
         return self.index_misses < unhealthy
 
     def set_no_index(self) -> None:
         """The endpoint has no index (any more): per-model checks decide."""
-        if self.names is not None:
+        if self.index is not None:
             self.gen.n += 1
-            self.names = None
+            self.index = None
 
     def set_models_checked(self) -> None:
         if not self.models_checked:
@@ -187,10 +217,11 @@ class EndpointHealth:
 
     # -- request side -----------------------------------------------------------------
     def ready_for(self, model: str, version: str) -> int:
-        if self.names is not None:
+        index = self.index
+        if index is not None:
             if version:
-                return Ready.YES if (model, version) in self.ready else Ready.NO
-            return Ready.YES if model in self.ready_names else Ready.NO
+                return Ready.YES if (model, version) in index.ready else Ready.NO
+            return Ready.YES if model in index.ready_names else Ready.NO
         state = self.per_model.get((model, version))
         if state is None and version:
             state = self.per_model.get((model, ""))  # checked without a version: any version
@@ -202,20 +233,22 @@ class EndpointHealth:
     def ready_exactly(self, model: str, version: str) -> bool:
         """A check saw this very version (or, without one, the model) ready here — not
         inferred from a check of another version."""
-        if self.names is not None:
-            return (model, version) in self.ready if version else model in self.ready_names
+        index = self.index
+        if index is not None:
+            return (model, version) in index.ready if version else model in index.ready_names
         return self.per_model.get((model, version)) is True
 
     def lacks_version(self, model: str, version: str) -> bool:
         """The index has ``model`` ready in some version but does not list ``version`` at
         all: a version the server does not have (or not even a number), not one loading —
         the server answers such a request in its own words."""
-        return self.names is not None and model in self.ready_names and (model, version) not in self.listed
+        index = self.index
+        return index is not None and model in index.ready_names and (model, version) not in index.listed
 
     def knows(self, model: str) -> bool:
         """The endpoint's index lists ``model`` (ready or not) or it was checked by name."""
-        if self.names is not None:
-            return model in self.names
+        if self.index is not None:
+            return model in self.index.names
         return any(m == model for m, _ in self.per_model)
 
     def usable(self) -> bool:
@@ -227,12 +260,11 @@ class EndpointHealth:
         """The endpoint answered "unknown model / not ready" although a check said ready:
         stop sending it the model until a check says otherwise."""
         self.gen.n += 1
-        if self.names is not None:
-            self.ready = frozenset(k for k in self.ready if k[0] != model)
-            self.ready_names = self.ready_names - {model}
+        if self.index is not None:
+            self.index = self.index.without(model)
         for key in [k for k in self.per_model if k[0] == model]:
             self.per_model[key] = False
-        if (model, version) not in self.per_model and self.names is None:
+        if (model, version) not in self.per_model and self.index is None:
             self.per_model[(model, version)] = False
 
     def succeeded(self) -> None:

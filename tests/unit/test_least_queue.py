@@ -27,9 +27,27 @@ nv_inference_pending_request_count{model="n",version="1"} 0"""
 def test_pending_counts_per_version_and_summed():
     got = parse_pending(PAGE)
     assert got[("m", "1")] == 3 and got[("m", "2")] == 4 and got[("m", "")] == 7
-    assert got[("n", "1")] == 0
+    assert got.get(("n", "1"), 0.0) == 0  # (a zero count is left out: the balancer reads it as none)
     assert ('we\\"ird', "1") in got
     assert not any(k[0] == "bad" for k in got)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["m", "n", "x y"]), st.sampled_from(["", "1", "2"]),
+                          st.sampled_from(["0", "0.0", "00", "0.00", "1", "10", "2.5", "0.5", "-1", "NaN", "+Inf",
+                                           "1e3", "0 1700000000", "0\r", "010"])), max_size=8))
+def test_only_counts_above_zero_are_kept_and_summed(lines):
+    """Against a plain reading of every line: the fast path that skips zero counts keeps exactly
+    the counts above zero, summed per version and over versions."""
+    page = b"\n".join(b'nv_inference_pending_request_count{model="%s",version="%s"} %s'
+                      % (m.encode(), v.encode(), value.encode()) for m, v, value in lines)
+    want: dict[tuple[str, str], float] = {}
+    for m, v, value in lines:
+        count = float(value.split()[0])
+        if count > 0:
+            want[(m, v)] = want.get((m, v), 0.0) + count
+            if v:
+                want[(m, "")] = want.get((m, ""), 0.0) + count
+    assert parse_pending(page) == want
 
 
 @given(st.binary(max_size=300))

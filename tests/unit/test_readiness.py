@@ -32,11 +32,11 @@ def test_server_coming_back_forgets_its_models():
     h = indexed(("m", "1", True))
     h.set_model(("x", ""), True)
     h.set_live(False)
-    assert h.names is None and not h.ready and not h.ready_names and not h.per_model
+    assert h.names is None and h.index is None and not h.per_model
     h.set_index([("m", "1", True)])  # stale state written while down
     h.set_model(("x", ""), True)
     h.set_live(True)  # a new process: nothing known until checked again
-    assert h.names is None and not h.ready and not h.per_model
+    assert h.names is None and h.index is None and not h.per_model
     assert h.ready_for("m", "1") == Ready.NO  # no traffic before its models are checked
     h.models_checked = True  # the checker's round found no index and no per-model answer
     assert h.ready_for("m", "1") == Ready.UNKNOWN
