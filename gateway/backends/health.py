@@ -13,6 +13,15 @@ Each round, for every endpoint of every backend:
    is re-checked (to notice a model being unloaded). With 10,000 routes that is
    hundreds of calls per round, not 10,000 — the benchmark measured 10,000
    never-ready routes doubling gRPC CPU per request when each was probed every round.
+   All of a backend's endpoints together make at most ``fallback_per_round`` such calls a
+   round (never-asked models first); the rest are asked in the rounds after.
+
+An index answer is read only when its bytes differ from the endpoint's last one, and once
+for all endpoints that answered the same bytes (``_index``: they share one parsed
+:class:`~gateway.routing.readiness.Index`). The gateway's readiness is recomputed only when a
+backend's generation moved, with set operations over the distinct indexes
+(``_ready_in``) — at 300 endpoints × 10,000 routes a round that changes nothing costs
+the answers' bytes compared, not 3,000,000 lookups.
 
 What a check's outcome does (Envoy's active health checking): liveness goes through
 the thresholds (``EndpointHealth.checked``) — a live endpoint goes down after
@@ -84,6 +93,7 @@ class HealthChecker:
         on_round: Callable[[HealthChecker], None] | None = None,
         concurrency: int = 16,
         recheck_per_round: int = 256,
+        fallback_per_round: int = 4096,
         max_backoff_rounds: int = 32,
         unhealthy_threshold: int = _DEFAULTS.unhealthy_threshold,
         healthy_threshold: int = _DEFAULTS.healthy_threshold,
@@ -100,6 +110,11 @@ class HealthChecker:
         self._on_round = on_round
         self._sem = asyncio.Semaphore(concurrency)
         self._recheck = recheck_per_round
+        # Per-model calls (endpoints without an index) per backend and round, all endpoints
+        # together: 300 endpoints × 10,000 routes whose index failed at once would otherwise be
+        # 3,000,000 calls in one round.
+        self._fallback_budget = fallback_per_round
+        self._fallback_left: dict[str, int] = {}
         self._max_backoff = max_backoff_rounds
         self._task: asyncio.Task[None] | None = None
         self._kick = asyncio.Event()
@@ -159,7 +174,11 @@ class HealthChecker:
             try:
                 done, _ = await asyncio.wait((task,), timeout=self.timeout_s)
             except asyncio.CancelledError:
+                # Kept with the late calls, which stop() awaits: cancelled, the call must still
+                # run to its end (else, the loop closing first, its coroutine is never awaited).
                 task.cancel()
+                self._late.setdefault(id(ep), set()).add(task)
+                task.add_done_callback(functools.partial(self._arrived, id(ep), apply))
                 raise
         if done:
             apply(task.result())
@@ -263,9 +282,19 @@ class HealthChecker:
         sched = self._schedules.setdefault(id(ep), _Schedule())
         health = ep.health
         known = health.per_model
-        todo = {k for k in keys if k not in known or (not known[k] and sched.due.get(k, 0) <= self.rounds)}
+        left = self._fallback_left.get(backend.name, self._fallback_budget)
+        # Never asked first, then not-ready ones due again, then the rolling window of ready ones.
+        todo = list(dict.fromkeys(
+            [k for k in keys if k not in known]
+            + [k for k in keys if k in known and not known[k] and sched.due.get(k, 0) <= self.rounds]))
         window = min(self._recheck, len(keys))
-        todo.update(keys[(sched.cursor + i) % len(keys)] for i in range(window))
+        todo = list(dict.fromkeys(todo + [keys[(sched.cursor + i) % len(keys)] for i in range(window)]))
+        complete = len(todo) <= left
+        if not complete:
+            # The backend's calls this round are spent: the rest waits for the next rounds (an
+            # endpoint whose models are not all asked takes no traffic for those not asked).
+            todo = todo[:left]
+        self._fallback_left[backend.name] = left - len(todo)
         sched.cursor = (sched.cursor + window) % len(keys)
 
         def answer(key: tuple[str, str]) -> Callable[[bool | None], None]:
@@ -291,9 +320,10 @@ class HealthChecker:
         async def one(key: tuple[str, str]) -> bool:
             return await self._ask(ep, lambda t: backend.check_model(ep, key[0], key[1], t), answer(key))
 
-        return all(await asyncio.gather(*(one(k) for k in todo)))
+        return all(await asyncio.gather(*(one(k) for k in todo))) and complete
 
     async def check_once(self) -> bool:
+        self._fallback_left.clear()
         pairs = [(backend, ep) for backend in self.backends.values() for ep in list(backend.endpoints.values())]
         await asyncio.gather(*(self._check_endpoint(p, ep) for p, ep in pairs))
         alive = {id(ep) for _, ep in pairs}
