@@ -194,10 +194,12 @@ class EndpointHealth:
         return self.index_misses < unhealthy
 
     def set_no_index(self) -> None:
-        """The endpoint has no index (any more): per-model checks decide."""
+        """The endpoint has no index (any more): per-model checks decide — and until they have
+        asked every model, a model not asked is not ready here (it was known from the index)."""
         if self.index is not None:
             self.gen.n += 1
             self.index = None
+            self.models_checked = False
 
     def set_models_checked(self) -> None:
         if not self.models_checked:
