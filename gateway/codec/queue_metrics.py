@@ -48,7 +48,7 @@ def _zero(text: bytes, start: int, end: int) -> bool:
         i -= 1
     while i > start and (text[i] == _ZERO or text[i] == _DOT):
         i -= 1
-    return i > start and text[i] == _SPACE and text[i + 1] == _ZERO
+    return i > start and i + 1 < end and text[i] == _SPACE and text[i + 1] == _ZERO
 
 
 def _one(line: bytes, out: dict[tuple[str, str], float]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from gateway.codec.queue_metrics import parse_pending
@@ -51,6 +51,9 @@ def test_only_counts_above_zero_are_kept_and_summed(lines):
 
 
 @given(st.binary(max_size=300))
+@example(b" ")
+@example(b" 0")
+@example(b"} 0\r")
 def test_any_page_parses_or_is_skipped(page):
     parse_pending(page)
     parse_pending(b"nv_inference_pending_request_count{" + page)
