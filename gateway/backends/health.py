@@ -384,14 +384,20 @@ class HealthChecker:
         return frozenset(plain_ok), frozenset(versioned_ok)
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             self._kick.clear()
+            began = loop.time()
             try:
                 await self.check_once()
             except Exception:
                 log.exception("health round failed")
+            # Rounds begin every interval_s, however long one took (an endpoint is re-checked
+            # every interval_s, not every interval_s plus a round); a round longer than that is
+            # followed by a pause of a tenth of it, never by the next at once.
+            pause = max(self.interval_s - (loop.time() - began), self.interval_s / 10)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), self.interval_s)
+                await asyncio.wait_for(self._kick.wait(), pause)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
