@@ -82,8 +82,9 @@ from typing import Any
 import numpy as np
 import orjson
 
+from .procstat import cpu_seconds, system_busy_seconds, tree_pids
+
 ROOT = Path(__file__).resolve().parent.parent
-_TICK = os.sysconf("SC_CLK_TCK")
 GATEWAY_HEALTH_INTERVAL_S = 2.0  # the gateway's default health.interval_s (docs/config.md)
 GATEWAY_SCRAPE_INTERVAL_S = 0.5  # its default queue_metrics.interval_s
 
@@ -321,33 +322,6 @@ def _readline_bounded(proc: subprocess.Popen[bytes], timeout: float) -> bytes:
 # /proc readings
 # =============================================================================================
 
-def tree_pids(root: int) -> list[int]:
-    pids = [root]
-    i = 0
-    while i < len(pids):
-        try:
-            for tid in os.listdir(f"/proc/{pids[i]}/task"):
-                with open(f"/proc/{pids[i]}/task/{tid}/children") as fh:
-                    pids.extend(int(c) for c in fh.read().split())
-        except OSError:
-            pass
-        i += 1
-    return pids
-
-
-def cpu_seconds(pid: int, tree: bool = True) -> float:
-    total = 0.0
-    for p in tree_pids(pid) if tree else [pid]:
-        try:
-            with open(f"/proc/{p}/stat") as fh:
-                text = fh.read()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2:].split()
-        total += (int(fields[11]) + int(fields[12])) / _TICK
-    return total
-
-
 def memory(pid: int) -> tuple[int, int]:
     """(VmRSS, VmHWM) in bytes, summed over the process tree."""
     rss = hwm = 0
@@ -364,13 +338,6 @@ def memory(pid: int) -> tuple[int, int]:
     return rss, hwm
 
 
-def machine_busy_seconds() -> float:
-    with open("/proc/stat") as fh:
-        fields = [int(x) for x in fh.readline().split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return (sum(fields[:8]) - idle) / _TICK
-
-
 def own_cpu_seconds() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -383,8 +350,8 @@ class CpuWindow:
         self.pids = (gateway_pid, fake_pid)
 
     def _read(self) -> tuple[float, float, float, float, float]:
-        return (time.monotonic(), cpu_seconds(self.pids[0]), cpu_seconds(self.pids[1], tree=False),
-                own_cpu_seconds(), machine_busy_seconds())
+        return (time.monotonic(), cpu_seconds(self.pids[0]), cpu_seconds(self.pids[1]),
+                own_cpu_seconds(), system_busy_seconds())
 
     def start(self) -> CpuWindow:
         self.t0 = self._read()

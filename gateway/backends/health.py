@@ -268,7 +268,9 @@ class HealthChecker:
             try:
                 entries = backend.parse_index(key)
             except GatewayError as err:
-                log.warning("backend '%s': a repository index that does not read: %s", backend.name, err.message)
+                # (Not cached: asked again next round. Debug, not warning: one line per endpoint
+                # per round would flood the log; the endpoint falls back to per-model checks.)
+                log.debug("backend '%s': a repository index that does not read: %s", backend.name, err.message)
                 return None
             index = self._indexes[key] = Index(key, entries)
         return index

@@ -12,10 +12,10 @@ parsing only — the HTTP exchange around it cost ~10 × more in benchmarks/leas
 
 At fleet size the pages are the cost (Triton's page for 10,000 models is ~1 MB; 300 such
 endpoints every 0.5 s would be ~600 MB/s to read): a pass reads at most ``CONCURRENCY`` pages at
-once, and the next pass waits at least ``interval_s`` after this one *ended* and at least as long
-again as this pass's own work took, times ``1 / SHARE`` — never back to back, and never more than
-about ``SHARE`` of a core. A small fleet is read every ``interval_s``; a large one as often as
-that share allows (benchmarks/control_plane.py).
+once, and the next one begins ``interval_s`` after it ended — or later, so that a pass's work is
+at most ``SHARE`` of a core over the pass and the wait together; never back to back. A small
+fleet is read every ``interval_s``; a large one as often as that share allows
+(benchmarks/control_plane.py).
 """
 from __future__ import annotations
 

@@ -86,8 +86,10 @@ class Index:
         self.ready_names: frozenset[str] = frozenset(name for name, _ in self.ready)
 
     def without(self, model: str) -> Index:
-        """This index with ``model`` not ready (an endpoint's own copy: it answered "not ready")."""
-        other = Index(b"", ())
+        """This index with ``model`` not ready (an endpoint's own copy: it answered "not ready").
+        No bytes: the next answer read, whatever it says, replaces it."""
+        other = Index.__new__(Index)
+        other.raw = b""
         other.names = self.names
         other.listed = self.listed
         other.ready = frozenset(k for k in self.ready if k[0] != model)
