@@ -15,8 +15,11 @@ one, so nothing is dropped.
   store. Loading into the live context instead could only *add* client CAs
   (``load_verify_locations``): a replaced CA — one revoked after a compromise — stayed
   trusted until a restart. Connections already open keep the context they were made with.
-- gRPC: ``grpc.dynamic_ssl_server_credentials`` asks :meth:`CertFiles.grpc_fetch` at each
-  new handshake; it answers the new configuration once, after a change.
+- gRPC on the gateway's own HTTP/2 listener (frontend/h2listen.py): the same, with its own
+  context (ALPN ``h2``).
+- gRPC on grpc.aio (the fallback): ``grpc.dynamic_ssl_server_credentials`` asks
+  :meth:`CertFiles.grpc_fetch` at each new handshake; it answers the new configuration once,
+  after a change.
 """
 from __future__ import annotations
 
@@ -44,7 +47,8 @@ class CertFiles:
         self._loaded = self._signature()
         self._grpc_seen = self._loaded
         self._refused: Signature | None = None
-        self._http_current: ssl.SSLContext | None = None  # new HTTP handshakes move onto it
+        # New handshakes on a listener whose context is the key move onto the value.
+        self._current: dict[int, ssl.SSLContext] = {}
         self.reloads = 0
 
     def _signature(self) -> Signature:
@@ -77,9 +81,13 @@ class CertFiles:
         return sig != self._loaded and None not in sig[:2]
 
     def reload_http(self, context: ssl.SSLContext, fresh: Callable[[], ssl.SSLContext]) -> bool:
-        """Take changed files for the HTTP listener whose live context is ``context``:
-        ``fresh()`` makes a context from the files as they are now, and new handshakes move
-        onto it. True when it did."""
+        """Take changed files for the listener whose live context is ``context``: ``fresh()``
+        makes a context from the files as they are now, and new handshakes move onto it. True
+        when it did."""
+        return self.reload([(context, fresh)])
+
+    def reload(self, listeners: list[tuple[ssl.SSLContext, Callable[[], ssl.SSLContext]]]) -> bool:
+        """:meth:`reload_http` for several listeners at once (HTTP and gRPC read one set of files)."""
         with self._lock:
             if not self.changed():
                 return False
@@ -87,12 +95,13 @@ class CertFiles:
             if self._read() is None:
                 return False
             try:
-                current = fresh()
+                made = [(context, fresh()) for context, fresh in listeners]
             except (OSError, ssl.SSLError, ValueError) as exc:  # (changed again since _read)
                 log.error("TLS files changed but cannot be used (%s); keeping the current certificate", exc)
                 return False
-            self._http_current = current
-            context.sni_callback = self._to_current
+            for context, current in made:
+                self._current[id(context)] = current
+                context.sni_callback = self._to_current
             self._loaded = sig
             self.reloads += 1
             log.info("TLS certificate reloaded from %s", self.tls.cert)
@@ -102,7 +111,7 @@ class CertFiles:
                     context: ssl.SSLContext) -> None:
         """The listener context's ClientHello callback: the handshake goes on with the newest
         files' context (its certificate, its client CAs)."""
-        current = self._http_current
+        current = self._current.get(id(context))
         if current is not None and current is not context:
             conn.context = current
 

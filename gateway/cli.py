@@ -21,6 +21,8 @@ from .config.loader import check_config, read_config
 from .config.parsing import Presence
 from .errors import ConfigError, ListenError
 from .grpcengine import grpc_engine
+from .h2 import describe as describe_h2
+from .h2 import native
 from .malloc import tune_malloc
 from .memlimit import memory_limit
 
@@ -124,7 +126,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     workers = args.workers or config.workers
     tune_malloc(config.max_message_bytes)
-    log.info("%s", grpc_engine())
+    log.info("%s", describe_h2())
+    if not (native("server") and native("client")):
+        log.info("%s", grpc_engine())
     _install_uvloop()
     if workers > 1:
         from .supervisor import supervise

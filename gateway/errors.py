@@ -268,7 +268,8 @@ class UpstreamError(GatewayError):
     """The backend answered with an error; relay its status and message unchanged.
 
     ``body`` is the backend's HTTP error body when it came over HTTP, so that an
-    HTTP client sees exactly what the backend said.
+    HTTP client sees exactly what the backend said; ``status_details`` its gRPC
+    ``grpc-status-details-bin`` (a serialized google.rpc.Status), relayed to a gRPC client.
     """
 
     def __init__(
@@ -279,6 +280,7 @@ class UpstreamError(GatewayError):
         grpc_code: str | None = None,
         body: bytes | None = None,
         content_type: str | None = None,
+        status_details: bytes | None = None,
     ) -> None:
         super().__init__(message)
         if http_status is None:
@@ -289,6 +291,7 @@ class UpstreamError(GatewayError):
         self.grpc_code = grpc_code
         self.body = body
         self.content_type = content_type
+        self.status_details = status_details
 
 
 # Triton's shared-memory extension (system and CUDA) registers regions of one host's memory;

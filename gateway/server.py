@@ -16,7 +16,7 @@ import socket
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpc import aio
 from prometheus_client import CollectorRegistry, make_asgi_app
@@ -33,6 +33,7 @@ from .frontend.h1asgi import AsgiApp
 from .frontend.h1listen import HttpListener, Router, server_context
 from .frontend.http import build_http_app
 from .frontend.v1_grpc import build_v1_grpc_handler
+from .h2 import native
 from .malloc import IdleTrimmer, large_answer_at
 from .memlimit import auto_inflight_limit
 from .observability.metrics import Metrics
@@ -43,6 +44,9 @@ from .backends.base import Backend
 from .backends.discovery import Discovery
 from .backends.health import HealthChecker
 from .backends.queue import QueueScraper
+
+if TYPE_CHECKING:
+    from .frontend.h2listen import H2Listener
 
 __all__ = ["Gateway", "Listeners", "Ports", "bind_socket"]
 
@@ -104,22 +108,30 @@ class Listeners:
     limits: Limits = field(default_factory=Limits)  # hard limits (config ``limits``)
     ports: Ports = field(default_factory=Ports)
     _servers: list[HttpListener] = field(default_factory=list)
-    _grpc: aio.Server | None = None
+    _grpc: aio.Server | None = None  # grpc.aio's server: the fallback engine
+    _h2: H2Listener | None = None  # the gateway's own gRPC listener
     _certs: CertFiles | None = None
     _cert_watch: asyncio.Task[None] | None = None
+    # Listeners' TLS contexts and how to make each afresh from the files (ALPN differs).
+    _tls_contexts: list[tuple[ssl.SSLContext, Any]] = field(default_factory=list)
 
-    async def _watch_certs(self, context: ssl.SSLContext, tls: Tls) -> None:
-        """Poll the TLS files once a second; a change goes to the new handshakes of the HTTP
-        listener whose context is ``context`` (gRPC asks CertFiles itself at each handshake)."""
+    def _watch(self, context: ssl.SSLContext, alpn: str) -> None:
+        """Have the TLS files watched for ``context`` (the HTTP or the gRPC listener's)."""
+        assert self.tls is not None
+        tls = self.tls
+        self._certs = self._certs or CertFiles(tls)
+        self._tls_contexts.append((context, functools.partial(server_context, tls, alpn)))
+        if self._cert_watch is None:
+            self._cert_watch = asyncio.get_running_loop().create_task(self._watch_certs())
+
+    async def _watch_certs(self) -> None:
+        """Poll the TLS files once a second; a change goes to the new handshakes of the
+        listeners (grpc.aio asks CertFiles itself at each handshake)."""
         assert self._certs is not None
-
-        def fresh() -> ssl.SSLContext:
-            return server_context(tls)
-
         while True:
             await asyncio.sleep(1.0)
             try:
-                self._certs.reload_http(context, fresh)
+                self._certs.reload(self._tls_contexts)
             except Exception:  # a bad rotation must not end the watch
                 log.exception("reloading the TLS certificate failed")
 
@@ -153,10 +165,10 @@ class Listeners:
             listener = await self._serve_http(app.asgi, sock, self.tls, self.limits, app.direct)
             self.ports.http = sock.getsockname()[1]
             if self.tls is not None and listener.context is not None:
-                self._certs = self._certs or CertFiles(self.tls)
-                self._cert_watch = asyncio.get_running_loop().create_task(
-                    self._watch_certs(listener.context, self.tls))
-        if grpc is not None:
+                self._watch(listener.context, "http/1.1")
+        if grpc is not None and native("server"):
+            await self._serve_grpc(grpc)
+        elif grpc is not None:
             self._grpc = aio.server(options=server_options(self.max_message_bytes, reuse_port=self.reuse_port,
                                                            max_metadata_bytes=self.max_header_bytes,
                                                            limits=self.limits))
@@ -179,10 +191,36 @@ class Listeners:
             self.ports.metrics = sock.getsockname()[1]
         return self.ports
 
+    async def _serve_grpc(self, where: HostPort) -> None:
+        """gRPC on the gateway's own HTTP/2 (frontend/h2listen.py)."""
+        from .frontend.h2listen import H2Listener  # (built only where libnghttp2 is: gateway.h2.native)
+
+        context = None
+        if self.tls is not None:
+            try:
+                context = server_context(self.tls, "h2")
+            except (OSError, ssl.SSLError) as exc:
+                raise ListenError(f"cannot use the TLS files {self.tls.cert}, {self.tls.key}: {exc}") from exc
+        sock = bind_socket(where, reuse_port=self.reuse_port)
+        handlers = (build_grpc_handler(self.plane, self.metrics, self.gate, self.limits),
+                    build_v1_grpc_handler(self.plane, self.metrics, self.gate, limits=self.limits))
+        listener = H2Listener(handlers, limits=self.limits, max_message_bytes=self.max_message_bytes,
+                              max_metadata_bytes=self.max_header_bytes, max_header_count=self.max_header_count,
+                              context=context,
+                              on_refusal=self.metrics.connection_refused if self.metrics is not None else None)
+        await listener.start(sock)
+        self._h2 = listener
+        self.ports.grpc = sock.getsockname()[1]
+        if context is not None:
+            self._watch(context, "h2")
+
     async def stop(self, grace: float = 5.0) -> None:
         if self._cert_watch is not None:
             self._cert_watch.cancel()
             self._cert_watch = None
+        if self._h2 is not None:
+            await self._h2.stop(grace)
+            self._h2 = None
         if self._grpc is not None:
             await self._grpc.stop(grace)
             self._grpc = None

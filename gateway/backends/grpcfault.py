@@ -1,12 +1,17 @@
 """What grpc-core's own reports of a failed call mean, told from a status a backend chose: read
 from grpc-core's words in the status details (grpcio 1.85; tests/unit/test_grpc_attribution.py
 pins them against the installed grpcio, so an upgrade that changes them fails there). Pure: no
-grpc import, no I/O; the backend maps a kind into the error tree (``backends/grpc.py`` ``_mapped``)."""
+grpc import, no I/O; the backend maps a kind into the error tree (``backends/grpc.py`` ``_mapped``).
+
+The gateway's own HTTP/2 client (``h2channel.py``) knows these kinds first-hand and words them
+with the same helpers (:func:`stream_reset`, :func:`went_away`, :func:`own_status`), so a client
+sees the same message whichever client made the call."""
 from __future__ import annotations
 
 import re
 
-__all__ = ["Fault", "fault", "never_sent", "seconds", "transport_failure"]
+__all__ = ["H2_ERRORS", "Fault", "fault", "never_sent", "own_status", "seconds", "stream_reset", "transport_failure",
+           "went_away"]
 
 
 # grpc's words for a call that never left: no connection could be made.
@@ -48,7 +53,7 @@ class Fault:
 # error codes of a RST_STREAM: grpc-core turns 8 (CANCEL) into CANCELLED, 11 into
 # RESOURCE_EXHAUSTED, 12 into PERMISSION_DENIED — a client's codes for a backend's act.
 _RST = re.compile(r"Received RST_STREAM with error code (\d+)")
-_H2_ERRORS = {0: "NO_ERROR", 1: "PROTOCOL_ERROR", 2: "INTERNAL_ERROR", 3: "FLOW_CONTROL_ERROR",
+H2_ERRORS = {0: "NO_ERROR", 1: "PROTOCOL_ERROR", 2: "INTERNAL_ERROR", 3: "FLOW_CONTROL_ERROR",
               5: "STREAM_CLOSED", 6: "FRAME_SIZE_ERROR", 7: "REFUSED_STREAM", 8: "CANCEL",
               9: "COMPRESSION_ERROR", 10: "CONNECT_ERROR", 11: "ENHANCE_YOUR_CALM", 12: "INADEQUATE_SECURITY",
               13: "HTTP_1_1_REQUIRED"}
@@ -63,6 +68,32 @@ _LOCAL = "Stream removed ("  # grpc-core's wrapper of the error that ended a str
 _NO_STATUS = "No status received"
 
 
+def stream_reset(code: int) -> tuple[str, str]:
+    """A backend's RST_STREAM with HTTP/2 error ``code``, before its answer was complete."""
+    if code == 7:  # RFC 9113 section 8.7: "the stream was not processed", safe to retry
+        return Fault.REFUSED_STREAM, "refused the stream (RST_STREAM REFUSED_STREAM) before processing it"
+    return Fault.RESET, f"reset the stream (RST_STREAM {H2_ERRORS.get(code, str(code))}) before its answer was complete"
+
+
+def went_away(code: int, processed: bool) -> tuple[str, str]:
+    """A backend's GOAWAY with error ``code``; ``processed``: the call's stream was at or below
+    its last stream id (it may have run) and the connection closed unanswered."""
+    name = H2_ERRORS.get(code, str(code))
+    if processed:
+        return Fault.RESET, f"went away (GOAWAY {name}, then closed the connection) with the call in flight, unanswered"
+    return Fault.UNPROCESSED, f"went away (GOAWAY {name}) before processing the call; it may be sent elsewhere"
+
+
+def own_status(code: str, details: str) -> tuple[str, str] | None:
+    """A status the backend itself sent that still reads as a fault: CANCELLED (the gateway's own
+    cancel never comes back as a status) and DEADLINE_EXCEEDED."""
+    if code == "DEADLINE_EXCEEDED":
+        return Fault.TIMEOUT, "did not answer in time"
+    if code == "CANCELLED":
+        return Fault.RESET, f"cancelled the call, which the gateway did not cancel ({details or 'no message'})"
+    return None
+
+
 def fault(code: str, details: str) -> tuple[str, str] | None:
     """What grpc-core itself reports of a failed call (``code``: the status code's name), as
     (a :class:`Fault` kind, why — for the message after "backend 'x' endpoint h:p: "); None when
@@ -73,22 +104,13 @@ def fault(code: str, details: str) -> tuple[str, str] | None:
         return Fault.TIMEOUT, "did not answer in time"
     rst = _RST.search(details)
     if rst is not None:
-        n = int(rst.group(1))
-        name = _H2_ERRORS.get(n, str(n))
-        if n == 7:  # RFC 9113 section 8.7: "the stream was not processed", safe to retry
-            return Fault.REFUSED_STREAM, "refused the stream (RST_STREAM REFUSED_STREAM) before processing it"
-        return Fault.RESET, f"reset the stream (RST_STREAM {name}) before its answer was complete"
+        return stream_reset(int(rst.group(1)))
     goaway = _GOAWAY.search(details)
     if goaway is not None:
-        n = int(goaway.group(1))
-        if "socket closed" in details.lower():
-            # The stream was at or below GOAWAY's last stream id: it may have run.
-            return Fault.RESET, (f"went away (GOAWAY {_H2_ERRORS.get(n, str(n))}, then closed the connection) "
-                                 "with the call in flight, unanswered")
-        return Fault.UNPROCESSED, (f"went away (GOAWAY {_H2_ERRORS.get(n, str(n))}) before processing the call; "
-                                   "it may be sent elsewhere")
+        # "Socket closed": the stream was at or below GOAWAY's last stream id: it may have run.
+        return went_away(int(goaway.group(1)), "socket closed" in details.lower())
     if code == "CANCELLED":
-        return Fault.RESET, f"cancelled the call, which the gateway did not cancel ({details or 'no message'})"
+        return own_status(code, details)
     if code == "RESOURCE_EXHAUSTED":
         big = _TOO_LARGE.search(details)
         if big is not None and (big.group(1) or details.startswith(_LOCAL)):

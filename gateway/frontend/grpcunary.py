@@ -49,9 +49,12 @@ def call_metadata(context: Any) -> tuple[Any, ...]:
     return metadata
 
 
-def grpc_trailers(err: GatewayError) -> tuple[tuple[str, str], ...]:
-    """A load refusal's retry hint: Retry-After's gRPC spellings (grpc-retry-pushback-ms is
-    what gRPC's own retry policy reads)."""
+def grpc_trailers(err: GatewayError) -> tuple[tuple[str, str | bytes], ...]:
+    """The trailing metadata of a failed call: a load refusal's retry hint (Retry-After's gRPC
+    spellings; grpc-retry-pushback-ms is what gRPC's own retry policy reads), and a backend's
+    ``grpc-status-details-bin``, relayed as it came."""
+    if isinstance(err, UpstreamError) and err.status_details is not None:
+        return (("grpc-status-details-bin", err.status_details),)
     if err.retry_after is None:
         return ()
     return (("retry-after", str(err.retry_after)), ("grpc-retry-pushback-ms", str(err.retry_after * 1000)))

@@ -64,15 +64,15 @@ def _answer(status: int, reason: bytes, message: str) -> bytes:
             % (status, reason, len(body))) + body
 
 
-def server_context(tls: Tls) -> ssl.SSLContext:
-    """The HTTP listener's TLS context from the files as they are now (certs.py swaps a fresh one
-    in for new handshakes when they change)."""
+def server_context(tls: Tls, alpn: str = "http/1.1") -> ssl.SSLContext:
+    """A listener's TLS context from the files as they are now (certs.py swaps a fresh one in
+    for new handshakes when they change); ``alpn``: the one protocol it offers ("h2": gRPC)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(tls.cert, tls.key)
     if tls.client_ca is not None:
         context.verify_mode = ssl.CERT_REQUIRED
         context.load_verify_locations(tls.client_ca)
-    context.set_alpn_protocols(["http/1.1"])
+    context.set_alpn_protocols([alpn])
     return context
 
 

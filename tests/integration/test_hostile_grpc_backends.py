@@ -17,6 +17,7 @@ import socket
 import time
 import urllib.request
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -27,8 +28,9 @@ from gateway._pb import grpc_predict_v2_pb2 as pb
 from gateway.backends.grpc import GrpcBackend
 from gateway.config.backends import BackendSpec
 from gateway.config.network import HostPort
+from gateway import h2 as gh2
 from gateway.errors import NoEndpointAvailable, UpstreamReset
-from tests.support.badgrpc import BEHAVIOURS, BadGrpc
+from tests.support.badgrpc import BEHAVIOURS, STATUS_DETAILS, BadGrpc
 from tests.support.gateway import GatewayProcess, gateway_config
 from tests.support.procs import wait_for
 
@@ -49,7 +51,9 @@ EXPECTED: dict[str, tuple[int, str, str, str]] = {
     "refused_stream": (503, "UNAVAILABLE", "NoEndpointAvailable", "refused the stream (RST_STREAM REFUSED_STREAM)"),
     # The connection closed under the call, no GOAWAY: as the HTTP backends' "closed before a byte
     # of the answer", the endpoint is taken for unreachable (Refused: retried elsewhere if any).
-    "close": (503, "UNAVAILABLE", "NoEndpointAvailable", "Stream removed (Socket closed)"),
+    "close": (503, "UNAVAILABLE", "NoEndpointAvailable",
+              "the connection closed with the call in flight" if gh2.native("client") else
+              "Stream removed (Socket closed)"),
     "too_large": (502, "INTERNAL", "UpstreamTooLarge",
                   f"answered with a message of {LIMIT + 1024} bytes, over the backend's max_message_bytes ({LIMIT})"),
     "huge_metadata": (502, "INTERNAL", "UpstreamTooLarge", "bytes of headers (metadata), over grpc's limit"),
@@ -65,6 +69,7 @@ RELAYED: dict[str, tuple[int, str, str]] = {
     "own_exhausted": (429, "RESOURCE_EXHAUSTED", "Exceeds maximum queue size"),  # its queue: its own word
     # The backend's own grpc refusing the gateway's request as over ITS limit: the client's request.
     "own_too_large": (429, "RESOURCE_EXHAUSTED", "Received message larger than max (5000000 vs. 4194304)"),
+    "own_details": (400, "INVALID_ARGUMENT", "bad input"),
 }
 
 
@@ -183,6 +188,18 @@ def test_the_backends_own_statuses_are_relayed(gw, protocol, model):
     assert words in err.message()
     entry = _entry(gw, rid)
     assert entry["status"] == (status if protocol == "http" else code) and "reason" not in entry
+
+
+def test_the_backends_status_details_reach_a_grpc_client_unchanged(gw):
+    """grpc-status-details-bin (a serialized google.rpc.Status, gRPC's richer error model) is the
+    backend's: relayed byte for byte with its status and message."""
+    request = pb.ModelInferRequest(model_name="own_details").SerializeToString()
+    with grpc.insecure_channel(gw.grpc_url) as ch:
+        with pytest.raises(grpc.RpcError) as info:
+            ch.unary_unary("/inference.GRPCInferenceService/ModelInfer")(request, timeout=10)
+    err = info.value
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and err.details() == "bad input"
+    assert dict(err.trailing_metadata())["grpc-status-details-bin"] == STATUS_DETAILS
 
 
 def test_an_answer_that_is_not_a_model_infer_response_is_a_502_on_the_converting_path(gw, bad):

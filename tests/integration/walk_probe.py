@@ -24,7 +24,9 @@ from types import FrameType, ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2] / "gateway"
+# Where the gRPC call to the backend begins: grpc.aio's multi-callable, or the gateway's own channel.
 GRPC_CALL = os.sep.join(("grpc", "aio", "_channel.py"))
+NATIVE_CALL = os.sep.join(("backends", "h2channel.py"))
 
 
 class SourceOnly(importlib.abc.MetaPathFinder):
@@ -120,7 +122,9 @@ class Walk:
         if not self.active or event != "call":
             return
         if self.out is None:
-            if frame.f_code.co_name == "__call__" and frame.f_code.co_filename.endswith(GRPC_CALL):
+            code = frame.f_code
+            if (code.co_name == "__call__" and code.co_filename.endswith(GRPC_CALL)) or \
+                    (code.co_name == "unary" and code.co_filename.endswith(NATIVE_CALL)):
                 self.out = collapse(chain(frame.f_back))
             return
         mod = module_of(frame)

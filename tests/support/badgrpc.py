@@ -9,6 +9,7 @@ name says (:data:`BEHAVIOURS`). Every other RPC is UNIMPLEMENTED.
 from __future__ import annotations
 
 import asyncio
+import base64
 import struct
 import threading
 
@@ -21,7 +22,7 @@ import h2.exceptions
 from gateway._pb import grpc_predict_v2_pb2 as pb
 from gateway.codec.repository import IndexEntry, encode_index_pb
 
-__all__ = ["BEHAVIOURS", "BadGrpc", "ok_answer"]
+__all__ = ["BEHAVIOURS", "STATUS_DETAILS", "BadGrpc", "ok_answer"]
 
 PREFIX = "/inference.GRPCInferenceService/"
 
@@ -50,7 +51,10 @@ BEHAVIOURS = {
     "own_exhausted": "grpc-status RESOURCE_EXHAUSTED with the backend's own message (its queue)",
     "own_too_large": "grpc-status RESOURCE_EXHAUSTED 'Received message larger than max' from the backend's own "
                      "grpc (the request was over ITS limit)",
+    "own_details": "grpc-status INVALID_ARGUMENT with grpc-status-details-bin (a google.rpc.Status)",
 }
+# own_details' google.rpc.Status: code 3, message "bad input", no details (field 1 varint, field 2 bytes).
+STATUS_DETAILS = b"\x08\x03\x12\x09bad input"
 
 
 def ok_answer(model: str) -> bytes:
@@ -121,22 +125,25 @@ class _Conn(asyncio.Protocol):
     def _headers(self, sid: int, extra: tuple[tuple[str, str], ...] = ()) -> None:
         self.h2.send_headers(sid, [(":status", "200"), ("content-type", "application/grpc"), *extra])
 
-    def _trailers(self, sid: int, status: str | None, message: str = "") -> None:
+    def _trailers(self, sid: int, status: str | None, message: str = "",
+                  extra: tuple[tuple[str, str], ...] = ()) -> None:
         fields = [] if status is None else [("grpc-status", status)]
         if message:
             fields.append(("grpc-message", message))
+        fields += extra
         if not fields:
             fields = [("x-no-status", "1")]
         self.h2.send_headers(sid, fields, end_stream=True)
 
     def _reply(self, sid: int, message: bytes | None, status: str | None = "0", msg: str = "",
-               headers: tuple[tuple[str, str], ...] = (), compressed: bool = False) -> None:
+               headers: tuple[tuple[str, str], ...] = (), compressed: bool = False,
+               trailers: tuple[tuple[str, str], ...] = ()) -> None:
         """Headers, the message (when any, flow-controlled), then trailers."""
         self._headers(sid, headers)
         actions: list[tuple[str, object]] = []
         if message is not None:
             actions.append(("data", _frame(message, compressed)))
-        actions.append(("trailers", (status, msg)))
+        actions.append(("trailers", (status, msg, trailers)))
         self.pending[sid] = actions
         self._drain()
 
@@ -147,7 +154,7 @@ class _Conn(asyncio.Protocol):
                 kind, value = actions[0]
                 if kind == "trailers":
                     assert isinstance(value, tuple)
-                    self._trailers(sid, value[0], value[1])
+                    self._trailers(sid, *value)
                     actions.pop(0)
                     continue
                 if kind == "reset":
@@ -244,6 +251,9 @@ class _Conn(asyncio.Protocol):
             self._reply(sid, None, "1", "the backend cancelled this request itself")
         elif model == "own_exhausted":
             self._reply(sid, None, "8", "Exceeds maximum queue size")
+        elif model == "own_details":
+            details = base64.b64encode(STATUS_DETAILS).decode().rstrip("=")
+            self._reply(sid, None, "3", "bad input", trailers=(("grpc-status-details-bin", details),))
         elif model == "own_too_large":
             self._reply(sid, None, "8", "Received message larger than max (5000000 vs. 4194304)")
         else:

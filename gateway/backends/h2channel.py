@@ -1,0 +1,494 @@
+"""A gRPC client channel to one backend endpoint on the gateway's own HTTP/2 (``gateway.h2._h2``,
+docs/h2-design.md "Backend client"): what ``grpc.aio`` channels did, on the running event loop.
+
+A :class:`Channel` holds up to ``max_connections`` connections to its address, opened lazily:
+the first call connects (later calls wait for it), a call that finds every connection at the
+server's MAX_CONCURRENT_STREAMS opens another, and past the cap waits for a free stream within
+its deadline. A connection that received GOAWAY takes no new call and ends when its calls have;
+one that fails to connect makes the next attempt wait 250 ms, doubling to 2 s, and calls fail at
+once meanwhile (grpc's TRANSIENT_FAILURE). Each connection is an asyncio BufferedProtocol feeding
+a ``ClientConnection`` and writing what it flushes, once per loop tick.
+
+Every failure raises :class:`CallError`: a status the backend sent, or — with ``fault`` set — what
+went wrong with the exchange, as a :class:`~.grpcfault.Fault` kind the backend maps to the error
+of the party at fault (``grpc.py`` ``_mapped``). The rules are gRPC's "gRPC over HTTP2"
+(doc/PROTOCOL-HTTP2.md in grpc/grpc); the framing is ``h2frames.py``'s, the calls ``h2stream.py``'s.
+"""
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, cast
+
+from .. import __version__
+from ..config.schema import BackendTls, HostPort
+from ..h2 import _h2
+from .grpcfault import H2_ERRORS, Fault, stream_reset, went_away
+from .h2frames import ACCEPT_ENCODING, CallError, fault_error, metadata_headers, prefix, timeout_value
+from .h2stream import SMALL_BODY, Call, Metadata, StreamCall, Unary
+
+__all__ = ["CallError", "Channel", "ChannelLimits", "Metadata", "StreamCall"]
+
+HEAD, DATA, TRAILERS, CLOSE, WRITABLE = _h2.HEAD, _h2.DATA, _h2.TRAILERS, _h2.CLOSE, _h2.WRITABLE
+GOAWAY, DEAD, SETTINGS = _h2.GOAWAY, _h2.DEAD, _h2.SETTINGS
+NO_ERROR, CANCEL, REFUSED_STREAM = _h2.NO_ERROR, _h2.CANCEL, _h2.REFUSED_STREAM
+
+_READ_BUFFER = 256 * 1024  # what one read takes in (a 16 MiB answer: 64 reads)
+_HEADER_LIST = 16 * 1024  # an answer head's size (grpc-core's hard metadata limit too) and field count
+_HEADER_FIELDS = 100
+# CONTINUATION frames per header block: enough for a head far over the size limit to be read to
+# its end and refused on its stream (TOO_LARGE) rather than kill the connection; 2 MiB of HPACK at
+# most (CVE-2024-28182 is about blocks without end).
+_CONTINUATIONS = 128
+
+@dataclass(frozen=True, slots=True)
+class ChannelLimits:
+    """How a channel connects and keeps its connections (the grpc channel options they replace,
+    ``grpc_endpoint.channel_options``)."""
+
+    connect_timeout_s: float = 5.0
+    max_connections: int = 8
+    streams_per_connection: int = 1000  # below the server's MAX_CONCURRENT_STREAMS, if lower
+    keepalive_s: float = 30.0  # a PING after this long without a read, while calls are open
+    keepalive_timeout_s: float = 10.0  # no read this long after it: the connection is dropped
+    backoff_s: float = 0.25  # after a failed connect; doubles per failure up to max_backoff_s
+    max_backoff_s: float = 2.0
+
+
+def _ssl_context(tls: BackendTls) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=tls.ca)
+    if tls.cert is not None:
+        ctx.load_cert_chain(tls.cert, tls.key)
+    ctx.set_alpn_protocols(["h2"])  # PROTOCOL-HTTP2.md: gRPC over TLS negotiates h2 by ALPN
+    return ctx
+
+
+# -- one connection ----------------------------------------------------------------------------
+class _Conn(asyncio.BufferedProtocol):
+    """One HTTP/2 connection of a channel."""
+
+    def __init__(self, channel: Channel, loop: asyncio.AbstractEventLoop) -> None:
+        self.channel = channel
+        self.loop = loop
+        self.h2 = _h2.ClientConnection(
+            max_concurrent_streams=channel.limits.streams_per_connection, max_header_list_size=_HEADER_LIST,
+            max_header_fields=_HEADER_FIELDS, max_continuations=_CONTINUATIONS,
+            max_stream_data=0)  # (messages are bounded one by one: MessageReader)
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray(_READ_BUFFER)
+        self.calls: dict[int, Call] = {}
+        self.ready: asyncio.Future[str | None] = loop.create_future()  # None: SETTINGS came; else why not
+        self.gone: asyncio.Future[None] = loop.create_future()
+        self.flush_soon = False
+        self.paused = False
+        self.goaway: tuple[int, int] | None = None  # (last stream id, error code) of a received GOAWAY
+        self.failure: tuple[str, str] | None = None  # what ends the calls in flight when the connection goes
+        self.lost = False
+        self.read = False  # bytes came since the last keepalive check
+        self.pinged = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.header_resets = 0  # counters() as last seen: which CLOSE was our own reset
+        self.glitches = 0
+
+    # -- asyncio --
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # (uvloop's is no subclass of it)
+        self.timer = self.loop.call_later(self.channel.limits.keepalive_s, self.keepalive)
+        self.flush()  # the preface
+
+    def get_buffer(self, sizehint: int) -> bytearray:
+        return self.buf
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.read = True
+        try:
+            events = self.h2.feed(self.buf, nbytes)
+        except _h2.H2Error as exc:
+            self.fail(Fault.BAD, f"broke the HTTP/2 connection off ({exc})")
+            return
+        if events:
+            self.dispatch(events)
+        self.flush()
+
+    def pause_writing(self) -> None:
+        # Nothing more is produced while the socket is full; reading stops too, so the peer's
+        # PINGs and SETTINGS cannot pile up acknowledgements (docs/h2-design.md section 0).
+        self.paused = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.transport is not None:
+            self.transport.resume_reading()
+        self.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.transport = None
+        if self.timer is not None:
+            self.timer.cancel()
+        reason = "the connection closed" if exc is None else f"the connection failed: {exc}"
+        if not self.ready.done():
+            self.ready.set_result(self.failure[1] if self.failure else f"{reason} before HTTP/2 began")
+        calls, self.calls = self.calls, {}
+        goaway = self.goaway
+        for sid, call in calls.items():
+            if call.done:
+                continue
+            if self.failure is not None:
+                kind, why = self.failure
+            elif goaway is not None and sid <= goaway[0] and not call.headed:
+                kind, why = went_away(goaway[1], True)
+            elif not call.headed:
+                kind, why = Fault.TRANSPORT, f"{reason} with the call in flight, before any answer"
+            else:
+                kind, why = Fault.RESET, f"{reason} in the middle of the answer"
+            call.close(fault_error(kind, why), None)
+        self.gone.set_result(None)
+        self.channel.lost(self)
+
+    # -- events --
+    def dispatch(self, events: list[tuple[Any, ...]]) -> None:
+        calls = self.calls
+        for ev in events:
+            kind = ev[0]
+            if kind == DATA:
+                call = calls.get(ev[1])
+                if call is not None:
+                    call.on_data(ev[2], ev[3])
+            elif kind == HEAD:
+                call = calls.get(ev[1])
+                if call is not None:
+                    call.on_head(ev[2], ev[3])
+            elif kind == TRAILERS:
+                call = calls.get(ev[1])
+                if call is not None:
+                    call.on_trailers(ev[2])
+            elif kind == CLOSE:
+                call = calls.get(ev[1])
+                if call is not None:
+                    kind_, why = self.closefault_error(ev[1], ev[2])
+                    call.close(fault_error(kind_, why), None)
+            elif kind == WRITABLE:
+                call = calls.get(ev[1])
+                if call is not None:
+                    call.on_writable()
+            elif kind == GOAWAY:
+                self.goaway = (ev[1], ev[2])
+                self.channel.retire(self)
+            elif kind == DEAD:
+                self.fail(Fault.BAD, f"flooded the HTTP/2 connection ({ev[1]} frames over the gateway's limit)")
+                return
+            elif kind == SETTINGS:
+                if not self.ready.done():
+                    self.ready.set_result(None)
+                else:
+                    self.channel.wake(None)  # (MAX_CONCURRENT_STREAMS may have grown)
+
+    def closefault_error(self, sid: int, code: int) -> tuple[str, str]:
+        """What a stream's abnormal end (CLOSE with ``code``) says of the backend."""
+        counters = self.h2.counters()
+        ours_head = counters["header_resets"] > self.header_resets
+        ours = counters["glitch"] > self.glitches
+        self.header_resets, self.glitches = counters["header_resets"], counters["glitch"]
+        if ours_head:
+            return Fault.TOO_LARGE, (f"answered with too many bytes of headers (metadata), over grpc's limit "
+                                     f"({_HEADER_LIST} bytes or {_HEADER_FIELDS} fields per head)")
+        if code == REFUSED_STREAM and self.goaway is not None and sid > self.goaway[0]:
+            return went_away(self.goaway[1], False)  # RFC 9113 section 6.8: not processed
+        if ours:
+            return Fault.BAD, (f"broke the HTTP/2 protocol on the call's stream (the gateway reset it: "
+                               f"{H2_ERRORS.get(code, str(code))})")
+        return stream_reset(code)
+
+    # -- writing --
+    def schedule_flush(self) -> None:
+        if not self.flush_soon:
+            self.flush_soon = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flush_soon = False
+        transport = self.transport
+        if transport is None or self.paused or transport.is_closing():
+            return
+        h2 = self.h2
+        while True:
+            out = h2.flush()
+            if out:
+                transport.writelines(out)
+            if not h2.has_events:
+                break
+            self.dispatch(h2.poll())
+            if transport.is_closing():
+                return
+        if not h2.want_read and not h2.want_write:
+            # Over: a graceful GOAWAY with no stream left, or one nghttp2 sent for the peer's
+            # connection error (calls still open then end with it).
+            if self.calls and self.failure is None:
+                self.failure = (Fault.BAD, "broke the HTTP/2 protocol (a connection error: the gateway sent GOAWAY)")
+            transport.close()
+
+    def fail(self, kind: str, why: str) -> None:
+        """End the connection for ``why``: what nghttp2 queued (a GOAWAY) goes out, then it closes."""
+        if self.failure is None:
+            self.failure = (kind, why)
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            out = self.h2.flush()
+            if out:
+                transport.writelines(out)
+            transport.close()
+
+    def keepalive(self) -> None:
+        """The keepalive timer: a PING after ``keepalive_s`` without a read while calls are open;
+        no read within ``keepalive_timeout_s`` of it ends the connection."""
+        limits = self.channel.limits
+        if self.lost:
+            return
+        if self.pinged and not self.read:
+            self.fail(Fault.TRANSPORT, f"did not answer a keepalive PING within {limits.keepalive_timeout_s:g} s")
+            return
+        if self.read or not self.calls:
+            self.pinged = self.read = False
+            self.timer = self.loop.call_later(limits.keepalive_s, self.keepalive)
+            return
+        self.h2.ping(0)
+        self.pinged, self.read = True, False
+        self.schedule_flush()
+        self.timer = self.loop.call_later(limits.keepalive_timeout_s, self.keepalive)
+
+    # -- calls --
+    def end(self, sid: int, code: int | None) -> None:
+        """A call's stream is over for the call: forgotten, reset with ``code`` unless None."""
+        calls = self.calls
+        calls.pop(sid, None)
+        if code is not None and not self.lost and self.h2.reset(sid, code):
+            self.schedule_flush()
+        channel = self.channel
+        if channel.waiters:
+            channel.wake(None, 1)
+        if self.goaway is not None and not calls:
+            self.schedule_flush()  # (the connection ends once flushed)
+
+
+# -- the channel -------------------------------------------------------------------------------
+class Channel:
+    """gRPC calls to one endpoint: ``Channel(address, tls, max_message_bytes)``; answers over
+    ``max_message_bytes`` fail (TOO_LARGE) before a byte of them is kept."""
+
+    def __init__(self, address: HostPort, tls: BackendTls | None, max_message_bytes: int,
+                 limits: ChannelLimits | None = None) -> None:
+        self.address = address
+        self.max_message_bytes = max_message_bytes
+        self.limits = limits or ChannelLimits()
+        self.tls = None if tls is None else _ssl_context(tls)
+        self.server_name = None if tls is None else (tls.server_name or address.host)
+        authority = str(address) if tls is None or tls.server_name is None else f"{tls.server_name}:{address.port}"
+        self.fixed = ((b":method", b"POST"), (b":scheme", b"http" if tls is None else b"https"),
+                      (b":authority", authority.encode("idna")))
+        self.heads: dict[str, tuple[tuple[bytes, bytes], ...]] = {}
+        self.conns: list[_Conn] = []  # those that take new calls
+        self.draining: set[_Conn] = set()  # those that received GOAWAY, until they end
+        self.connecting: asyncio.Task[None] | None = None
+        self.waiters: deque[asyncio.Future[CallError | None]] = deque()
+        self.failures = 0  # connect attempts failed in a row
+        self.retry_at = 0.0
+        self.last_error = ""
+        self.closed = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    # -- calls --
+    def head(self, method: str, timeout: float | None, metadata: Metadata | None) -> list[tuple[bytes, bytes]]:
+        fixed = self.heads.get(method)
+        if fixed is None:
+            fixed = self.fixed + ((b":path", method.encode("ascii")), (b"content-type", b"application/grpc"),
+                                  (b"te", b"trailers"), (b"user-agent", b"oip-gateway/" + __version__.encode()),
+                                  (b"grpc-accept-encoding", ACCEPT_ENCODING))
+            self.heads[method] = fixed
+        head = list(fixed)
+        if timeout is not None:
+            head.append((b"grpc-timeout", timeout_value(timeout)))
+        if metadata:
+            head += metadata_headers(metadata)
+        return head
+
+    async def unary(self, method: str, request: bytes | bytearray | memoryview, timeout: float | None = None,
+                    metadata: Metadata | None = None) -> bytes:
+        """One unary call: ``request`` is the request message (sent without a copy), the result
+        the answer's message. Raises CallError; CancelledError resets the stream (CANCEL)."""
+        n = len(request) if not isinstance(request, memoryview) else request.nbytes
+        if n > self.max_message_bytes:
+            raise CallError("RESOURCE_EXHAUSTED", f"Sent message larger than max ({n} vs. {self.max_message_bytes})",
+                            never_sent=True)
+        loop = self.loop or self.bind()
+        deadline = None if timeout is None else loop.time() + timeout
+        retry = True
+        while True:
+            conn = self.usable() or await self.acquire(loop, deadline)
+            call = Unary(self.max_message_bytes, loop.create_future())
+            head = self.head(method, None if deadline is None else deadline - loop.time(), metadata)
+            h2 = conn.h2
+            if n <= SMALL_BODY:
+                sid = h2.request(head, prefix(n) + request)
+            else:
+                sid = h2.request(head, prefix(n), end=False)
+                h2.send_data(sid, request, True)
+            call.conn, call.sid = conn, sid
+            conn.calls[sid] = call
+            conn.schedule_flush()
+            if deadline is not None:
+                call.timer = loop.call_at(deadline, call.expire)
+            try:
+                return await call.future
+            except asyncio.CancelledError:
+                call.close(None, CANCEL)
+                raise
+            except CallError as exc:
+                # RST_STREAM(REFUSED_STREAM): the server did not process the stream (RFC 9113
+                # section 8.7), so it is sent once more, as gRPC's transparent retry does. A server
+                # counts a stream against its MAX_CONCURRENT_STREAMS until it has released the
+                # call, a while after the client saw it end: a client that reuses the slot at once
+                # meets this refusal (grpc-core's servers do it).
+                if not retry or exc.fault is None or exc.fault[0] != Fault.REFUSED_STREAM:
+                    raise
+                retry = False
+
+    def stream(self, method: str, requests: AsyncIterator[bytes], timeout: float | None = None,
+               metadata: Metadata | None = None) -> StreamCall:
+        """A bidirectional streaming call (see StreamCall); ``timeout`` bounds all of it."""
+        return StreamCall(self, method, requests, timeout, metadata)
+
+    # -- connections --
+    def bind(self) -> asyncio.AbstractEventLoop:
+        self.loop = asyncio.get_running_loop()
+        return self.loop
+
+    def usable(self) -> _Conn | None:
+        """A connection with a free stream, if any."""
+        for conn in self.conns:
+            if conn.h2.can_request():
+                return conn
+        return None
+
+    async def acquire(self, loop: asyncio.AbstractEventLoop, deadline: float | None) -> _Conn:
+        """A connection with a free stream: once one connects, or a stream frees up."""
+        while True:
+            if self.closed:
+                raise fault_error(Fault.TRANSPORT, "the channel to the endpoint is closed", True)
+            conn = self.usable()
+            if conn is not None:
+                return conn
+            if self.connecting is None and len(self.conns) < self.limits.max_connections:
+                if loop.time() >= self.retry_at:
+                    self.connecting = loop.create_task(self.connect(loop))
+                elif not self.conns:
+                    raise fault_error(Fault.TRANSPORT, self.last_error, True)  # grpc's TRANSIENT_FAILURE: at once
+            waiter: asyncio.Future[CallError | None] = loop.create_future()
+            self.waiters.append(waiter)
+            try:
+                if deadline is None:
+                    error = await waiter
+                else:
+                    async with asyncio.timeout_at(deadline):
+                        error = await waiter
+            except TimeoutError:
+                raise fault_error(Fault.TIMEOUT, "did not answer in time", True) from None
+            finally:
+                if not waiter.done():
+                    self.waiters.remove(waiter)
+            if error is not None:
+                raise error
+
+    def wake(self, error: CallError | None, n: int = 0) -> None:
+        """Wake ``n`` waiters (0: all) with ``error``, or to look for a connection again."""
+        waiters = self.waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(error)
+                n -= 1
+                if n == 0:
+                    return
+
+    async def connect(self, loop: asyncio.AbstractEventLoop) -> None:
+        limits = self.limits
+        conn: _Conn | None = None
+        try:
+            try:
+                async with asyncio.timeout(limits.connect_timeout_s):
+                    transport, conn = await loop.create_connection(
+                        lambda: _Conn(self, loop), self.address.host, self.address.port, ssl=self.tls,
+                        server_hostname=self.server_name)
+                    if self.tls is not None:
+                        tls = transport.get_extra_info("ssl_object")
+                        if tls is None or tls.selected_alpn_protocol() != "h2":
+                            raise ConnectionError("TLS without HTTP/2: the server did not select ALPN h2")
+                    why = await conn.ready
+                    if why is not None:
+                        raise ConnectionError(why)
+            except TimeoutError:
+                raise ConnectionError(f"timed out after {limits.connect_timeout_s:g} s") from None
+        except (OSError, ssl.SSLError) as exc:  # (ConnectionError is an OSError)
+            if conn is not None and conn.transport is not None:
+                conn.transport.abort()
+            self.failures += 1
+            self.retry_at = loop.time() + min(limits.backoff_s * 2 ** (self.failures - 1), limits.max_backoff_s)
+            self.last_error = f"failed to connect ({getattr(exc, 'strerror', None) or exc})"
+            self.connecting = None
+            self.wake(None if self.conns else fault_error(Fault.TRANSPORT, self.last_error, True))
+            return
+        except asyncio.CancelledError:
+            if conn is not None and conn.transport is not None:
+                conn.transport.abort()
+            raise
+        finally:
+            self.connecting = None
+        self.failures = 0
+        if self.closed:
+            conn.fail(Fault.TRANSPORT, "the channel to the endpoint is closed")
+            return
+        self.conns.append(conn)
+        self.wake(None)
+
+    def retire(self, conn: _Conn) -> None:
+        """``conn`` takes no new call (GOAWAY): its calls finish, then it ends."""
+        if conn in self.conns:
+            self.conns.remove(conn)
+            self.draining.add(conn)
+        if self.waiters:
+            self.wake(None)
+
+    def lost(self, conn: _Conn) -> None:
+        if conn in self.conns:
+            self.conns.remove(conn)
+        self.draining.discard(conn)
+        if self.waiters:
+            self.wake(None)
+
+    async def close(self, grace: float = 0.0) -> None:
+        """GOAWAY on every connection; those whose calls have not ended within ``grace`` seconds
+        are closed under them (their calls fail). New calls fail at once from now on."""
+        self.closed = True
+        if self.connecting is not None:
+            self.connecting.cancel()
+        self.wake(fault_error(Fault.TRANSPORT, "the channel to the endpoint is closed", True))
+        conns = [*self.conns, *self.draining]
+        for conn in conns:
+            if not conn.lost:
+                try:
+                    conn.h2.goaway(NO_ERROR)
+                except _h2.H2Error:
+                    continue  # (a connection already failed: it is closing)
+                conn.flush()
+        pending = [conn.gone for conn in conns if not conn.gone.done()]
+        if pending and grace > 0:
+            await asyncio.wait(pending, timeout=grace)
+        for conn in conns:
+            if not conn.lost:
+                conn.fail(Fault.RESET, "was closed by the gateway (the endpoint left the backend) with the call "
+                                       "in flight")

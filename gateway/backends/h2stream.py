@@ -1,0 +1,284 @@
+"""The calls of a gRPC client channel (``h2channel.py``): one stream each, fed by its
+connection's events — a unary call's one answer message, or a bidirectional stream's messages
+both ways with flow control (the rules: gRPC's doc/PROTOCOL-HTTP2.md; the framing:
+``h2frames.py``)."""
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
+
+from ..h2 import _h2
+from .grpcfault import Fault
+from .h2frames import AnswerFault, CallError, MessageReader, Status, answer_head, answer_status, fault_error, prefix
+
+if TYPE_CHECKING:
+    from .h2channel import Channel, _Conn
+
+__all__ = ["Call", "Metadata", "StreamCall", "Unary"]
+
+Metadata = Sequence[tuple[str, str | bytes]]
+
+NO_ERROR, CANCEL = _h2.NO_ERROR, _h2.CANCEL
+SMALL_BODY = 1024  # a request body this small goes out joined to its prefix, in one call
+_WRITE_MARK = 64 * 1024  # a stream's unsent bytes past which its writer waits for WRITABLE
+
+
+class Call:
+    """One call's stream, fed by its connection's events."""
+
+    __slots__ = ("conn", "done", "headed", "limit", "reader", "sid", "timer")
+    TRUNCATED = "ended its answer in the middle of a message"
+
+    def __init__(self, limit: int) -> None:
+        self.conn: _Conn | None = None
+        self.sid = 0
+        self.limit = limit
+        self.reader: MessageReader | None = None
+        self.headed = False  # a byte of the answer came
+        self.done = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def settle(self, error: BaseException | None) -> None:
+        raise NotImplementedError
+
+    def deliver(self, messages: list[bytes]) -> None:
+        raise NotImplementedError
+
+    def taken(self, n: int) -> None:
+        """``n`` DATA bytes are in the message buffer: they may be acknowledged."""
+        assert self.conn is not None
+        self.conn.h2.consume(self.sid, n)
+
+    def finish(self, status: Status) -> None:
+        """The backend's status ended the answer."""
+        error = None if status.code == "OK" else CallError(status.code, status.message,
+                                                            status_details=status.details)
+        self.close(error, NO_ERROR)
+
+    def close(self, error: BaseException | None, code: int | None) -> None:
+        """The call is over: its stream is forgotten (and reset with ``code`` unless None)."""
+        if self.done:
+            return
+        self.done = True
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.conn is not None:
+            self.conn.end(self.sid, code)
+        self.settle(error)
+
+    def abort(self, kind: str, why: str) -> None:
+        self.close(fault_error(kind, why), CANCEL)
+
+    def expire(self) -> None:
+        # The deadline is enforced here as well as by the backend (grpc-timeout).
+        self.abort(Fault.TIMEOUT, "did not answer in time")
+
+    # -- the connection's events --
+    def on_head(self, headers: list[tuple[bytes, bytes]], end: bool) -> None:
+        try:
+            head = answer_head(headers, end)
+        except AnswerFault as exc:
+            self.abort(exc.kind, exc.why)
+            return
+        self.headed = True
+        if head.status is not None:  # Trailers-Only
+            self.finish(head.status)
+        else:
+            self.reader = MessageReader(self.limit, head.encoding)
+
+    def on_data(self, data: bytes, end: bool) -> None:
+        reader = self.reader
+        if reader is None:
+            self.abort(Fault.BAD, "sent DATA before the answer's head")
+            return
+        self.taken(len(data))
+        try:
+            messages = reader.feed(data)
+        except AnswerFault as exc:
+            self.abort(exc.kind, exc.why)
+            return
+        if messages:
+            self.deliver(messages)
+        if end and not self.done:
+            self.close(fault_error(Fault.FRAMING, "ended its answer without a grpc-status (the gRPC protocol requires "
+                                             "one in trailers)"), NO_ERROR)
+
+    def on_trailers(self, trailers: list[tuple[bytes, bytes]]) -> None:
+        status = answer_status(dict(trailers))
+        if status is None:
+            self.close(fault_error(Fault.FRAMING, "ended its answer without a grpc-status (the gRPC protocol requires "
+                                             "one in trailers)"), NO_ERROR)
+        elif status.code == "OK" and (self.reader is None or self.reader.partial):
+            self.close(fault_error(Fault.FRAMING, self.TRUNCATED), NO_ERROR)
+        else:
+            self.finish(status)
+
+    def on_writable(self) -> None:
+        pass
+
+
+class Unary(Call):
+    __slots__ = ("answer", "future")
+    TRUNCATED = "answered OK without a complete response message (a unary call has exactly one)"
+
+    def __init__(self, limit: int, future: asyncio.Future[bytes]) -> None:
+        super().__init__(limit)
+        self.future = future
+        self.answer: bytes | None = None
+
+    def deliver(self, messages: list[bytes]) -> None:
+        if self.answer is not None or len(messages) > 1:
+            self.abort(Fault.FRAMING, "answered with more than one message (a unary call has exactly one)")
+        else:
+            self.answer = messages[0]
+
+    def finish(self, status: Status) -> None:
+        if status.code == "OK" and self.answer is None:
+            self.close(fault_error(Fault.FRAMING, self.TRUNCATED), NO_ERROR)
+        else:
+            Call.finish(self, status)
+
+    def settle(self, error: BaseException | None) -> None:
+        future = self.future
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        elif self.answer is not None:
+            future.set_result(self.answer)
+        else:
+            future.cancel()  # (the caller's own cancel)
+
+
+class StreamCall(Call):
+    """A bidirectional streaming call: an async iterator of the answer's messages (the call
+    starts at the first ``__anext__``; the request messages are written as the request iterator
+    yields them, then the request ends). The backend's status, when not OK, is raised as
+    CallError after the messages that came before it; ``cancel()`` resets the stream."""
+
+    __slots__ = ("channel", "error", "held", "messages", "metadata", "method", "requests", "started", "timeout",
+                 "waiter", "writable", "writer")
+
+    def __init__(self, channel: Channel, method: str, requests: AsyncIterator[bytes], timeout: float | None,
+                 metadata: Metadata | None) -> None:
+        super().__init__(channel.max_message_bytes)
+        self.channel = channel
+        self.method = method
+        self.requests = requests
+        self.timeout = timeout
+        self.metadata = metadata
+        self.messages: deque[bytes] = deque()
+        self.held = 0  # DATA bytes not acknowledged while messages wait for the consumer
+        self.error: BaseException | None = None
+        self.started = False
+        self.waiter: asyncio.Future[None] | None = None
+        self.writable: asyncio.Future[None] | None = None
+        self.writer: asyncio.Task[None] | None = None
+
+    def __aiter__(self) -> StreamCall:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if not self.started:
+            await self._start()
+        while True:
+            if self.messages:
+                message = self.messages.popleft()
+                if not self.messages and self.held:
+                    # The consumer took what waited: the backend may send more (flow control).
+                    assert self.conn is not None
+                    self.conn.h2.consume(self.sid, self.held)
+                    self.held = 0
+                    self.conn.schedule_flush()
+                return message
+            if self.error is not None:
+                raise self.error
+            if self.done:
+                raise StopAsyncIteration
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+
+    def cancel(self) -> bool:
+        """Stop the call (a no-op once it ended): RST_STREAM(CANCEL) to the backend."""
+        if self.done:
+            return False
+        if not self.started:
+            self.started = self.done = True
+            self.error = asyncio.CancelledError()
+            return True
+        self.close(asyncio.CancelledError(), CANCEL)
+        return True
+
+    async def _start(self) -> None:
+        self.started = True
+        channel = self.channel
+        loop = asyncio.get_running_loop()
+        deadline = None if self.timeout is None else loop.time() + self.timeout
+        try:
+            conn = channel.usable() or await channel.acquire(loop, deadline)
+        except CallError as exc:
+            self.done = True
+            self.error = exc
+            raise
+        sid = conn.h2.request(channel.head(self.method, self.timeout, self.metadata), None, end=False)
+        self.conn, self.sid = conn, sid
+        conn.calls[sid] = self
+        conn.schedule_flush()
+        if deadline is not None:
+            self.timer = loop.call_at(deadline, self.expire)
+        self.writer = loop.create_task(self._write(conn, sid))
+
+    async def _write(self, conn: _Conn, sid: int) -> None:
+        h2 = conn.h2
+        limit = self.limit
+        try:
+            async for message in self.requests:
+                if self.done:
+                    return
+                n = len(message)
+                if n > limit:
+                    self.close(CallError("RESOURCE_EXHAUSTED", f"Sent message larger than max ({n} vs. {limit})"),
+                               CANCEL)
+                    return
+                if not h2.send_data(sid, prefix(n) + message if n <= SMALL_BODY else prefix(n)) or \
+                        (n > SMALL_BODY and not h2.send_data(sid, message)):
+                    return  # the stream is gone: its end is the reader's to report
+                conn.schedule_flush()
+                if h2.buffered(sid) > _WRITE_MARK:
+                    self.writable = asyncio.get_running_loop().create_future()
+                    await self.writable
+                    if self.done:
+                        return
+            if not self.done:
+                h2.send_data(sid, b"", True)
+                conn.schedule_flush()
+        except _h2.H2Error:
+            return  # the connection failed: its loss ends the call
+        except Exception as exc:  # the request iterator failed: the call cannot go on
+            self.close(exc, CANCEL)
+
+    def on_writable(self) -> None:
+        if self.writable is not None and not self.writable.done():
+            self.writable.set_result(None)
+
+    def taken(self, n: int) -> None:
+        if self.messages:
+            self.held += n
+        else:
+            Call.taken(self, n)
+
+    def deliver(self, messages: list[bytes]) -> None:
+        self.messages.extend(messages)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def settle(self, error: BaseException | None) -> None:
+        self.error = error
+        writer = self.writer
+        if writer is not None and not writer.done() and writer is not asyncio.current_task():
+            writer.cancel()
+        for future in (self.waiter, self.writable):
+            if future is not None and not future.done():
+                future.set_result(None)

@@ -1,0 +1,343 @@
+"""One gRPC call on the gateway's own HTTP/2 listener (frontend/h2listen.py): its head read,
+its handler found and run, its answer written.
+
+The handlers are the ones grpc.aio serves (frontend/grpc.py, frontend/v1_grpc.py), found through
+grpc's public ``GenericRpcHandler.service`` and run with a :class:`Context` that offers what they
+use of ``aio.ServicerContext``: ``invocation_metadata()``, ``time_remaining()`` and ``abort()``.
+So both engines serve one set of handlers, and a call ends with the same status on either.
+
+The framing follows gRPC's "gRPC over HTTP2" (doc/PROTOCOL-HTTP2.md): a response is HEADERS
+(``:status 200``, ``content-type: application/grpc``), length-prefixed messages as DATA, and
+trailers carrying ``grpc-status`` and ``grpc-message``; a call that fails before its first message
+answers "trailers-only", one HEADERS frame with END_STREAM.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from grpc import aio
+
+from ..codec.grpcframe import ACCEPT_ENCODING, FrameError, MessageReader, encode_message, frame, parse_timeout
+from .grpcunary import CALL_METADATA
+
+if TYPE_CHECKING:
+    from .h2listen import H2Connection
+
+__all__ = ["Call", "Context", "Details", "RESPONSE_HEAD", "status_trailers"]
+
+log = logging.getLogger("oip_gateway.grpc")
+
+RESPONSE_HEAD = ((b":status", b"200"), (b"content-type", b"application/grpc"),
+                 (b"grpc-accept-encoding", ACCEPT_ENCODING))
+_OK_TRAILERS = ((b"grpc-status", b"0"),)
+# Request headers that are HTTP/2's or gRPC's own, not the call's metadata (grpc.aio leaves
+# them out of invocation_metadata() too).
+_NOT_METADATA = frozenset({b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding",
+                           b"content-length"})
+# The most a streaming call's unread requests may hold before the client's window stays shut.
+_STREAM_QUEUE_BYTES = 1 << 20
+# A single message above this goes out as its own DATA (no join with its prefix: zero-copy).
+_JOIN_MAX = 16384
+
+
+class Details(grpc.HandlerCallDetails):
+    """What grpc's ``GenericRpcHandler.service`` is asked with: the method and the metadata."""
+
+    __slots__ = ("method", "invocation_metadata")
+
+    def __init__(self, method: str, metadata: tuple[tuple[str, str | bytes], ...]) -> None:
+        self.method = method
+        self.invocation_metadata = metadata
+
+
+def status_trailers(code: grpc.StatusCode, message: str,
+                    extra: Sequence[tuple[str, str | bytes]] = ()) -> list[tuple[bytes, bytes]]:
+    """``grpc-status`` (the code's number), ``grpc-message`` (percent-encoded) and the abort's
+    trailing metadata."""
+    out = [(b"grpc-status", str(code.value[0]).encode())]
+    if message:
+        out.append((b"grpc-message", encode_message(message)))
+    for k, v in extra:
+        key = k.lower().encode("ascii")
+        if key.endswith(b"-bin"):
+            out.append((key, base64.b64encode(v if isinstance(v, bytes) else v.encode()).rstrip(b"=")))
+        else:
+            out.append((key, v.encode("latin-1") if isinstance(v, str) else v))
+    return out
+
+
+class Context:
+    """The part of ``aio.ServicerContext`` the gateway's handlers use."""
+
+    __slots__ = ("_metadata", "_deadline", "_loop", "code", "details", "trailing")
+
+    def __init__(self, metadata: tuple[tuple[str, str | bytes], ...], deadline: float | None,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self._metadata = metadata
+        self._deadline = deadline
+        self._loop = loop
+        self.code: grpc.StatusCode | None = None
+        self.details = ""
+        self.trailing: Sequence[tuple[str, str | bytes]] = ()
+
+    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        return self._metadata
+
+    def time_remaining(self) -> float | None:
+        if self._deadline is None:
+            return None
+        return max(0.0, self._deadline - self._loop.time())
+
+    async def abort(self, code: grpc.StatusCode, details: str = "",
+                    trailing_metadata: Sequence[tuple[str, str | bytes]] = ()) -> None:
+        """Ends the call with ``code``: raises ``aio.AbortError``, as grpc.aio's does."""
+        self.code = code
+        self.details = details
+        self.trailing = tuple(trailing_metadata)
+        raise aio.AbortError()
+
+
+def read_head(headers: list[tuple[bytes, bytes]]) -> tuple[str, bytes, bytes, float | None,
+                                                           tuple[tuple[str, str | bytes], ...], str | None]:
+    """(path, content-type, grpc-encoding, timeout seconds, metadata, refusal) of a request head."""
+    path = content_type = encoding = b""
+    timeout: float | None = None
+    method = b""
+    metadata: list[tuple[str, str | bytes]] = []
+    refusal: str | None = None
+    for name, value in headers:
+        if name[0] == 58:  # b":"
+            if name == b":path":
+                path = value
+            elif name == b":method":
+                method = value
+        elif name in _NOT_METADATA:
+            if name == b"content-type":
+                content_type = value
+            elif name == b"grpc-timeout":
+                timeout = parse_timeout(value)
+                if timeout is None:
+                    refusal = f"grpc-timeout {value[:32]!r} is not 1-8 digits and a unit (H, M, S, m, u, n)"
+            elif name == b"grpc-encoding":
+                encoding = value
+        elif name.endswith(b"-bin"):
+            try:
+                metadata.append((name.decode("ascii"), base64.b64decode(value + b"=" * (-len(value) % 4))))
+            except (binascii.Error, ValueError):
+                refusal = f"metadata {name.decode('ascii', 'replace')} is not base64"
+        else:
+            metadata.append((name.decode("ascii", "replace"), value.decode("latin-1")))
+    if method != b"POST":
+        refusal = f"gRPC calls are POST requests (got {method.decode('latin-1')})"
+    return path.decode("latin-1"), content_type, encoding, timeout, tuple(metadata), refusal
+
+
+class Requests:
+    """A streaming call's request messages as its handler reads them (an async iterator). The
+    client's flow-control window reopens as the handler takes them, so a handler that stops
+    reading stops the client."""
+
+    def __init__(self, call: Call, deserialize: Callable[[bytes], Any] | None) -> None:
+        self._call = call
+        self._deserialize = deserialize
+        self._queue: deque[bytes] = deque()
+        self.queued = 0
+        self._ended = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def push(self, messages: list[bytes]) -> None:
+        for m in messages:
+            self._queue.append(m)
+            self.queued += len(m)
+        self._wake()
+
+    def end(self, error: BaseException | None = None) -> None:
+        self._ended = True
+        self._error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def __aiter__(self) -> Requests:
+        return self
+
+    async def __anext__(self) -> Any:
+        while not self._queue:
+            if self._ended:
+                if self._error is not None:
+                    raise self._error
+                raise StopAsyncIteration
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+            self._waiter = None
+        message = self._queue.popleft()
+        self.queued -= len(message)
+        self._call.taken()
+        return self._deserialize(message) if self._deserialize is not None else message
+
+
+class Call:
+    """One stream of an HTTP/2 connection: a gRPC call from its head to its status."""
+
+    __slots__ = ("conn", "sid", "handler", "context", "reader", "messages", "requests", "task", "answered",
+                 "unconsumed", "timer", "late", "last", "writable", "started")
+
+    def __init__(self, conn: H2Connection, sid: int, handler: grpc.RpcMethodHandler, context: Context,
+                 reader: MessageReader, now: float) -> None:
+        self.conn = conn
+        self.sid = sid
+        self.handler = handler
+        self.context = context
+        self.reader = reader
+        self.messages: list[bytes] = []  # a unary call's request (one message)
+        self.requests: Requests | None = None  # a streaming call's
+        self.task: asyncio.Task[None] | None = None
+        self.answered = False  # our side of the stream has ended (or was reset)
+        self.unconsumed = 0  # received bytes not yet given back to the client's window
+        self.timer: asyncio.TimerHandle | None = None  # the deadline
+        self.late = False  # the deadline passed
+        self.last = now  # last progress (a read, or a write accepted), for the stall sweep
+        self.writable: asyncio.Future[None] | None = None
+        self.started = False  # a streaming answer's head has gone out
+
+    # -- received -----------------------------------------------------------------------
+    def data(self, data: bytes, end: bool) -> FrameError | None:
+        """DATA of this call; a FrameError ends the call with its status."""
+        self.unconsumed += len(data)
+        try:
+            messages = self.reader.feed(data) if data else []
+        except FrameError as err:
+            return err
+        requests = self.requests
+        if requests is None:
+            self.messages.extend(messages)
+            self.taken()  # a unary request is bounded by the reader's limit: read it all
+        else:
+            if messages:
+                requests.push(messages)
+            if requests.queued < _STREAM_QUEUE_BYTES:
+                self.taken()
+            if end:
+                requests.end(self.truncated())
+        return None
+
+    def truncated(self) -> FrameError | None:
+        if self.reader.pending:
+            return FrameError(FrameError.FRAMING, "INTERNAL", f"the request ended inside a message ({self.reader.pending} bytes of it "
+                                          "received)")
+        return None
+
+    def taken(self) -> None:
+        """The handler has what was received: give the client its window back."""
+        if self.unconsumed and (self.requests is None or self.requests.queued < _STREAM_QUEUE_BYTES):
+            self.conn.consume(self.sid, self.unconsumed)
+            self.unconsumed = 0
+
+    # -- answered -----------------------------------------------------------------------
+    def finish(self, code: grpc.StatusCode, message: str = "",
+               trailing: Sequence[tuple[str, str | bytes]] = (), started: bool = False) -> None:
+        """End the call with a status: trailers after a started answer, else trailers-only."""
+        if self.answered:
+            return
+        self.answered = True
+        trailers = status_trailers(code, message, trailing)
+        if started:
+            self.conn.send_trailers(self.sid, trailers)
+        else:
+            self.conn.respond(self.sid, [*RESPONSE_HEAD, *trailers])
+
+    def answer(self, body: bytes) -> None:
+        """A unary call's answer: its one message and an OK status."""
+        if self.answered:
+            return
+        self.answered = True
+        if len(body) <= _JOIN_MAX:
+            self.conn.respond(self.sid, RESPONSE_HEAD, frame(len(body)) + body, _OK_TRAILERS)
+        else:
+            self.conn.send_headers(self.sid, RESPONSE_HEAD)
+            self.conn.send_message(self.sid, body)
+            self.conn.send_trailers(self.sid, list(_OK_TRAILERS))
+
+    async def run_unary(self, request: bytes) -> None:
+        handler = self.handler
+        ctx = self.context
+        try:
+            try:
+                message = handler.request_deserializer(request) if handler.request_deserializer else request
+            except Exception:
+                self.finish(grpc.StatusCode.INTERNAL, "Exception deserializing request!")
+                return
+            result = await handler.unary_unary(message, ctx)
+            body = handler.response_serializer(result) if handler.response_serializer else result
+            self.answer(body)
+        except aio.AbortError:
+            self.finish(ctx.code or grpc.StatusCode.UNKNOWN, ctx.details, ctx.trailing)
+        except asyncio.CancelledError:
+            self.cancelled()
+            raise
+        except Exception:
+            log.exception("unexpected error in %s", self.conn.method_name(self))
+            self.finish(grpc.StatusCode.UNKNOWN, "Unexpected error in RPC handling")
+        finally:
+            self.conn.done(self)
+
+    async def run_stream(self) -> None:
+        handler = self.handler
+        ctx = self.context
+        assert self.requests is not None
+        serialize = handler.response_serializer
+        try:
+            async for result in handler.stream_stream(self.requests, ctx):
+                body = serialize(result) if serialize else result
+                if not self.started:
+                    self.started = True
+                    self.conn.send_headers(self.sid, RESPONSE_HEAD)
+                if not self.conn.send_message(self.sid, body):
+                    return  # the stream is gone: reset by the client
+                if self.conn.buffered(self.sid) > _STREAM_QUEUE_BYTES:
+                    self.writable = asyncio.get_running_loop().create_future()
+                    await self.writable
+                    self.writable = None
+            self.finish(grpc.StatusCode.OK, "", (), self.started)
+        except aio.AbortError:
+            self.finish(ctx.code or grpc.StatusCode.UNKNOWN, ctx.details, ctx.trailing, self.started)
+        except asyncio.CancelledError:
+            self.cancelled()
+            raise
+        except Exception:
+            log.exception("unexpected error in %s", self.conn.method_name(self))
+            self.finish(grpc.StatusCode.UNKNOWN, "Unexpected error in RPC handling", (), self.started)
+        finally:
+            self.conn.done(self)
+
+    def cancelled(self) -> None:
+        """The task was cancelled: by the deadline (answer DEADLINE_EXCEEDED, as grpc does), or
+        because the client reset the stream or went away (nothing to answer)."""
+        if self.late:
+            self.finish(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", (), self.started)
+
+    def expired(self) -> None:
+        self.timer = None
+        self.late = True
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        elif not self.answered:  # not dispatched yet: the request is still arriving
+            self.finish(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            self.conn.done(self)
+
+
+def stream_requests(call: Call) -> AsyncIterator[Any]:
+    """Attach a request queue to a streaming call (before its first DATA)."""
+    call.requests = Requests(call, call.handler.request_deserializer)
+    return call.requests
