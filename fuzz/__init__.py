@@ -5,16 +5,19 @@ One module per target, each with ``one_input(data: bytes)``: the function atheri
 ``python -m fuzz.<target> [libFuzzer flags] [corpus dirs]``. The contract every harness
 checks: only the gateway's own errors (:class:`gateway.errors.GatewayError`, or
 :class:`gateway.errors.ConfigError` from the config loader; the backend HTTP/1.1 client's
-``BadAnswer`` / ``ConnectionDropped``, as outcomes) may escape, and where a second
-implementation exists (protobuf's parser, Python's json module, the encoder of the other
-protocol) its answer must agree; anything else raises :class:`FuzzBug` or escapes as the
-foreign exception it is, which libFuzzer reports as a crash.
+``BadAnswer`` / ``ConnectionDropped``, and the gRPC client's ``CallError``, as outcomes) may
+escape, and where a second implementation exists (protobuf's parser, Python's json module, the
+encoder of the other protocol, h11, the ``h2`` package) its answer must agree; anything else
+raises :class:`FuzzBug` or escapes as the foreign exception it is, which libFuzzer reports as a
+crash.
 
 This package imports nothing from ``gateway`` itself, so that a harness run under
 atheris imports (and instruments) the gateway's modules first.
 """
 
-__all__ = ["TARGETS"]
+__all__ = ["NEEDS_H2", "TARGETS"]
 
 # Target name (module fuzz.<name>, seed corpus fuzz/corpus/<name>/, dictionary fuzz/dicts/<name>.dict).
-TARGETS = ("http_body", "grpc_wire", "config", "h1_answer")
+TARGETS = ("http_body", "grpc_wire", "config", "h1_answer", "h2_listen", "h2_answer")
+# Targets on the HTTP/2 extension (gateway.h2._h2): nothing to fuzz where it is not built.
+NEEDS_H2 = ("h2_listen", "h2_answer")

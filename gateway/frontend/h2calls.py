@@ -222,14 +222,20 @@ class Call:
         requests = self.requests
         if requests is None:
             self.messages.extend(messages)
-            self.taken()  # a unary request is bounded by the reader's limit: read it all
+            if len(self.messages) > 1:  # refused at once: nothing more is held for it
+                return FrameError(FrameError.FRAMING, "INTERNAL",
+                                  "a unary call carries one request message; this one sent more")
+            self.taken()  # one message, bounded by the reader's limit: read it all
         else:
             if messages:
                 requests.push(messages)
             if requests.queued < _STREAM_QUEUE_BYTES:
                 self.taken()
             if end:
-                requests.end(self.truncated())
+                truncated = self.truncated()
+                if truncated is not None:
+                    return truncated
+                requests.end()
         return None
 
     def truncated(self) -> FrameError | None:

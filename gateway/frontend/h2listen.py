@@ -222,8 +222,11 @@ class H2Connection(asyncio.Protocol):
         elif kind == _TRAILERS:
             call = self.calls.get(event[1])
             if call is not None and not call.answered:
-                if call.requests is not None:
-                    call.requests.end(call.truncated())
+                truncated = call.truncated()
+                if truncated is not None:
+                    self.fail(call, truncated.code, truncated.message)
+                elif call.requests is not None:
+                    call.requests.end()
                 else:
                     self.ended(call)
         elif kind == _CLOSE:

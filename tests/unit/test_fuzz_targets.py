@@ -5,13 +5,15 @@
 - atheris (libFuzzer) runs each harness for a fixed number of inputs from a fixed seed, in a
   subprocess (new inputs go to a temporary directory, never into the seed corpus);
 - hypothesis builds structured inputs mutation seldom reaches — V2 JSON whose data matches
-  its shape, ModelInferRequests, configs, backends' HTTP/1.1 answers — and feeds them to the
-  same harnesses.
+  its shape, ModelInferRequests, configs, backends' HTTP/1.1 answers, well-formed HTTP/2 gRPC
+  exchanges of a client and of a backend (written by the ``h2`` package, so the harnesses'
+  differential checks apply) — and feeds them to the same harnesses.
 
 The long run is in docs/fuzzing.md.
 """
 from __future__ import annotations
 
+import gzip
 import importlib
 import json
 import os
@@ -19,24 +21,35 @@ import pathlib
 import resource
 import subprocess
 import sys
+import zlib
 from typing import Any
 
+import h2.config
+import h2.connection
 import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fuzz import TARGETS, config, grpc_wire, h1_answer, http_body
+from fuzz import NEEDS_H2, TARGETS, config, grpc_wire, h1_answer, h2_answer, h2_listen, http_body
+from gateway import h2 as gateway_h2
 from gateway._pb import grpc_predict_v2_pb2 as pb
 from tests.unit.test_h1_framing_diff import Answer, answers
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Inputs per target beyond the seeds: ~5-8 s each here (instrumented, 2 cores shared).
-RUNS = {"http_body": 6000, "grpc_wire": 15000, "config": 4000, "h1_answer": 30000}
+RUNS = {"http_body": 6000, "grpc_wire": 15000, "config": 4000, "h1_answer": 30000, "h2_listen": 6000,
+        "h2_answer": 3500}
+
+
+def _skip_without_h2(target: str) -> None:
+    if target in NEEDS_H2 and not gateway_h2.available():
+        pytest.skip("gateway.h2._h2 is not built (no libnghttp2-dev): no HTTP/2 path to fuzz")
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_corpus_replays(target: str) -> None:
+    _skip_without_h2(target)
     harness = importlib.import_module(f"fuzz.{target}")
     files = sorted((ROOT / "fuzz" / "corpus" / target).iterdir())
     assert any(f.name.startswith("seed-") for f in files)
@@ -47,6 +60,7 @@ def test_corpus_replays(target: str) -> None:
 @pytest.mark.parametrize("target", TARGETS)
 def test_bounded_atheris_run(target: str, tmp_path: pathlib.Path) -> None:
     pytest.importorskip("atheris")
+    _skip_without_h2(target)
     # libFuzzer holds getrusage's peak RSS to -rss_limit_mb, and a process started from this one
     # inherits this one's peak (ru_maxrss survives fork and exec): a test that drove the test
     # process's own RSS up would make every fuzzer "run out of memory" at its first input.
@@ -194,3 +208,140 @@ def test_h1_answer_structured(exchanges: list[Answer], flags: int, sizes: bytes)
     exchange's bytes apart (flag bit 5) when there are two."""
     flags = flags | 32 if len(exchanges) > 1 else flags & ~32
     h1_answer.one_input(bytes([flags]) + sizes + b"\0\0".join(a.data for a in exchanges))
+
+
+# ------------------------------------------------------------------ HTTP/2 exchanges (h2 writes them)
+def _h2_head(path: str) -> list[tuple[bytes, bytes]]:
+    return [(b":method", b"POST"), (b":scheme", b"http"), (b":authority", b"gateway:8001"), (b":path", path.encode()),
+            (b"content-type", b"application/grpc"), (b"te", b"trailers")]
+
+_MESSAGES = st.lists(st.binary(max_size=90), max_size=3)
+
+
+def _h2_peer(client: bool) -> h2.connection.H2Connection:
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=client, header_encoding=None))
+    conn.initiate_connection()
+    return conn
+
+
+def _grpc_body(draw: st.DrawFn, messages: list[bytes], encoding: bytes) -> bytes:
+    """The messages, each compressed (flag 1) or not when ``encoding`` is gzip or deflate."""
+    out = b""
+    for m in messages:
+        if encoding and draw(st.booleans()):
+            m = gzip.compress(m, mtime=0) if encoding == b"gzip" else zlib.compress(m)
+            out += b"\x01" + len(m).to_bytes(4, "big") + m
+        else:
+            out += b"\x00" + len(m).to_bytes(4, "big") + m
+    return out
+
+
+def _send_cut(draw: st.DrawFn, conn: h2.connection.H2Connection, sid: int, body: bytes, end: bool) -> None:
+    """``body`` as DATA frames cut where hypothesis says."""
+    cuts = sorted(set(draw(st.lists(st.integers(1, max(1, len(body) - 1)), max_size=3)))) if len(body) > 1 else []
+    parts = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)])]
+    for i, part in enumerate(parts):
+        conn.send_data(sid, part, end_stream=end and i == len(parts) - 1)
+
+
+@st.composite
+def _h2_client_input(draw: st.DrawFn) -> bytes:
+    """A gRPC client's calls (fuzz/h2_listen.py's methods, and an unknown one): messages cut
+    into DATA frames, maybe compressed; each call ended, ended by trailers, reset or left open."""
+    c = _h2_peer(True)
+    own_preface = draw(st.booleans())
+    if not own_preface:
+        c.data_to_send()  # flag bit 2 puts one first
+    sid = 1
+    for _ in range(draw(st.integers(1, 4))):
+        method = draw(st.sampled_from(["ModelInfer", "ModelInfer", "ServerLive", "ModelReady", "ModelStreamInfer",
+                                       "Unknown"]))
+        encoding = draw(st.sampled_from([b"", b"gzip", b"deflate"]))
+        head = _h2_head(f"/inference.GRPCInferenceService/{method}")
+        if encoding:
+            head.append((b"grpc-encoding", encoding))
+        if draw(st.booleans()):
+            head.append((b"x-request-id", b"r-%d" % sid))
+        # A unary call carries one message (mostly: the differential check needs that).
+        messages = draw(_MESSAGES if method != "ModelInfer" or draw(st.integers(0, 3)) == 0 else
+                        st.lists(st.binary(max_size=90), min_size=1, max_size=1))
+        body = _grpc_body(draw, messages, encoding)
+        end = draw(st.sampled_from(["end", "end", "trailers", "reset", "open"]))
+        c.send_headers(sid, head, end_stream=end == "end" and not body)
+        if body:
+            _send_cut(draw, c, sid, body, end == "end")
+        if end == "trailers":
+            c.send_headers(sid, [(b"x-trailer", b"1")], end_stream=True)
+        elif end == "reset":
+            c.reset_stream(sid, 8)
+        if draw(st.integers(0, 5)) == 0:
+            c.ping(b"12345678")
+        sid += 2
+    if draw(st.integers(0, 5)) == 0:
+        c.close_connection()
+    flags = draw(st.integers(0, 255)) & ~4 | (0 if own_preface else 4)
+    if draw(st.integers(0, 3)):
+        flags &= ~(16 | 128)  # (the differential check is off with a moving clock or a drain)
+    return bytes([flags]) + draw(st.binary(min_size=3, max_size=3)) + c.data_to_send()
+
+
+@given(_h2_client_input())
+@settings(max_examples=150, deadline=None)
+def test_h2_listen_structured(data: bytes) -> None:
+    _skip_without_h2("h2_listen")
+    h2_listen.one_input(data)
+
+
+@st.composite
+def _h2_backend_input(draw: st.DrawFn) -> bytes:
+    """A backend's answers to fuzz/h2_answer.py's calls (streams 1 and 3): a head, messages cut
+    into DATA frames, maybe compressed, and trailers with any status; trailers-only; a reset; an
+    answer without a status; or silence — the streams' frames interleaved, maybe a GOAWAY."""
+    flags = draw(st.integers(0, 255))
+    requests = (h2_answer.SMALL_REQUESTS if flags & 8 else h2_answer.REQUESTS)[:2 if flags & 16 else 1]
+    c = _h2_peer(True)
+    for sid, request in zip((1, 3), requests):
+        c.send_headers(sid, _h2_head(h2_answer.METHOD))
+        c.send_data(sid, b"\x00" + len(request).to_bytes(4, "big") + request, end_stream=True)
+    s = _h2_peer(False)
+    s.receive_data(c.data_to_send())
+    if flags & 4:
+        s.data_to_send()  # flag bit 2 puts a SETTINGS and its ACK first
+    ok = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+    steps: list[list[Any]] = []
+    for sid in (1, 3)[:len(requests)]:
+        kind = draw(st.sampled_from(["answer", "answer", "trailers_only", "reset", "no_status", "silence"]))
+        status = [(b"grpc-status", str(draw(st.integers(0, 16))).encode())]
+        if draw(st.booleans()):
+            status.append((b"grpc-message", b"m%25"))
+        ops: list[Any] = []
+        if kind == "trailers_only":
+            ops.append(lambda sid=sid, st_=status: s.send_headers(sid, ok + st_, end_stream=True))
+        elif kind == "reset":
+            code = draw(st.sampled_from([0, 2, 7, 8]))
+            ops.append(lambda sid=sid, code=code: s.reset_stream(sid, code))
+        elif kind != "silence":
+            encoding = draw(st.sampled_from([b"", b"gzip", b"deflate"]))
+            head = ok + ([(b"grpc-encoding", encoding)] if encoding else [])
+            body = _grpc_body(draw, draw(_MESSAGES), encoding)
+            ops.append(lambda sid=sid, h=head: s.send_headers(sid, h))
+            if body:
+                ops.append(lambda sid=sid, b=body, no_status=kind == "no_status": _send_cut(draw, s, sid, b, no_status))
+            if kind == "answer":
+                ops.append(lambda sid=sid, st_=status: s.send_headers(sid, st_, end_stream=True))
+            elif not body:
+                ops.append(lambda sid=sid: s.send_data(sid, b"", end_stream=True))
+        steps.append(ops)
+    while any(steps):
+        ops = draw(st.sampled_from([o for o in steps if o]))
+        ops.pop(0)()
+    if draw(st.integers(0, 5)) == 0:
+        s.close_connection(0, last_stream_id=draw(st.sampled_from([0, 1, 3])))
+    return bytes([flags]) + draw(st.binary(min_size=3, max_size=3)) + s.data_to_send()
+
+
+@given(_h2_backend_input())
+@settings(max_examples=150, deadline=None)
+def test_h2_answer_structured(data: bytes) -> None:
+    _skip_without_h2("h2_answer")
+    h2_answer.one_input(data)
