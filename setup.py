@@ -92,7 +92,8 @@ def _h2_modules() -> list:
         return []
     include_dirs = _nghttp2_include_dirs()
     if include_dirs is None:
-        print("oip-gateway: no nghttp2/nghttp2.h (libnghttp2-dev); leaving out gateway.h2._h2")
+        print("oip-gateway: no nghttp2/nghttp2.h (install libnghttp2-dev); leaving out gateway.h2._h2, "
+              "so gRPC will run on grpcio: the same behaviour, 2-5x the CPU per call (docs/h2-design.md)")
         return []
     return [Extension(H2_EXTENSION, ["gateway/h2/_h2.c"], include_dirs=include_dirs, libraries=["nghttp2"])]
 
