@@ -42,6 +42,12 @@ COMPILED = [
     "gateway/codec/jsonscan.py",
     "gateway/codec/queue_metrics.py",
     "gateway/frontend/grpcunary.py",
+    "gateway/codec/grpcframe.py",
+    "gateway/frontend/h2calls.py",
+    "gateway/frontend/h2listen.py",
+    "gateway/backends/h2frames.py",
+    "gateway/backends/h2stream.py",
+    "gateway/backends/h2channel.py",
 ]
 
 

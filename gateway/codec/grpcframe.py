@@ -10,6 +10,7 @@ is the status message, UTF-8 and then percent-encoded outside 0x20–0x7E (and `
 from __future__ import annotations
 
 import zlib
+from typing import ClassVar
 from urllib.parse import unquote_to_bytes
 
 __all__ = ["ACCEPT_ENCODING", "FrameError", "MessageReader", "decode_message", "encode_message", "frame",
@@ -26,9 +27,9 @@ class FrameError(Exception):
     it grew past the limit decompressed), "encoding" or "framing"; ``code``: the gRPC status a
     server ends the call with; ``message``: what is wrong, in words for the sender."""
 
-    TOO_LARGE = "too_large"
-    ENCODING = "encoding"
-    FRAMING = "framing"
+    TOO_LARGE: ClassVar[str] = "too_large"
+    ENCODING: ClassVar[str] = "encoding"
+    FRAMING: ClassVar[str] = "framing"
 
     def __init__(self, kind: str, code: str, message: str, size: int = -1) -> None:
         super().__init__(message)
