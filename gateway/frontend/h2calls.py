@@ -191,7 +191,7 @@ class Call:
     """One stream of an HTTP/2 connection: a gRPC call from its head to its status."""
 
     __slots__ = ("conn", "sid", "handler", "context", "reader", "messages", "requests", "task", "answered",
-                 "unconsumed", "timer", "late", "last", "writable", "started")
+                 "unconsumed", "held", "timer", "late", "last", "writable", "started")
 
     def __init__(self, conn: H2Connection, sid: int, handler: grpc.RpcMethodHandler, context: Context,
                  reader: MessageReader, now: float) -> None:
@@ -205,6 +205,7 @@ class Call:
         self.task: asyncio.Task[None] | None = None
         self.answered = False  # our side of the stream has ended (or was reset)
         self.unconsumed = 0  # received bytes not yet given back to the client's window
+        self.held = 0  # a unary request's bytes given back, counted against the connection's budget
         self.timer: asyncio.TimerHandle | None = None  # the deadline
         self.late = False  # the deadline passed
         self.last = now  # last progress (a read, or a write accepted), for the stall sweep
@@ -245,10 +246,19 @@ class Call:
         return None
 
     def taken(self) -> None:
-        """The handler has what was received: give the client its window back."""
-        if self.unconsumed and (self.requests is None or self.requests.queued < _STREAM_QUEUE_BYTES):
-            self.conn.consume(self.sid, self.unconsumed)
-            self.unconsumed = 0
+        """The handler has what was received: give the client its window back — for a unary
+        request, while the connection's budget allows (H2Connection.may_hold)."""
+        n = self.unconsumed
+        if not n:
+            return
+        requests = self.requests
+        if requests is None:
+            if not self.conn.may_hold(self, n):
+                return
+        elif requests.queued >= _STREAM_QUEUE_BYTES:
+            return
+        self.conn.consume(self.sid, n)
+        self.unconsumed = 0
 
     # -- answered -----------------------------------------------------------------------
     def finish(self, code: grpc.StatusCode, message: str = "",

@@ -48,6 +48,11 @@ class H2Listener:
         self.limits = limits
         self.max_message_bytes = max_message_bytes
         self.context = context
+        # What the unary requests of one connection may hold at once (their windows reopen while
+        # under it; past it only the oldest call still receiving reads on, so it completes): with
+        # HTTP/2's connection window on top, a connection holds at most this, one message and
+        # the window — not max_grpc_streams whole messages.
+        self.request_budget = max(2 * max_message_bytes, 16 << 20)
         self.h2_limits: dict[str, int] = {
             "max_concurrent_streams": limits.max_grpc_streams,
             "max_header_list_size": max_metadata_bytes,
@@ -139,6 +144,8 @@ class H2Connection(asyncio.Protocol):
         self.pending = False  # a flush is scheduled
         self.draining = False
         self.counted = False  # taken by the listener (not refused for max_connections)
+        self.held = 0  # bytes of unary requests given back to the client's window (Call.held)
+        self.stalled: list[Call] = []  # unary calls waiting for the budget, oldest first
         self.last_active = loop.time()
 
     # -- asyncio protocol -----------------------------------------------------------------
@@ -314,10 +321,38 @@ class H2Connection(asyncio.Protocol):
         if call.writable is not None and not call.writable.done():
             call.writable.cancel()
 
+    def may_hold(self, call: Call, n: int) -> bool:
+        """Whether ``call`` may take ``n`` more request bytes (and the client its window back):
+        under the connection's budget, or the oldest unary call still receiving."""
+        if self.held + n > self.listener.request_budget and call is not self.oldest_receiving():
+            if call not in self.stalled:
+                self.stalled.append(call)
+            return False
+        self.held += n
+        call.held += n
+        return True
+
+    def oldest_receiving(self) -> Call | None:
+        for c in self.calls.values():
+            if c.task is None and c.requests is None and not c.answered:
+                return c
+        return None
+
     def done(self, call: Call) -> None:
         """``call`` is over on our side."""
         if self.calls.get(call.sid) is call:
             del self.calls[call.sid]
+            self.held -= call.held
+            call.held = 0
+            if call.unconsumed:  # (a stream still open keeps the connection's window otherwise)
+                self.h2.consume(call.sid, call.unconsumed)
+                call.unconsumed = 0
+            if call in self.stalled:
+                self.stalled.remove(call)
+            if self.stalled:
+                for waiting in list(self.stalled):  # the budget freed up: the oldest read on
+                    self.stalled.remove(waiting)
+                    waiting.taken()
         if call.timer is not None:
             call.timer.cancel()
             call.timer = None

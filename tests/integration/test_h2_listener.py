@@ -264,3 +264,63 @@ def test_many_streams_on_one_connection(gw):
 
     answers = asyncio.run(many())
     assert all(pb.ServerLiveResponse.FromString(a).live for a in answers)
+
+
+@pytest.fixture(scope="module")
+def patient(reference, tmp_path_factory):
+    """A gateway that waits a minute for a request's end (body_timeout_s), 1 MiB messages."""
+    g = start_gateway(tmp_path_factory.mktemp("h2patient"), reference.http_url, reference.grpc_url, "grpc",
+                      limits={"body_timeout_s": 60, "max_grpc_streams": 128}, max_message_bytes=1 << 20)
+    yield g
+    g.stop()
+
+
+def test_one_connection_cannot_hold_a_message_per_stream(patient):
+    """60 unary calls on one connection, each sending most of a 1 MiB message and never its end:
+    the listener stops giving window back once its requests hold its budget (16 MiB here), so the
+    client cannot push 60 MiB into it — then stalls, and the gateway serves others."""
+    gw = patient
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    s = socket.create_connection(addr(gw), timeout=10)
+    s.sendall(conn.data_to_send())
+    head = [(":method", "POST"), (":scheme", "http"), (":authority", "gw"),
+            (":path", "/inference.GRPCInferenceService/ModelInfer"), ("te", "trailers"),
+            ("content-type", "application/grpc")]
+    streams = list(range(1, 121, 2))
+    left = {}
+    for sid in streams:
+        conn.send_headers(sid, head)
+        left[sid] = b"\x00" + (1 << 20).to_bytes(4, "big") + b"\x07" * ((1 << 20) - 100)
+    s.sendall(conn.data_to_send())
+    sent = 0
+    s.settimeout(0.5)
+    idle_since = time.monotonic()
+    deadline = time.monotonic() + 30
+    while left and time.monotonic() < deadline and time.monotonic() - idle_since < 2:
+        progressed = False
+        for sid in list(left):
+            room = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size)
+            if room <= 0:
+                continue
+            chunk, left[sid] = left[sid][:room], left[sid][room:]
+            conn.send_data(sid, chunk)
+            sent += len(chunk)
+            progressed = True
+            if not left[sid]:
+                del left[sid]
+        s.sendall(conn.data_to_send())
+        try:
+            data = s.recv(65536)
+        except TimeoutError:
+            data = b""
+        if data:
+            conn.receive_data(data)
+            s.sendall(conn.data_to_send())
+        if progressed:
+            idle_since = time.monotonic()
+    total = sum(len(b"\x00\x00\x00\x00\x00") + (1 << 20) - 100 for _ in streams)
+    assert left, "every byte went in: nothing bounded what one connection holds"
+    assert sent < 40 << 20, f"{sent} of {total} bytes taken in"
+    assert live(gw)
+    s.close()
