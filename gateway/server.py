@@ -207,7 +207,8 @@ class Listeners:
         listener = H2Listener(handlers, limits=self.limits, max_message_bytes=self.max_message_bytes,
                               max_metadata_bytes=self.max_header_bytes, max_header_count=self.max_header_count,
                               context=context,
-                              on_refusal=self.metrics.connection_refused if self.metrics is not None else None)
+                              on_refusal=functools.partial(self.metrics.connection_refused, protocol="grpc")
+                              if self.metrics is not None else None)
         await listener.start(sock)
         self._h2 = listener
         self.ports.grpc = sock.getsockname()[1]

@@ -250,7 +250,7 @@ class H2Connection(asyncio.Protocol):
                 self.h2.goaway(0)
         elif kind == _DEAD:
             log.warning("gRPC connection closed: the client exceeded the %s frame limit", event[1])
-            self.listener.refused(f"h2_{event[1]}")
+            self.listener.refused(f"flood_{event[1]}")
 
     def head(self, sid: int, headers: list[tuple[bytes, bytes]], end: bool) -> None:
         path, content_type, encoding, timeout, metadata, refusal = read_head(headers)

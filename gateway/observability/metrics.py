@@ -177,10 +177,10 @@ class Metrics:
         """A refusal by the guard, counted by its kind (a bounded label: the error's class)."""
         self.refusals.labels(protocol, _REFUSAL_REASONS.get(type(err).__name__, "other")).inc()
 
-    def connection_refused(self, reason: str) -> None:
-        """An HTTP connection refused or closed by a hard limit (max_connections,
-        header_timeout, body_timeout)."""
-        self.refusals.labels("http", reason).inc()
+    def connection_refused(self, reason: str, protocol: str = "http") -> None:
+        """A connection (or a gRPC call) refused or closed by a hard limit (max_connections,
+        header_timeout, body_timeout; gRPC: a flood limit, ``flood_<frame>``)."""
+        self.refusals.labels(protocol, reason).inc()
 
     def config_reloaded(self, ok: bool) -> None:
         self.config_reloads.labels("success" if ok else "failure").inc()

@@ -125,6 +125,17 @@ def test_rapid_reset_is_cut_off(gw):
     s.close()
     assert goaway_code(got) == ENHANCE_YOUR_CALM
     assert live(gw)
+    assert refusals(gw, "flood_rst_stream") >= 1
+
+
+def refusals(gw, reason: str) -> float:
+    """oip_gateway_refusals_total{protocol="grpc",reason=...} from the gateway's /metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{gw.metrics_url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    want = f'oip_gateway_refusals_total{{protocol="grpc",reason="{reason}"}}'
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(want))
 
 
 @pytest.mark.parametrize("kind,payload,count", [
