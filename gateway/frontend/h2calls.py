@@ -76,10 +76,11 @@ def status_trailers(code: grpc.StatusCode, message: str,
 class Context:
     """The part of ``aio.ServicerContext`` the gateway's handlers use."""
 
-    __slots__ = ("_metadata", "_deadline", "_loop", "code", "details", "trailing")
+    __slots__ = ("_metadata", "_deadline", "_loop", "method", "code", "details", "trailing")
 
     def __init__(self, metadata: tuple[tuple[str, str | bytes], ...], deadline: float | None,
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop, method: str = "") -> None:
+        self.method = method  # the call's :path, for the log
         self._metadata = metadata
         self._deadline = deadline
         self._loop = loop
@@ -303,7 +304,7 @@ class Call:
             self.cancelled()
             raise
         except Exception:
-            log.exception("unexpected error in %s", self.conn.method_name(self))
+            log.exception("unexpected error in gRPC call %s", self.context.method)
             self.finish(grpc.StatusCode.UNKNOWN, "Unexpected error in RPC handling")
         finally:
             self.conn.done(self)
@@ -332,7 +333,7 @@ class Call:
             self.cancelled()
             raise
         except Exception:
-            log.exception("unexpected error in %s", self.conn.method_name(self))
+            log.exception("unexpected error in gRPC call %s", self.context.method)
             self.finish(grpc.StatusCode.UNKNOWN, "Unexpected error in RPC handling", (), self.started)
         finally:
             self.conn.done(self)

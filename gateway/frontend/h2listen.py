@@ -261,7 +261,7 @@ class H2Connection(asyncio.Protocol):
                             b"gRPC requests need content-type application/grpc\n")
             return
         deadline = self.loop.time() + timeout if timeout is not None else None
-        context = Context(metadata, deadline, self.loop)
+        context = Context(metadata, deadline, self.loop, path)
         details = Details(path, metadata)
         handler = self.listener.find(details)
         call = Call(self, sid, handler, context, MessageReader(self.listener.max_message_bytes, encoding),
@@ -404,9 +404,6 @@ class H2Connection(asyncio.Protocol):
 
     def buffered(self, sid: int) -> int:
         return self.h2.buffered(sid)
-
-    def method_name(self, call: Call) -> str:
-        return "gRPC call"
 
     # -- lifetime -------------------------------------------------------------------------
     def check(self, now: float) -> None:
