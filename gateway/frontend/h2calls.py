@@ -25,7 +25,6 @@ import grpc
 from grpc import aio
 
 from ..codec.grpcframe import ACCEPT_ENCODING, FrameError, MessageReader, encode_message, frame, parse_timeout
-from .grpcunary import CALL_METADATA
 
 if TYPE_CHECKING:
     from .h2listen import H2Connection
