@@ -142,8 +142,33 @@ class Proxy(DataPlane):
         return await self.timed(backend, backend.model_ready(model, version))
 
     async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
-        backend = self.routing.backend(model, version)
+        backend, match = self.routing.pick(model, version)
+        if backend.placer is not None or match.hold_s:
+            await self._hold(backend, match, model, version)  # (a client's first call, before inference)
         return await self.timed(backend, backend.model_metadata(model, version))
+
+    async def _hold(self, backend: Backend[Any], match: Match, model: str, version: str) -> None:
+        """A model ready nowhere yet: wait for it (the route's ``hold_s``), loading it first in a
+        placement pool (backends/placement.py). Returns at once when it is ready somewhere."""
+        holds = backend.holds
+        if holds is None or holds.ready(model, version):
+            return
+        placer = backend.placer
+        if placer is not None:
+            await placer.ensure(model, version, match.label)
+        elif match.hold_s:
+            await holds.wait(model, version, match.label, match.hold_s)
+
+    @staticmethod
+    def _placed_again(backend: Backend[Any], model: str, version: str) -> bool:
+        """A request of a placement pool found its model gone from where it was (no endpoint
+        could take it): it is ready nowhere now, so placement may load it again."""
+        holds = backend.holds
+        return backend.placer is not None and holds is not None and not holds.ready(model, version)
+
+    def _holding(self, backend: Backend[Any], match: Match) -> bool:
+        """Requests of this route wait for their model (and count as its demand)."""
+        return match.split is None and (backend.placer is not None or match.hold_s > 0)
 
     # -- the fleet: repository, per-model extensions, settings (fleet.py) ----------
     async def repository_index(self, ready_only: bool) -> list[BackendIndexEntry]:
@@ -193,6 +218,8 @@ class Proxy(DataPlane):
             if match.split is not None:  # a sequence stays in one backend of the split
                 body, affinity = await http_affinity(body, headers, self.limit, True)
             backend, match = self.routing.choose(match, model, version, affinity)
+            if self._holding(backend, match):
+                return await self._infer_http_held(backend, match, model, version, body, headers)
             if match.mirror is not None and isinstance(body, (bytes, bytearray)):
                 self.mirrors.http(match, model, version, bytes(body), headers, self._http_forwarded, self.limit)
             if match.split is None or not isinstance(body, (bytes, bytearray)):
@@ -211,6 +238,28 @@ class Proxy(DataPlane):
         finally:
             self.admission.leave(size)
 
+    async def _infer_http_held(self, backend: Backend[Any], match: Match, model: str, version: str,
+                               body: bytes | bytearray | IncomingBody, headers: Mapping[str, str]) -> HttpReply:
+        holds = backend.holds
+        assert holds is not None
+        holds.enter(model, match.label)
+        try:
+            await self._hold(backend, match, model, version)
+            if match.mirror is not None and isinstance(body, (bytes, bytearray)):
+                self.mirrors.http(match, model, version, bytes(body), headers, self._http_forwarded, self.limit)
+            try:
+                return await self.timed(backend, backend.infer_http(model, version, body, headers,
+                                                                    self._http_forwarded, self.limit))
+            except NoEndpointAvailable:
+                # Where it was is gone (a pod died, another replica evicted it): placed again, once.
+                if not isinstance(body, (bytes, bytearray)) or not self._placed_again(backend, model, version):
+                    raise
+            await self._hold(backend, match, model, version)
+            return await self.timed(backend, backend.infer_http(model, version, body, headers,
+                                                                self._http_forwarded, self.limit))
+        finally:
+            holds.leave(model, match.label)
+
     def infer_http_now(self, plan: Plan, model: str, version: str, body: bytes | bytearray | memoryview,
                        headers: Mapping[str, str], record: AccessRecord | None,
                        done: Callable[[HttpReply | Exception | None], None]) -> RouteLabel | None:
@@ -223,6 +272,12 @@ class Proxy(DataPlane):
         admission raises."""
         match: Match = plan.route
         backend = self.routing.backends[match.backend]
+        holds = backend.holds
+        held = holds is not None and (backend.placer is not None or match.hold_s > 0)
+        if held:
+            assert holds is not None
+            if not holds.ready(model, version):
+                return None  # it waits for its model: infer_http holds it
         size = len(body) * plan.cost
         admission = self.admission
         admission.enter(size)
@@ -231,20 +286,28 @@ class Proxy(DataPlane):
 
         def answered(result: HttpReply | Exception | None) -> None:
             admission.leave(size)
+            if held:
+                holds.leave(model, match.label)  # type: ignore[union-attr]
             if result is not None:
                 timer.observe(time.perf_counter() - start)
                 if isinstance(result, Exception):
                     self._failed(backend, result)
             done(result)
 
+        if held:
+            holds.enter(model, match.label)  # type: ignore[union-attr]
         try:
             taken = backend.infer_http_now(model, version, body, headers, self._http_forwarded, record, answered)
         except Exception as exc:
+            if held:
+                holds.leave(model, match.label)  # type: ignore[union-attr]
             admission.leave(size)
             timer.observe(time.perf_counter() - start)
             self._failed(backend, exc)
             raise
         if not taken:
+            if held:
+                holds.leave(model, match.label)  # type: ignore[union-attr]
             admission.leave(size)
             return None
         return match.label, match.backend
@@ -268,6 +331,8 @@ class Proxy(DataPlane):
         routing = self.routing
         headers = _metadata_map(metadata) if routing.table.by_headers else None
         backend, match = routing.pick(model, version, headers, affinity)
+        if (backend.placer is not None or match.hold_s) and match.split is None:
+            return await self._infer_grpc_held(backend, match, message, model, version, timeout, affinity, metadata)
         size = len(message) * backend.grpc_cost()
         self.admission.enter(size)
         try:
@@ -292,6 +357,30 @@ class Proxy(DataPlane):
         finally:
             self.admission.leave(size)
 
+    async def _infer_grpc_held(self, backend: Backend[Any], match: Match, message: bytes, model: str, version: str,
+                               timeout: float | None, affinity: str | None,
+                               metadata: Sequence[tuple[str, str]]) -> bytes:
+        holds = backend.holds
+        assert holds is not None
+        holds.enter(model, match.label)
+        size = len(message) * backend.grpc_cost()
+        self.admission.enter(size)
+        try:
+            await self._hold(backend, match, model, version)
+            trace = pick_headers(metadata, self.context_headers) if metadata else ()
+            if match.mirror is not None:
+                self.mirrors.grpc(match, model, version, message, trace)
+            try:
+                return await self.timed(backend, backend.infer_grpc(message, model, version, timeout, affinity, trace))
+            except NoEndpointAvailable:
+                if not self._placed_again(backend, model, version):
+                    raise
+            await self._hold(backend, match, model, version)
+            return await self.timed(backend, backend.infer_grpc(message, model, version, timeout, affinity, trace))
+        finally:
+            self.admission.leave(size)
+            holds.leave(model, match.label)
+
     async def infer_stream(self, first: bytes, rest: AsyncIterator[bytes], model: str, version: str,
                            timeout: float | None, affinity: str | None = None,
                            metadata: Sequence[tuple[str, str]] = ()) -> AsyncIterator[bytes]:
@@ -304,7 +393,10 @@ class Proxy(DataPlane):
         UNAVAILABLE after the answers before it."""
         routing = self.routing
         headers = _metadata_map(metadata)
-        backend = routing.backend(model, version, headers, affinity)
+        backend, match = routing.pick(model, version, headers, affinity)
+        holds = backend.holds if self._holding(backend, match) else None
+        if holds is not None:
+            await self._hold(backend, match, model, version)
         refused: list[GatewayError] = []
         held = StreamHeld(self.admission, backend.grpc_cost())
         held.take(len(first))  # over max_inflight_bytes: UNAVAILABLE before a backend stream opens
@@ -329,19 +421,25 @@ class Proxy(DataPlane):
                 yield message
                 held.give()
 
+        if holds is not None:
+            holds.enter(model, match.label)  # an open stream keeps its model in use
         try:
             trace = pick_headers(metadata, self.context_headers)
             async for answer in backend.infer_stream(requests(), model, version, timeout, affinity, trace):
                 yield answer
         finally:
             held.close()
+            if holds is not None:
+                holds.leave(model, match.label)
         if refused:
             raise refused[0]
 
     # -- Triton's generate extension: through on HTTP backends, converted on gRPC backends ----
     async def generate(self, model: str, version: str, body: bytes, headers: Mapping[str, str],
                        stream: bool) -> HttpReply:
-        backend = self.routing.backend(model, version, headers)
+        backend, match = self.routing.pick(model, version, headers)
+        if self._holding(backend, match):
+            await self._hold(backend, match, model, version)
         size = len(body) * backend.generate_cost()
         self.admission.enter(size)
         try:

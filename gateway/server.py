@@ -26,7 +26,7 @@ from .config.loader import read_config
 from .config.schema import BackendSpec, GatewayConfig, HostPort, Tls
 from .config.security import Limits
 from .dataplane import DataPlane
-from .errors import ConfigError, ListenError
+from .errors import ConfigError, GatewayError, ListenError
 from .security.guard import Gate
 from .frontend.grpc import build_grpc_handler, server_options
 from .frontend.h1asgi import AsgiApp
@@ -43,6 +43,7 @@ from .routing.table import RouteTable
 from .backends.base import Backend
 from .backends.discovery import Discovery
 from .backends.health import HealthChecker
+from .backends.placement import Holds, Placer
 from .backends.queue import QueueScraper
 
 if TYPE_CHECKING:
@@ -232,16 +233,22 @@ class Listeners:
 
 def exact_routes(config: GatewayConfig) -> list[tuple[str, str | None, str, int]]:
     """What the health checker checks: every backend of every exact route (a split's sides
-    share the route's group: ready when one is), and mirrors' shadow backends (group -1:
-    checked, so they know the model, never required for readiness)."""
+    share the route's group: ready when one is), and mirrors' shadow backends and placement
+    pools (group -1: checked, so they know the model, never required for readiness)."""
     out: list[tuple[str, str | None, str, int]] = []
     for i, r in enumerate(config.routes):
         if r.is_glob:
             continue
-        out += [(r.model, r.version, b, i) for b in r.backends]
+        # A placement pool loads its models when asked: they are checked, never required.
+        out += [(r.model, r.version, b, -1 if config.backends[b].placement is not None else i)
+                for b in r.backends if b in config.backends]
         if r.mirror is not None:
             out.append((r.model, r.version, r.mirror.backend, -1))
     return out
+
+
+# Requests held per model for a route's hold_s on a backend without placement (which has its own).
+HOLD_QUEUE = 64
 
 
 class Gateway:
@@ -294,13 +301,30 @@ class Gateway:
         self._endpoint_states: dict[tuple[str, str], tuple[bool, bool]] = {}
         self._route_states: dict[tuple[str, str], bool] = {}  # as last set on the route_ready gauges
         self._event_children: dict[tuple[str, str], Any] = {}
+        # The hold, demand and copies gauges as last set (set when they change).
+        self._waiting_shown: dict[tuple[str, str], int] = {}
+        self._demand_shown: dict[tuple[str, str], int] = {}
+        self._copies_shown: dict[tuple[str, str], int] = {}
 
     def _backend(self, spec: BackendSpec) -> Backend[Any]:
         backend = build_backend(spec)
         backend.on_event = functools.partial(self._backend_event, spec.name)
         if spec.balance == "least_queue":
             backend.background.append(QueueScraper(backend, self._scraped))
+        placement = spec.placement
+        backend.holds = Holds(backend, placement.queue if placement is not None else HOLD_QUEUE, self.metrics)
+        if placement is not None:
+            backend.placer = Placer(backend, placement, backend.holds, self.metrics,
+                                    functools.partial(self._routes_to, spec.name))
+            backend.background.append(backend.placer)
         return backend
+
+    def _routes_to(self, backend: str, model: str) -> bool:
+        """A route sends ``model`` to ``backend`` (placement unloads only such models)."""
+        try:
+            return any(b.name == backend for b in self.proxy.routing.backends_of(model))
+        except GatewayError:
+            return False
 
     def _scraped(self, backend: str, ok: bool, seconds: float) -> None:
         self.metrics.queue_scrapes.labels(backend, "ok" if ok else "failed").inc()
@@ -349,6 +373,42 @@ class Gateway:
                     self.metrics.route_ready.remove(*key)
             self._route_states = states
         self.metrics.ready.set(1 if checker.ready else 0)
+        self._record_holds()
+
+    def _record_holds(self) -> None:
+        """Each round: wake held requests whose model is ready now, let placement pools do their
+        round (placement.py ``maintain``), and set the hold and demand gauges that changed."""
+        waiting: dict[tuple[str, str], int] = {}
+        demand: dict[tuple[str, str], int] = {}
+        copies: dict[tuple[str, str], int] = {}
+        for backend in self.backends.values():
+            holds = backend.holds
+            if holds is None:
+                continue
+            if backend.placer is not None:
+                backend.placer.maintain()
+                for model in backend.placer.placed_models():
+                    copies[(backend.name, model)] = backend.placer.copies(model)
+            elif holds.waiting:
+                holds.recheck()
+            for route, n in holds.by_route.items():
+                waiting[(route, backend.name)] = n
+            for route, n in holds.inflight_by_route.items():
+                demand[(route, backend.name)] = n
+        for shown, now, gauge in ((self._waiting_shown, waiting, self.metrics.hold_waiting),
+                                  (self._demand_shown, demand, self.metrics.route_demand),
+                                  (self._copies_shown, copies, self.metrics.placement_copies)):
+            for key, n in now.items():
+                if shown.get(key) != n:
+                    gauge.labels(*key).set(n)
+            for key in shown.keys() - now.keys():
+                if gauge is self.metrics.placement_copies:
+                    with contextlib.suppress(KeyError):
+                        gauge.remove(*key)  # a model placed nowhere any more: its series goes
+                else:
+                    gauge.labels(*key).set(0)  # (an autoscaler reads 0, not a missing series)
+            shown.clear()
+            shown.update(now)
 
     async def start(
         self,

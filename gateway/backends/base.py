@@ -30,7 +30,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..codec.repository import IndexEntry
 from ..config.schema import BackendSpec
@@ -41,6 +41,9 @@ from ..routing.balancer import balancer
 from ..routing.readiness import Ready
 from ..routing.retry import RetryBudget
 from .endpoints import E, EndpointSet
+
+if TYPE_CHECKING:
+    from .placement import Holds, Placer
 
 __all__ = ["TRITON_GRPC_PREFIX", "Backend", "Refused", "is_not_ready_message"]
 
@@ -123,6 +126,10 @@ class Backend(EndpointSet[E]):
         # Counts what the backend did for metrics: "retry", "retry_budget_exhausted", "ejection",
         # and conversions ("http_to_grpc", "grpc_to_http").
         self.on_event: Callable[[str], None] = lambda kind: None
+        # Requests held for a model ready nowhere yet (routes' hold_s), and the placement that
+        # loads it (config ``placement``): set by the gateway (backends/placement.py).
+        self.holds: Holds | None = None
+        self.placer: Placer | None = None
 
     @property
     def routed(self) -> frozenset[str]:
@@ -365,6 +372,13 @@ class Backend(EndpointSet[E]):
     async def repository_grpc(self, rpc: str, model: str, message: bytes, timeout: float | None,
                               metadata: tuple[tuple[str, str], ...]) -> bytes:
         """Triton's model control over gRPC (RepositoryModelLoad / Unload), to every endpoint."""
+        raise NotImplementedError
+
+    async def control(self, ep: E, action: str, model: str, timeout: float) -> None:
+        """``action`` ("load" or "unload") ``model`` on one endpoint (the V2 repository extension,
+        over the backend's protocol, with the ``check_headers`` credentials): placement's call.
+        Triton answers a load once the model is ready, an unload at once. Raises the
+        endpoint's error (a GatewayError; an unreachable endpoint's too)."""
         raise NotImplementedError
 
     def combined(self, action: str, model: str, outcomes: Sequence[tuple[E, GatewayError | None]]) -> None:

@@ -247,6 +247,16 @@ class GrpcBackend(Backend[GrpcEndpoint]):
         body = trace_to_json(answer, answer=True)[1] if kind == "trace" else log_to_json(answer, answer=True)
         return "json", body or b"{}"
 
+    async def control(self, ep: GrpcEndpoint, action: str, model: str, timeout: float) -> None:
+        if action == "unload":
+            rpc, request = "RepositoryModelUnload", tx.RepositoryModelUnloadRequest(model_name=model)
+        else:
+            rpc, request = "RepositoryModelLoad", tx.RepositoryModelLoadRequest(model_name=model)
+        try:
+            await self._call(ep, lambda e: e.raw[rpc], request.SerializeToString(), timeout, self._check_metadata)
+        except Refused as exc:
+            raise exc.error from exc
+
     async def repository_grpc(self, rpc: str, model: str, message: bytes, timeout: float | None,
                               metadata: tuple[tuple[str, str], ...]) -> bytes:
         # The client's metadata for a restricted repository API is passed on as it came.

@@ -204,6 +204,17 @@ class HttpBackend(HttpExchange):
         await self.repository_http("unload" if unload else "load", model, body, headers)
         return b""  # an empty RepositoryModel{Load,Unload}Response
 
+    async def control(self, ep: HttpEndpoint, action: str, model: str, timeout: float) -> None:
+        path = f"/v2/repository/models/{quote(model, safe='')}/{action}"
+        try:
+            reply = await self._send(ep, "POST", path, body=b"{}", timeout=timeout,
+                                     headers={"content-type": "application/json", **self._check_headers},
+                                     max_body=self.spec.max_check_answer_bytes)
+        except Refused as exc:
+            raise exc.error from exc
+        if reply.status != 200:
+            raise error_from_reply(reply)
+
     async def repository_http(self, action: str, model: str, body: bytes, headers: Mapping[str, str]) -> HttpReply:
         # The client's own credentials for a restricted repository API are passed on (the
         # names check_headers uses); the gateway never adds its own key to a client's call.

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from .network import BackendTls, HostPort, _hostport, _pem
 from .parsing import Problems, _section, mapping, number, secret
 
-__all__ = ["BALANCES", "DEFAULT_MAX_MESSAGE_BYTES", "FAMILIES", "BackendSpec", "Outlier", "QueueMetrics"]
+__all__ = ["BALANCES", "DEFAULT_MAX_MESSAGE_BYTES", "FAMILIES", "BackendSpec", "Outlier", "Placement", "QueueMetrics"]
 
 # gRPC's 4 MiB default is the limit users of other gateways hit most; 256 MiB
 # carries a 64 MB tensor through JSON with room to spare.
@@ -21,7 +21,7 @@ _OUTLIER_KEYS = {"consecutive_failures", "base_ejection_s", "max_ejection_s", "m
 _BACKEND_KEYS = {"protocol", "endpoints", "timeout_s", "connect_timeout_s", "max_message_bytes", "binary_extension",
                  "max_connections", "balance", "tls", "retries", "retry_budget_percent", "outlier", "repository_index",
                  "check_headers", "non_utf8_bytes", "queue_metrics", "max_answer_header_count",
-                 "max_answer_head_bytes", "max_check_answer_bytes", "server_family"}
+                 "max_answer_head_bytes", "max_check_answer_bytes", "server_family", "placement"}
 _BACKEND_TLS_KEYS = {"ca", "cert", "key", "server_name"}
 
 
@@ -49,6 +49,54 @@ class Outlier:
         """Whether one more of ``total`` endpoints may be ejected with ``ejected`` out already.
         As Envoy: at least one endpoint may always be ejected, whatever the percentage."""
         return (ejected == 0 and total > 1) or (ejected + 1) * 100 <= self.max_ejection_percent * total
+
+
+_PLACEMENT_NUMBERS = {"capacity_models": int, "capacity_bytes": int, "copies": int, "max_copies": int,
+                      "scale_up_per_copy": float, "scale_up_after_s": float, "copy_idle_s": float,
+                      "min_residency_s": float, "queue": int, "load_timeout_s": float}
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """On-demand placement (docs/placement.md): the backend's endpoints are Triton servers in
+    explicit model-control mode sharing one repository, and the gateway decides which of them
+    hold which model — loaded when first asked for, placed by rendezvous hashing, the least
+    recently used evicted when an endpoint is at ``capacity_models`` (or ``capacity_bytes`` of
+    the memory Triton's statistics report), copies added with demand."""
+
+    capacity_models: int
+    capacity_bytes: int = 0  # 0: only models are counted
+    copies: int = 1
+    max_copies: int = 0  # 0: ``copies``
+    scale_up_per_copy: float = 4.0
+    scale_up_after_s: float = 5.0
+    copy_idle_s: float = 300.0
+    min_residency_s: float = 60.0
+    pinned: tuple[str, ...] = ()
+    queue: int = 64
+    load_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.capacity_models < 1:
+            raise ValueError("capacity_models must be >= 1")
+        if self.capacity_bytes < 0:
+            raise ValueError("capacity_bytes must be >= 0")
+        if self.copies < 1:
+            raise ValueError("copies must be >= 1")
+        if self.max_copies == 0:
+            object.__setattr__(self, "max_copies", self.copies)
+        if self.max_copies < self.copies:
+            raise ValueError("max_copies must be >= copies")
+        if self.scale_up_per_copy <= 0 or self.scale_up_after_s < 0 or self.copy_idle_s <= 0:
+            raise ValueError("scale_up_per_copy and copy_idle_s must be > 0, scale_up_after_s >= 0")
+        if self.min_residency_s < 0:
+            raise ValueError("min_residency_s must be >= 0")
+        if self.queue < 1:
+            raise ValueError("queue must be >= 1")
+        if not 0 < self.load_timeout_s <= 3600:
+            raise ValueError("load_timeout_s must be > 0 and <= 3600")
+        if len(set(self.pinned)) != len(self.pinned) or not all(self.pinned):
+            raise ValueError("pinned must list distinct, non-empty model names")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +151,8 @@ class BackendSpec:
     # Sent with the health checker's calls (HTTP headers / gRPC metadata): Triton's
     # restricted repository API wants one (--http-restricted-api=model-repository:k=v).
     check_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    # On-demand placement of models on the endpoints (None: the endpoints' models are their own).
+    placement: Placement | None = None
 
     def __post_init__(self) -> None:
         if self.balance not in BALANCES:
@@ -129,6 +179,8 @@ class BackendSpec:
             raise ValueError("retries must be between 0 and 5")
         if not 0 < self.retry_budget_percent <= 100:
             raise ValueError("retry_budget_percent must be > 0 and <= 100")
+        if self.placement is not None and self.placement.copies > len(self.endpoints) and not self.dns:
+            raise ValueError("placement.copies is more than the backend's endpoints")
 
 
 BALANCES = ("round_robin", "least_request", "least_queue")
@@ -240,6 +292,10 @@ def _backend(p: Problems, name: str, raw: Any) -> BackendSpec | None:
         kwargs["queue_metrics"] = qm
     if metrics_ports:
         kwargs["metrics_ports"] = tuple(metrics_ports)
+    if data.get("placement") is not None:
+        placement = _placement(p, f"{key}.placement", data["placement"])
+        ok = ok and placement is not None
+        kwargs["placement"] = placement
     if data.get("tls") is not None:
         tls = data["tls"]
         if tls is True:
@@ -261,6 +317,32 @@ def _backend(p: Problems, name: str, raw: Any) -> BackendSpec | None:
         return None
     return p.build(key, lambda: BackendSpec(name=name, protocol=data["protocol"], endpoints=tuple(endpoints),
                                             dns=tuple(dns), **kwargs))
+
+
+def _placement(p: Problems, key: str, raw: Any) -> Placement | None:
+    data = mapping(p, key, raw)
+    if data is None:
+        return None
+    p.check_keys(key, data, {*_PLACEMENT_NUMBERS, "pinned"})
+    ok = True
+    if "capacity_models" not in data:
+        p.add(f"{key}.capacity_models", "required: how many models one endpoint holds")
+        ok = False
+    kwargs: dict[str, Any] = {}
+    for k, kind in _PLACEMENT_NUMBERS.items():
+        if k in data:
+            kwargs[k] = number(p, f"{key}.{k}", data[k], kind)
+            ok = ok and kwargs[k] is not None
+    if "pinned" in data:
+        pinned = data["pinned"]
+        if not isinstance(pinned, list) or not all(isinstance(n, str) and n for n in pinned):
+            p.add(f"{key}.pinned", f"expected a list of model names, got {pinned!r}")
+            ok = False
+        else:
+            kwargs["pinned"] = tuple(pinned)
+    if not ok:
+        return None
+    return p.build(key, lambda: Placement(**kwargs))
 
 
 def _check_headers(p: Problems, key: str, raw: Any) -> tuple[tuple[str, str], ...] | None:

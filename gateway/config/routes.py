@@ -13,7 +13,7 @@ from .security import Rate, parse_rate
 
 __all__ = ["Mirror", "Route", "Side"]
 
-_ROUTE_KEYS = {"model", "version", "backend", "split", "headers", "mirror", "auth", "rate", "stateful"}
+_ROUTE_KEYS = {"model", "version", "backend", "split", "headers", "mirror", "auth", "rate", "stateful", "hold_s"}
 _SIDE_KEYS = {"backend", "weight"}
 _MIRROR_KEYS = {"backend", "percent", "max_inflight"}
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")
@@ -67,6 +67,9 @@ class Route:
     # Every request of this route is stateful (as one carrying a sequence_id is): never sent
     # to a backend a second time once any of its bytes were written.
     stateful: bool = False
+    # Seconds a request waits for a model that is ready nowhere yet (pods starting, a scale-up
+    # from zero, a placement pool loading it) before the 503; 0: answered at once.
+    hold_s: float = 0.0
 
     @property
     def is_glob(self) -> bool:
@@ -82,6 +85,8 @@ class Route:
             raise ValueError("model is empty")
         if self.split and len({s.backend for s in self.split}) != len(self.split):
             raise ValueError("a split names a backend twice")
+        if not 0 <= self.hold_s <= 3600:
+            raise ValueError("hold_s must be between 0 and 3600")
 
 
 def _route(p: Problems, i: int, raw: Any) -> Route | None:
@@ -172,6 +177,8 @@ def _route(p: Problems, i: int, raw: Any) -> Route | None:
     if not isinstance(stateful, bool):
         p.add(f"{key}.stateful", f"expected true or false, got {stateful!r}")
         ok = False
+    hold_s = number(p, f"{key}.hold_s", data["hold_s"], float) if "hold_s" in data else 0.0
+    ok = ok and hold_s is not None
     raw_version = data.get("version")
     version: str | None = None
     if raw_version is not None:
@@ -185,4 +192,4 @@ def _route(p: Problems, i: int, raw: Any) -> Route | None:
     backend = data["backend"] if "backend" in data else split[0].backend
     return p.build(key, lambda: Route(model=data["model"], backend=backend, version=version, split=tuple(split),
                                       headers=tuple(headers), mirror=mirror, auth=auth,
-                                      rate=rate, stateful=stateful))
+                                      rate=rate, stateful=stateful, hold_s=hold_s or 0.0))

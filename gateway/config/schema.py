@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .backends import BALANCES, DEFAULT_MAX_MESSAGE_BYTES, FAMILIES, BackendSpec, Outlier, QueueMetrics
+from .backends import BALANCES, DEFAULT_MAX_MESSAGE_BYTES, FAMILIES, BackendSpec, Outlier, Placement, QueueMetrics
 from .network import BackendTls, Dns, HostPort, Listen, Tls
 from .routes import Mirror, Route, Side
 from .security import Auth, Limits
@@ -33,6 +33,7 @@ __all__ = [
     "Listen",
     "Mirror",
     "Outlier",
+    "Placement",
     "QueueMetrics",
     "Route",
     "Side",

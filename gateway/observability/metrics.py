@@ -172,6 +172,46 @@ class Metrics:
             "oip_gateway_ready", "1 when every exact-name route has a ready endpoint.",
             registry=r, multiprocess_mode="max",
         )
+        self.placement_loads = Counter(
+            "oip_gateway_placement_loads", "Models placement loaded on an endpoint, by outcome (ok, failed, "
+            "timeout).", ["backend", "outcome"], registry=r)
+        self.placement_unloads = Counter(
+            "oip_gateway_placement_unloads", "Models placement unloaded from an endpoint, by reason (evict: room "
+            "for another; idle_copy: an extra copy without inference).", ["backend", "reason"], registry=r)
+        self.placement_load_seconds = Histogram(
+            "oip_gateway_placement_load_seconds", "How long a load placement sent took, until the model was ready.",
+            ["backend"], buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300), registry=r)
+        self.placement_copies = Gauge(
+            "oip_gateway_placement_copies", "Endpoints a model of a placement pool is ready on.",
+            ["backend", "model"], registry=r, multiprocess_mode="max")
+        self.hold_seconds = Histogram(
+            "oip_gateway_hold_seconds", "How long requests waited for a model ready nowhere (hold_s, placement).",
+            ["route", "backend"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120), registry=r)
+        self.hold_waiting = Gauge(
+            "oip_gateway_hold_waiting", "Requests waiting now for a model ready nowhere (hold_s, placement).",
+            ["route", "backend"], registry=r, multiprocess_mode="livesum")
+        self.hold_refusals = Counter(
+            "oip_gateway_hold_refusals", "Requests a hold ended with 503 / UNAVAILABLE, by reason (queue_full, "
+            "timeout).", ["route", "backend", "reason"], registry=r)
+        self.route_demand = Gauge(
+            "oip_gateway_route_demand", "Requests in flight and waiting, per route to a placement pool or with "
+            "hold_s: what an autoscaler (KEDA) scales the servers on.", ["route", "backend"], registry=r,
+            multiprocess_mode="livesum")
+
+    # -- placement (backends/placement.py PlacementEvents) --------------------------------------
+    def loaded(self, backend: str, outcome: str, seconds: float) -> None:
+        self.placement_loads.labels(backend, outcome).inc()
+        if outcome == "ok":
+            self.placement_load_seconds.labels(backend).observe(seconds)
+
+    def unloaded(self, backend: str, reason: str) -> None:
+        self.placement_unloads.labels(backend, reason).inc()
+
+    def held(self, route: str, backend: str, seconds: float) -> None:
+        self.hold_seconds.labels(route, backend).observe(seconds)
+
+    def hold_refused(self, route: str, backend: str, reason: str) -> None:
+        self.hold_refusals.labels(route, backend, reason).inc()
 
     def refused(self, protocol: str, err: Exception) -> None:
         """A refusal by the guard, counted by its kind (a bounded label: the error's class)."""

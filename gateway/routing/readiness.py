@@ -48,6 +48,9 @@ __all__ = ["EndpointHealth", "Generation", "Index", "Ready"]
 # (model, version) — version "" means "no particular version".
 ModelKey = tuple[str, str]
 
+# Triton's index states of a model that holds memory besides READY.
+_HOLDING = frozenset({"LOADING", "UNLOADING"})
+
 
 class Ready:
     """Answers of :meth:`EndpointHealth.ready_for`."""
@@ -75,7 +78,7 @@ class Index:
     distinct answer, not one per endpoint, and an answer identical to the last costs a
     comparison of bytes, not a parse."""
 
-    __slots__ = ("listed", "names", "raw", "ready", "ready_names")
+    __slots__ = ("_held", "changing", "listed", "names", "raw", "ready", "ready_names")
 
     def __init__(self, raw: bytes, entries: Sequence[Sequence[Any]]) -> None:
         self.raw = raw
@@ -84,16 +87,44 @@ class Index:
         self.ready: frozenset[ModelKey] = frozenset((intern(e[0]), e[1]) for e in entries if e[2])
         self.listed: frozenset[ModelKey] = frozenset((intern(e[0]), e[1]) for e in entries)
         self.ready_names: frozenset[str] = frozenset(name for name, _ in self.ready)
+        # Loading or unloading: they take the server's memory too (Triton frees an unloaded
+        # model's memory only when UNLOADING ends). Usually none.
+        self.changing: frozenset[str] = frozenset(e[0] for e in entries if len(e) > 3 and e[3] in _HOLDING)
+        self._held: frozenset[str] | None = None
+
+    @property
+    def held(self) -> frozenset[str]:
+        """The models that take the server's memory: ready, loading or unloading (placement
+        counts them against an endpoint's capacity)."""
+        held = self._held
+        if held is None:
+            held = self._held = self.ready_names | self.changing
+        return held
+
+    def with_ready(self, model: str) -> Index:
+        """This index with ``model`` ready in every version it is asked for (an endpoint's own
+        copy: the gateway has just loaded it there, before a check has read the index again)."""
+        other = Index.__new__(Index)
+        other.raw = b""
+        other.changing = self.changing
+        other.names = self.names | {model}
+        other.listed = self.listed
+        other.ready = self.ready
+        other.ready_names = self.ready_names | {model}
+        other._held = self.held | {model}
+        return other
 
     def without(self, model: str) -> Index:
         """This index with ``model`` not ready (an endpoint's own copy: it answered "not ready").
         No bytes: the next answer read, whatever it says, replaces it."""
         other = Index.__new__(Index)
         other.raw = b""
+        other.changing = self.changing
         other.names = self.names
         other.listed = self.listed
         other.ready = frozenset(k for k in self.ready if k[0] != model)
         other.ready_names = self.ready_names - {model}
+        other._held = None if self._held is None else self._held - {model}
         return other
 
 
@@ -224,7 +255,12 @@ class EndpointHealth:
         index = self.index
         if index is not None:
             if version:
-                return Ready.YES if (model, version) in index.ready else Ready.NO
+                if (model, version) in index.ready:
+                    return Ready.YES
+                # Loaded here by the gateway since the index was read: its versions are not known
+                # yet; the server answers for a version it lacks.
+                return Ready.YES if model in index.ready_names and not any(
+                    k[0] == model for k in index.ready) else Ready.NO
             return Ready.YES if model in index.ready_names else Ready.NO
         state = self.per_model.get((model, version))
         if state is None and version:
@@ -270,6 +306,13 @@ class EndpointHealth:
             self.per_model[key] = False
         if (model, version) not in self.per_model and self.index is None:
             self.per_model[(model, version)] = False
+
+    def placed(self, model: str) -> None:
+        """The gateway loaded ``model`` here and the server said it is ready: traffic may come
+        at once, before the next check reads the index (which then decides as always)."""
+        if self.index is not None and model not in self.index.ready_names:
+            self.gen.n += 1
+            self.index = self.index.with_ready(model)
 
     def succeeded(self) -> None:
         """Traffic that succeeded: clears the outlier count and the failed checks (live

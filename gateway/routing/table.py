@@ -38,6 +38,7 @@ class Match:
     auth: bool | None = None  # the route's ``auth`` (security/guard.py)
     rate: Rate | None = None  # the route's per-model rate limit
     stateful: bool = False  # the route's ``stateful``: no request of it is ever sent twice
+    hold_s: float = 0.0  # the route's ``hold_s``: how long a request waits for a model ready nowhere yet
 
     def takes(self, headers: Mapping[str, str] | None) -> bool:
         """The request carries every header this route asks for."""
@@ -57,7 +58,7 @@ class RouteTable:
         for r in routes:
             split = WeightedSplit([s.backend for s in r.split], [s.weight for s in r.split]) if r.split else None
             m = Match(backend=r.backend, label=r.model, split=split, headers=r.headers, mirror=r.mirror,
-                      auth=r.auth, rate=r.rate, stateful=r.stateful)
+                      auth=r.auth, rate=r.rate, stateful=r.stateful, hold_s=r.hold_s)
             if r.is_glob:
                 self._globs.append((re.compile(fnmatch.translate(r.model)), r.version, m))
             else:

@@ -1,0 +1,519 @@
+"""Requests for a model that is ready nowhere yet: held (``Holds``, every backend whose routes set
+``hold_s``) and, in a placement pool (``Placer``, config ``placement``), loaded on demand.
+
+Placement (docs/placement.md): the backend's endpoints are Triton servers in explicit
+model-control mode sharing one repository. A request for a model ready on no endpoint waits in a
+bounded queue for that model while one task places it: the endpoints in the model's rendezvous
+order (``routing/rendezvous.py``) are walked for the first with room — an endpoint holds at most
+``capacity_models`` models, counting every model its index shows ready, loading or unloading
+(whoever loaded it) and the loads issued here that its index does not show yet — or, when every
+one is full, the first where a model may be evicted: the least recently used by Triton's own
+``last_inference`` (statistics), never a pinned model, one with requests in flight through this
+process, one loaded or used within ``min_residency_s``, nor one no route of this backend sends to
+it (someone else's). One decision per endpoint at a time (a lock per endpoint): two models never
+take the same free place. The unload is sent, then the load at once (Triton answers an unload at
+once and frees the memory ~1 s later: the overshoot is one unload long). Triton answers the load
+when the model is ready; the endpoint is marked ready for it then, and the waiting requests go.
+
+Copies follow demand (``maintain``, once per health round): a model whose requests (in flight and
+waiting) per copy stay above ``scale_up_per_copy`` for ``scale_up_after_s`` gets a copy on the
+next endpoint of its order, up to ``max_copies``; an extra copy without inference for
+``copy_idle_s`` (Triton's ``last_inference``) is unloaded. Pinned models are loaded at start.
+
+Never sent: a load to an endpoint where the model is ready (Triton would reload it when anything
+in its directory changed — another Triton's ``__pycache__`` in a shared repository is enough).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ..codec.tritonstats import stats_from_json, stats_from_pb
+from ..config.schema import Placement
+from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable, UpstreamTimeout
+from ..routing.readiness import Ready
+from ..routing.rendezvous import rank
+from .base import Backend
+
+__all__ = ["Holds", "PlacementEvents", "Placer", "Usage"]
+
+log = logging.getLogger("oip_gateway.placement")
+
+# How long a load this process issued counts against an endpoint whose index does not show it
+# (yet): an index read before the load began may arrive after it ended.
+_LOAD_GRACE_S = 10.0
+# An unload sent here stops counting once the index no longer shows the model — or after this.
+_UNLOAD_GRACE_S = 10.0
+_STATS_TIMEOUT_S = 5.0
+# How often a load that found no room looks again (a model's residency ends, a request leaves).
+_ROOM_POLL_S = 0.25
+
+
+class PlacementEvents(Protocol):
+    """What placement reports (observability/metrics.py implements it)."""
+
+    def loaded(self, backend: str, outcome: str, seconds: float) -> None: ...
+    def unloaded(self, backend: str, reason: str) -> None: ...
+    def held(self, route: str, backend: str, seconds: float) -> None: ...
+    def hold_refused(self, route: str, backend: str, reason: str) -> None: ...
+
+
+class Usage:
+    """One endpoint's models as its Triton statistics tell them: name -> (last inference in ms
+    since the epoch, 0 when never; bytes of memory reported)."""
+
+    __slots__ = ("models",)
+
+    def __init__(self, models: dict[str, tuple[int, int]]) -> None:
+        self.models = models
+
+    @classmethod
+    def read(cls, answer: bytes, form: str) -> Usage:
+        stats = stats_from_json(answer) if form == "json" else stats_from_pb(answer)
+        models: dict[str, tuple[int, int]] = {}
+        for m in stats.model_stats:
+            last, size = models.get(m.name, (0, 0))
+            models[m.name] = (max(last, int(m.last_inference)),
+                              size + sum(int(u.byte_size) for u in m.memory_usage))
+        return cls(models)
+
+    def bytes(self, names: frozenset[str] | set[str]) -> int:
+        return sum(self.models.get(n, (0, 0))[1] for n in names)
+
+
+class _Waiting:
+    """The requests held for one model: how many, and the future they wait on."""
+
+    __slots__ = ("count", "done", "since")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.count = 0
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.since = time.monotonic()
+
+
+def _ready_somewhere(backend: Backend[Any], model: str, version: str) -> bool:
+    """Some endpoint may take the model now (a request would be sent, not refused)."""
+    try:
+        backend.candidates(model, version)
+    except NoEndpointAvailable:  # (ModelNotReady included)
+        return False
+    return True
+
+
+class Holds:
+    """Requests waiting for a model that is ready nowhere yet, per backend: at most ``queue`` per
+    model, each for at most its route's ``hold_s``; woken when a health round (or a load) finds
+    the model ready."""
+
+    def __init__(self, backend: Backend[Any], queue: int, events: PlacementEvents) -> None:
+        self.backend = backend
+        self.queue = queue
+        self.events = events
+        self.waiting: dict[str, _Waiting] = {}
+        # Requests waiting now per route, and in flight (held ones included) per model and per
+        # route: a placement pool never evicts a model in use here; the demand gauges read them.
+        self.by_route: dict[str, int] = {}
+        self.inflight: dict[str, int] = {}
+        self.inflight_by_route: dict[str, int] = {}
+
+    def enter(self, model: str, route: str) -> None:
+        self.inflight[model] = self.inflight.get(model, 0) + 1
+        self.inflight_by_route[route] = self.inflight_by_route.get(route, 0) + 1
+
+    def leave(self, model: str, route: str) -> None:
+        n = self.inflight[model] - 1
+        if n:
+            self.inflight[model] = n
+        else:
+            del self.inflight[model]
+        n = self.inflight_by_route[route] - 1
+        if n:
+            self.inflight_by_route[route] = n
+        else:
+            del self.inflight_by_route[route]
+
+    def ready(self, model: str, version: str) -> bool:
+        return _ready_somewhere(self.backend, model, version)
+
+    async def wait(self, model: str, version: str, route: str, timeout: float, why: str = "") -> None:
+        """Wait until ``model`` is ready somewhere or ``timeout`` passes (ModelNotReady with
+        Retry-After), holding a place of the model's bounded queue."""
+        backend = self.backend
+        entry = self.waiting.get(model)
+        if entry is None:
+            entry = self.waiting[model] = _Waiting(asyncio.get_running_loop())
+        if entry.count >= self.queue:
+            self.events.hold_refused(route, backend.name, "queue_full")
+            raise _not_ready(f"model '{model}' is not ready on backend '{backend.name}' and {entry.count} requests "
+                             f"already wait for it (the queue's bound){why}; retry later", 2)
+        entry.count += 1
+        self.by_route[route] = self.by_route.get(route, 0) + 1
+        start = time.monotonic()
+        try:
+            await asyncio.wait_for(asyncio.shield(entry.done), timeout)
+        except TimeoutError:
+            self.events.hold_refused(route, backend.name, "timeout")
+            raise _not_ready(f"model '{model}' was not ready on any endpoint of backend '{backend.name}' within "
+                             f"{timeout:g} s{why}; retry later", max(1, round(timeout))) from None
+        finally:
+            entry.count -= 1
+            left = self.by_route[route] - 1
+            if left:
+                self.by_route[route] = left
+            else:
+                del self.by_route[route]
+            if entry.count == 0 and self.waiting.get(model) is entry:
+                del self.waiting[model]
+            self.events.held(route, backend.name, time.monotonic() - start)
+
+    def wake(self, model: str, error: BaseException | None = None) -> None:
+        """``model`` is ready (or cannot be: ``error``): its waiting requests go on."""
+        entry = self.waiting.pop(model, None)
+        if entry is not None and not entry.done.done():
+            if error is None:
+                entry.done.set_result(None)
+            else:
+                entry.done.set_exception(error)
+                entry.done.exception()  # (retrieved: no "never retrieved" warning with no waiter left)
+
+    def recheck(self) -> None:
+        """After a health round: wake the models now ready somewhere."""
+        for model in [m for m in self.waiting if self.ready(m, "")]:
+            self.wake(model)
+
+
+def _not_ready(message: str, retry_after: int) -> ModelNotReady:
+    err = ModelNotReady(message)
+    err.retry_after = retry_after
+    return err
+
+
+class _Endpoint:
+    """What this process did on one endpoint that its index may not show yet."""
+
+    __slots__ = ("loading", "lock", "unloading")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        # model -> None while its load is in progress, then the monotonic time it ended.
+        self.loading: dict[str, float | None] = {}
+        self.unloading: dict[str, float] = {}  # model -> monotonic time the unload was sent
+
+
+class Placer:
+    """On-demand placement for one backend (see the module's docstring)."""
+
+    def __init__(self, backend: Backend[Any], spec: Placement, holds: Holds, events: PlacementEvents,
+                 owns: Callable[[str], bool]) -> None:
+        self.backend = backend
+        self.spec = spec
+        self.holds = holds
+        self.events = events
+        # Whether a route sends ``model`` to this backend: only such models are ever unloaded.
+        self.owns = owns
+        self.pinned = frozenset(spec.pinned)
+        self.inflight = holds.inflight
+        self.loaded_at: dict[tuple[str, str], float] = {}  # (endpoint, model) -> wall time of our load
+        self._eps: dict[str, _Endpoint] = {}
+        self._placing: dict[str, asyncio.Task[None]] = {}
+        self._hot_since: dict[str, float] = {}
+        self._maintaining: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- request side ----------------------------------------------------------------------
+    async def ensure(self, model: str, version: str, route: str) -> None:
+        """Return once ``model`` is ready on some endpoint, loading it if it is nowhere; raises
+        ModelNotReady (Retry-After) past the queue's bound or ``load_timeout_s``, and the
+        endpoint's own error when the load is refused (a model the repository lacks)."""
+        holds = self.holds
+        if model not in self._placing:
+            self._start(model, self.spec.copies)
+        await holds.wait(model, version, route, self.spec.load_timeout_s, " (loading it)")
+
+    def _start(self, model: str, copies: int) -> None:
+        task = asyncio.get_running_loop().create_task(self._place(model, copies))
+        self._placing[model] = task
+
+        def done(t: asyncio.Task[None]) -> None:
+            if self._placing.get(model) is t:
+                del self._placing[model]
+            error = None if t.cancelled() else t.exception()
+            if isinstance(error, UpstreamTimeout):
+                error = _not_ready(f"model '{model}' did not load on backend '{self.backend.name}' in time "
+                                   f"({error.message}); retry later", max(1, round(self.spec.load_timeout_s)))
+            if error is not None and not isinstance(error, GatewayError):
+                log.error("backend '%s': placing '%s' failed: %r", self.backend.name, model, error)
+                error = ModelNotReady(f"model '{model}' could not be placed on backend '{self.backend.name}'")
+            self.holds.wake(model, error)
+
+        task.add_done_callback(done)
+
+    # -- deciding ------------------------------------------------------------------------
+    def _state(self, address: str) -> _Endpoint:
+        st = self._eps.get(address)
+        if st is None:
+            st = self._eps[address] = _Endpoint()
+        return st
+
+    def _occupied(self, ep: Any, st: _Endpoint, now: float) -> set[str]:
+        """The models that count against ``ep``'s capacity now."""
+        index = ep.health.index
+        held = set(index.held) if index is not None else set()
+        for model, t in list(st.unloading.items()):
+            if model not in held or now - t > _UNLOAD_GRACE_S:
+                del st.unloading[model]
+            else:
+                held.discard(model)  # decided: its place is taken by the load that evicted it
+        for model, ended in list(st.loading.items()):
+            if ended is None or now - ended < _LOAD_GRACE_S:
+                held.add(model)  # loading, or loaded so lately that an index read before may still come
+            else:
+                del st.loading[model]  # the index decides from now on
+        return held
+
+    async def _usage(self, ep: Any) -> Usage | None:
+        try:
+            answer, form = await self.backend.endpoint_stats(ep, "", "", _STATS_TIMEOUT_S)
+            return Usage.read(answer, form)
+        except GatewayError as exc:
+            log.warning("backend '%s': statistics of %s unreadable (%s)", self.backend.name, ep.address, exc.message)
+            return None
+
+    def _evictable(self, ep: Any, occupied: set[str], usage: Usage, now_wall: float) -> str | None:
+        """The least recently used model ``ep`` may give up, or None."""
+        index = ep.health.index
+        ready = index.ready_names if index is not None else frozenset()
+        residency_ms = self.spec.min_residency_s * 1000
+        now_ms = now_wall * 1000
+        best: tuple[float, str] | None = None
+        for model in occupied:
+            if (model not in ready or model in self.pinned or self.inflight.get(model) or model in self._placing
+                    or model in self.holds.waiting or not self.owns(model)):
+                continue
+            last = usage.models.get(model, (0, 0))[0]
+            loaded = self.loaded_at.get((str(ep.address), model), 0.0) * 1000
+            used = max(last, loaded)
+            if now_ms - used < residency_ms:
+                continue
+            if best is None or (used, model) < best:
+                best = (used, model)
+        return None if best is None else best[1]
+
+    async def _claim(self, ep: Any, model: str, evict: bool) -> bool:
+        """Take a place for ``model`` on ``ep`` (``evict``: giving up its least recently used
+        model when it has no free one). True: the load may be sent (it is counted from now)."""
+        address = str(ep.address)
+        st = self._state(address)
+        async with st.lock:
+            now = time.monotonic()
+            occupied = self._occupied(ep, st, now)
+            if model in occupied:
+                st.loading[model] = None
+                st.unloading.pop(model, None)
+                return True  # loading there already (a load to a LOADING model joins it)
+            cap = self.spec
+            usage: Usage | None = None
+            full = len(occupied) >= cap.capacity_models
+            if not full and cap.capacity_bytes:
+                usage = await self._usage(ep)
+                full = usage is None or usage.bytes(occupied) >= cap.capacity_bytes
+            if full:
+                if not evict:
+                    return False
+                if usage is None:
+                    usage = await self._usage(ep)
+                    if usage is None:
+                        return False
+                victim = self._evictable(ep, occupied, usage, time.time())
+                if victim is None:
+                    return False
+                if len(occupied) - 1 >= cap.capacity_models and not cap.capacity_bytes:
+                    return False  # over by more than one (someone else's loads): evicting one frees nothing
+                if not await self._unload(ep, victim, "evict"):
+                    return False
+                st.unloading[victim] = time.monotonic()
+                st.loading.pop(victim, None)  # (a load of it lately must not count it back)
+            st.loading[model] = None
+            st.unloading.pop(model, None)  # (loaded again where it was being unloaded)
+            return True
+
+    async def _unload(self, ep: Any, model: str, reason: str) -> bool:
+        try:
+            await self.backend.control(ep, "unload", model, _STATS_TIMEOUT_S)
+        except GatewayError as exc:
+            log.warning("backend '%s': unloading '%s' from %s failed: %s", self.backend.name, model, ep.address,
+                        exc.message)
+            return False
+        log.info("backend '%s': unloaded '%s' from %s (%s)", self.backend.name, model, ep.address, reason)
+        self.loaded_at.pop((str(ep.address), model), None)
+        ep.health.not_ready(model, "")
+        self.events.unloaded(self.backend.name, reason)
+        return True
+
+    def _usable(self) -> list[Any]:
+        return [ep for ep in self.backend.endpoints.values() if ep.health.usable()]
+
+    def _order(self, model: str, eps: list[Any]) -> list[Any]:
+        by_address = {str(ep.address): ep for ep in eps}
+        return [by_address[a] for a in rank(model, by_address)]
+
+    async def _place(self, model: str, copies: int) -> None:
+        """Make ``model`` ready on ``copies`` endpoints (those it is ready on count)."""
+        eps = self._usable()
+        if not eps:
+            raise _not_ready(f"model '{model}' cannot be loaded: backend '{self.backend.name}' has no live "
+                             "endpoint; retry later", 2)
+        order = self._order(model, eps)
+        have = [ep for ep in order if ep.health.ready_for(model, "") == Ready.YES]
+        need = copies - len(have)
+        if need <= 0:
+            return
+        chosen: list[Any] = []
+        rest = [ep for ep in order if ep not in have]
+        deadline = time.monotonic() + self.spec.load_timeout_s
+        while True:
+            for evict in (False, True):
+                for ep in rest:
+                    if len(chosen) >= need:
+                        break
+                    if ep not in chosen and ep.health.usable() and await self._claim(ep, model, evict):
+                        chosen.append(ep)
+            if chosen or have:
+                break
+            # Every endpoint is full of models in use or within min_residency_s: the requests
+            # wait (bounded by load_timeout_s) until one may go, rather than failing at once.
+            if time.monotonic() + _ROOM_POLL_S >= deadline:
+                raise _not_ready(f"model '{model}' cannot be loaded on backend '{self.backend.name}': every live "
+                                 f"endpoint holds {self.spec.capacity_models} models in use or within "
+                                 f"min_residency_s; retry later", max(1, round(self.spec.min_residency_s / 4)))
+            await asyncio.sleep(_ROOM_POLL_S)
+        if not chosen:
+            return
+        results = await asyncio.gather(*(self._load(ep, model) for ep in chosen), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if len(errors) == len(results) and not have:
+            raise errors[0]
+
+    async def _load(self, ep: Any, model: str) -> None:
+        address = str(ep.address)
+        st = self._state(address)
+        start = time.monotonic()
+        index = ep.health.index
+        if index is not None and model in index.ready_names:
+            st.loading[model] = start  # ready there already: a load could reload it
+            self.holds.wake(model)
+            return
+        try:
+            # Bounded by the backend's timeout_s: a request stops waiting after load_timeout_s, the
+            # load goes on (the next request finds the model ready, or loading).
+            await self.backend.control(ep, "load", model, max(self.spec.load_timeout_s, self.backend.spec.timeout_s))
+        except GatewayError as exc:
+            st.loading.pop(model, None)
+            outcome = "timeout" if isinstance(exc, UpstreamTimeout) else "failed"
+            self.events.loaded(self.backend.name, outcome, time.monotonic() - start)
+            log.warning("backend '%s': loading '%s' on %s failed: %s", self.backend.name, model, address, exc.message)
+            raise
+        seconds = time.monotonic() - start
+        st.loading[model] = time.monotonic()
+        self.loaded_at[(address, model)] = time.time()
+        ep.health.placed(model)
+        self.events.loaded(self.backend.name, "ok", seconds)
+        log.info("backend '%s': loaded '%s' on %s in %.2f s", self.backend.name, model, address, seconds)
+        self.holds.wake(model)
+
+    # -- once per health round -------------------------------------------------------------
+    def maintain(self) -> None:
+        """Wake what is ready, then (one pass at a time) pinned models, copies with demand, idle
+        extra copies."""
+        self.holds.recheck()
+        if self._maintaining is None or self._maintaining.done():
+            self._maintaining = asyncio.get_running_loop().create_task(self._maintain())
+
+    def placed_models(self) -> set[str]:
+        """The models of this pool's routes ready on some live endpoint now."""
+        names: set[str] = set()
+        for ep in self.backend.endpoints.values():
+            index = ep.health.index
+            if index is not None and ep.health.usable():
+                names |= index.ready_names
+        return {m for m in names if self.owns(m)}
+
+    def copies(self, model: str) -> int:
+        return sum(1 for ep in self.backend.endpoints.values()
+                   if ep.health.usable() and ep.health.ready_for(model, "") == Ready.YES)
+
+    async def _maintain(self) -> None:
+        try:
+            for model in self.pinned:
+                if model not in self._placing and self.copies(model) < self.spec.copies:
+                    self._start(model, self.spec.copies)
+            now = time.monotonic()
+            spec = self.spec
+            demand = dict(self.inflight)  # (held requests are in flight too)
+            for model in list(self._hot_since):
+                if model not in demand:
+                    del self._hot_since[model]
+            for model, n in demand.items():
+                have = self.copies(model)
+                if have == 0 or have >= spec.max_copies or n / have <= spec.scale_up_per_copy:
+                    self._hot_since.pop(model, None)
+                    continue
+                since = self._hot_since.setdefault(model, now)
+                if now - since >= spec.scale_up_after_s and model not in self._placing:
+                    log.info("backend '%s': '%s' has %d requests on %d copies: adding one", self.backend.name,
+                             model, n, have)
+                    self._hot_since[model] = now
+                    self._start(model, have + 1)
+            if spec.max_copies > spec.copies:
+                await self._trim_copies()
+        except Exception:  # noqa: BLE001 - a pass that fails is logged; the next round tries again
+            log.exception("backend '%s': placement maintenance failed", self.backend.name)
+
+    async def _trim_copies(self) -> None:
+        """Unload extra copies (beyond ``copies``, last in hash order first) idle for ``copy_idle_s``."""
+        spec = self.spec
+        eps = self._usable()
+        counts: dict[str, list[Any]] = {}
+        for ep in eps:
+            index = ep.health.index
+            for model in (index.ready_names if index is not None else ()):
+                counts.setdefault(model, []).append(ep)
+        extra = {m: e for m, e in counts.items() if len(e) > spec.copies and self.owns(m)
+                 and not self.inflight.get(m) and m not in self._placing and m not in self.holds.waiting}
+        if not extra:
+            return
+        usages: dict[str, Usage | None] = {}
+        now_ms = time.time() * 1000
+        for model, holders in extra.items():
+            order = [ep for ep in self._order(model, eps) if ep in holders]
+            for ep in reversed(order[spec.copies:]):
+                address = str(ep.address)
+                if address not in usages:
+                    usages[address] = await self._usage(ep)
+                usage = usages[address]
+                if usage is None:
+                    continue
+                used = max(usage.models.get(model, (0, 0))[0], self.loaded_at.get((address, model), 0.0) * 1000)
+                if now_ms - used >= spec.copy_idle_s * 1000:
+                    st = self._state(address)
+                    async with st.lock:
+                        if await self._unload(ep, model, "idle_copy"):
+                            st.unloading[model] = time.monotonic()
+                            st.loading.pop(model, None)
+
+    # -- the backend's background job ------------------------------------------------------
+    def start(self) -> None:
+        """Nothing runs until the first health round (``maintain``)."""
+
+    async def stop(self) -> None:
+        tasks = [*self._placing.values(), *([self._maintaining] if self._maintaining else [])]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
