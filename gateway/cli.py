@@ -55,8 +55,11 @@ async def _serve_one(config, *, config_path: str, digest: bytes | None, port_fil
     from .watch import watch_file
 
     workers = int(os.environ.get("OIP_GATEWAY_WORKER_COUNT", "0") or 0) or config.workers
+    peers_env = os.environ.get("OIP_GATEWAY_PEERS_PORT", "") if worker else ""  # (supervisor.py)
+    host, _, port = peers_env.rpartition(":")
     gw = Gateway(config, reuse_port=worker, quiet_reload_errors=worker, memory_limit=memory_limit(),
-                 workers=workers)
+                 workers=workers, peers_port=HostPort(host, int(port)) if port.isdigit() else None,
+                 serves_peers=os.environ.get("OIP_GATEWAY_PEERS_SERVE", "1") == "1")
     if gw.auto_inflight and config.max_inflight_bytes is None:
         log.info("max_inflight_bytes: %d per process (a share of the memory limit; set it to override)",
                  gw.auto_inflight)

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, make_asgi_app
 
 from .certs import CertFiles
 from .config.loader import read_config
-from .config.schema import BackendSpec, GatewayConfig, HostPort, Tls
+from .config.schema import BackendSpec, GatewayConfig, HostPort, Peers, Tls
 from .config.security import Limits
 from .dataplane import DataPlane
 from .errors import ConfigError, GatewayError, ListenError
@@ -44,6 +44,7 @@ from .backends.base import Backend
 from .backends.discovery import Discovery
 from .backends.health import HealthChecker
 from .backends.placement import Holds, Placer
+from .peers import PeerSet, peers_app
 from .backends.queue import QueueScraper
 
 if TYPE_CHECKING:
@@ -88,9 +89,10 @@ class Ports:
     http: int | None = None
     grpc: int | None = None
     metrics: int | None = None
+    peers: int | None = None
 
     def as_dict(self) -> dict[str, int | None]:
-        return {"http": self.http, "grpc": self.grpc, "metrics": self.metrics}
+        return {"http": self.http, "grpc": self.grpc, "metrics": self.metrics, "peers": self.peers}
 
 
 @dataclass
@@ -157,6 +159,8 @@ class Listeners:
         grpc: HostPort | None,
         metrics_addr: HostPort | None = None,
         metrics_registry: CollectorRegistry | None = None,
+        peers_addr: HostPort | None = None,
+        peers: AsgiApp | None = None,
     ) -> Ports:
         if http is not None:
             app = build_http_app(self.plane, self.metrics, self.gate, max_message_bytes=self.max_message_bytes,
@@ -190,6 +194,10 @@ class Listeners:
             sock = bind_socket(metrics_addr)
             await self._serve_http(make_asgi_app(metrics_registry), sock)
             self.ports.metrics = sock.getsockname()[1]
+        if peers_addr is not None and peers is not None:
+            sock = bind_socket(peers_addr, reuse_port=self.reuse_port)
+            await self._serve_http(peers, sock)
+            self.ports.peers = sock.getsockname()[1]
         return self.ports
 
     async def _serve_grpc(self, where: HostPort) -> None:
@@ -263,10 +271,19 @@ class Gateway:
 
     def __init__(self, config: GatewayConfig, *, registry: CollectorRegistry | None = None,
                  reuse_port: bool = False, quiet_reload_errors: bool = False,
-                 memory_limit: int | None = None, workers: int = 1) -> None:
+                 memory_limit: int | None = None, workers: int = 1,
+                 peers_port: HostPort | None = None, serves_peers: bool = True) -> None:
         """``memory_limit``: the limit the process runs under (memlimit.py), which sizes
-        admission control when the config leaves ``max_inflight_bytes`` unset."""
+        admission control when the config leaves ``max_inflight_bytes`` unset. With --workers,
+        ``peers_port``: the placement port the supervisor holds (worker 0's, ``serves_peers``;
+        the other workers ask it: gateway/peers.py)."""
         self.config = config
+        self.peers_port = peers_port if peers_port is not None else config.listen.peers
+        self.serves_peers = serves_peers and self.peers_port is not None
+        self.peers: PeerSet | None = None
+        if config.peers is not None or (peers_port is not None and not serves_peers):
+            known = config.peers or Peers(addresses=(HostPort("127.0.0.1", peers_port.port),))  # type: ignore[union-attr]
+            self.peers = PeerSet(known, self.peers_port if self.serves_peers else None, config.dns)
         # A worker's supervisor checks the file and logs its problems: the workers do not repeat them.
         self._reload_error_level = logging.DEBUG if quiet_reload_errors else logging.ERROR
         self.metrics = Metrics(registry, access_log=config.access_log, access_sample=config.access_log_sample)
@@ -316,6 +333,7 @@ class Gateway:
         if placement is not None:
             backend.placer = Placer(backend, placement, backend.holds, self.metrics,
                                     functools.partial(self._routes_to, spec.name))
+            backend.placer.peers = self.peers
             backend.background.append(backend.placer)
         return backend
 
@@ -428,11 +446,15 @@ class Gateway:
         self._trimmer = asyncio.get_running_loop().create_task(self.trimmer.run())
         await self.health.first_round(self.config.health.timeout_s * 3)
         listen = self.config.listen
+        if self.peers is not None:
+            self.peers.start()
         return await self.listeners.start(
             http=http or listen.http,
             grpc=grpc or listen.grpc,
             metrics_addr=listen.metrics if serve_metrics else None,
             metrics_registry=self.metrics.registry,
+            peers_addr=self.peers_port if self.serves_peers else None,
+            peers=peers_app(lambda: self.backends) if self.serves_peers else None,
         )
 
     async def reload(self, config: GatewayConfig) -> None:
@@ -504,6 +526,8 @@ class Gateway:
             log.warning("draining: not ready, serving for %.1f s more", self.config.drain_s)
             await asyncio.sleep(self.config.drain_s)
         await self.listeners.stop()
+        if self.peers is not None:
+            await self.peers.stop()
         await self.discovery.stop()
         await self.health.stop()
         if self._trimmer is not None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, multiprocess
 
 from .config.loader import read_config
-from .config.schema import GatewayConfig
+from .config.schema import GatewayConfig, HostPort
 from .dataplane import DataPlane
 from .errors import ConfigError
 from .security.guard import Gate
@@ -61,6 +61,17 @@ async def supervise(
         held.append(s)
         ports.grpc = s.getsockname()[1]
 
+    # Placement: one process decides per pool (gateway/peers.py). Worker 0 serves the peers port
+    # (listen.peers, or a loopback one of its own); the other workers ask it.
+    peers_at: HostPort | None = None
+    if any(b.placement is not None for b in config.backends.values()):
+        where = listen.peers or HostPort("127.0.0.1", 0)
+        s = bind_socket(where, listen=False, reuse_port=True)
+        held.append(s)
+        peers_at = HostPort(where.host, s.getsockname()[1])
+        if listen.peers is not None:
+            ports.peers = peers_at.port
+
     mpdir = tempfile.mkdtemp(prefix="oip-gateway-metrics-")
     # Each worker takes its share of the memory limit (admission control's default).
     env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=mpdir, OIP_GATEWAY_WORKER_COUNT=str(workers))
@@ -70,12 +81,14 @@ async def supervise(
     if ports.grpc is not None:
         argv += ["--grpc-port", str(ports.grpc)]
 
-    async def spawn() -> asyncio.subprocess.Process:
-        proc = await asyncio.create_subprocess_exec(*argv, env=env, stdout=subprocess.PIPE)
+    async def spawn(i: int) -> asyncio.subprocess.Process:
+        mine = env if peers_at is None else dict(env, OIP_GATEWAY_PEERS_PORT=f"{peers_at.host}:{peers_at.port}",
+                                                 OIP_GATEWAY_PEERS_SERVE="1" if i == 0 else "0")
+        proc = await asyncio.create_subprocess_exec(*argv, env=mine, stdout=subprocess.PIPE)
         await _wait_ready(proc, 60)
         return proc
 
-    procs = list(await asyncio.gather(*(spawn() for _ in range(workers))))
+    procs = list(await asyncio.gather(*(spawn(i) for i in range(workers))))
 
     metrics_listeners: Listeners | None = None
     if listen.metrics is not None:
@@ -144,7 +157,7 @@ async def supervise(
                     log.critical("workers keep dying; giving up")
                     stop.set()
                     break
-                procs[i] = await spawn()
+                procs[i] = await spawn(i)
 
     if watcher is not None:
         watcher.cancel()

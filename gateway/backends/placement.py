@@ -30,6 +30,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from ..codec.tritonstats import stats_from_json, stats_from_pb
@@ -51,6 +52,14 @@ _UNLOAD_GRACE_S = 10.0
 _STATS_TIMEOUT_S = 5.0
 # How often a load that found no room looks again (a model's residency ends, a request leaves).
 _ROOM_POLL_S = 0.25
+
+
+class Decider(Protocol):
+    """Who decides a pool's placement (gateway/peers.py ``PeerSet``): None from ``decider`` means
+    this process; ``ask`` has the decider place a model (None: this process decides after all)."""
+
+    def decider(self, pool: str) -> str | None: ...
+    def ask(self, pool: str, model: str, copies: int, timeout: float) -> Awaitable[list[str] | None]: ...
 
 
 class PlacementEvents(Protocol):
@@ -223,7 +232,8 @@ class Placer:
         self._placing: dict[str, asyncio.Task[None]] = {}
         self._hot_since: dict[str, float] = {}
         self._maintaining: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        # Set by the gateway when replicas coordinate (config ``peers``); None: this process decides.
+        self.peers: Decider | None = None
 
     # -- request side ----------------------------------------------------------------------
     async def ensure(self, model: str, version: str, route: str) -> None:
@@ -235,8 +245,26 @@ class Placer:
             self._start(model, self.spec.copies)
         await holds.wait(model, version, route, self.spec.load_timeout_s, " (loading it)")
 
-    def _start(self, model: str, copies: int) -> None:
-        task = asyncio.get_running_loop().create_task(self._place(model, copies))
+    async def place_here(self, model: str, copies: int) -> list[str]:
+        """Another replica asks this one, its pool's decider, to place ``model``: the endpoints
+        it is ready on once it is (at most ``max_copies``)."""
+        copies = max(1, min(copies, self.spec.max_copies))
+        if self.copies(model) < copies:
+            task = self._placing.get(model) or self._start(model, copies, here=True)
+            try:
+                await asyncio.wait_for(asyncio.shield(task), self.spec.load_timeout_s)
+            except TimeoutError:
+                raise _not_ready(f"model '{model}' was not ready on any endpoint of backend '{self.backend.name}' "
+                                 f"within {self.spec.load_timeout_s:g} s (loading it); retry later",
+                                 max(1, round(self.spec.load_timeout_s))) from None
+        ready = [str(ep.address) for ep in self._usable() if ep.health.ready_for(model, "") == Ready.YES]
+        if not ready:
+            raise _not_ready(f"model '{model}' is not ready on backend '{self.backend.name}'; retry later", 2)
+        return ready
+
+    def _start(self, model: str, copies: int, here: bool = False) -> asyncio.Task[None]:
+        coro = self._place(model, copies) if here or self.peers is None else self._ask(model, copies)
+        task = asyncio.get_running_loop().create_task(coro)
         self._placing[model] = task
 
         def done(t: asyncio.Task[None]) -> None:
@@ -252,6 +280,21 @@ class Placer:
             self.holds.wake(model, error)
 
         task.add_done_callback(done)
+        return task
+
+    async def _ask(self, model: str, copies: int) -> None:
+        """Have the pool's decider place ``model`` (or decide here when it is this process)."""
+        assert self.peers is not None
+        ready = await self.peers.ask(self.backend.name, model, copies, self.spec.load_timeout_s + 5)
+        if ready is None:
+            await self._place(model, copies)
+            return
+        by_address = {str(ep.address): ep for ep in self.backend.endpoints.values()}
+        for address in ready:
+            ep = by_address.get(address)
+            if ep is not None:
+                ep.health.placed(model)  # (the decider saw it ready; this process's checks follow)
+        self.holds.wake(model)
 
     # -- deciding ------------------------------------------------------------------------
     def _state(self, address: str) -> _Endpoint:
@@ -447,9 +490,13 @@ class Placer:
         return sum(1 for ep in self.backend.endpoints.values()
                    if ep.health.usable() and ep.health.ready_for(model, "") == Ready.YES)
 
+    def deciding(self) -> bool:
+        return self.peers is None or self.peers.decider(self.backend.name) is None
+
     async def _maintain(self) -> None:
         try:
-            for model in self.pinned:
+            deciding = self.deciding()
+            for model in self.pinned if deciding else ():
                 if model not in self._placing and self.copies(model) < self.spec.copies:
                     self._start(model, self.spec.copies)
             now = time.monotonic()
@@ -469,7 +516,7 @@ class Placer:
                              model, n, have)
                     self._hot_since[model] = now
                     self._start(model, have + 1)
-            if spec.max_copies > spec.copies:
+            if spec.max_copies > spec.copies and deciding:
                 await self._trim_copies()
         except Exception:  # noqa: BLE001 - a pass that fails is logged; the next round tries again
             log.exception("backend '%s': placement maintenance failed", self.backend.name)

@@ -18,7 +18,7 @@ import yaml
 
 from ..errors import ConfigError
 from .backends import BackendSpec, _backend
-from .network import Dns, Listen, _dns, _listen
+from .network import Dns, Listen, _dns, _listen, _peers
 from .parsing import Presence, Problems, _section, mapping, number
 from .routes import Route, _route
 from .schema import GatewayConfig, Health
@@ -29,7 +29,7 @@ __all__ = ["Checked", "check_config", "load_config", "parse_config", "read_confi
 
 _TOP_KEYS = {"listen", "backends", "routes", "health", "max_message_bytes", "workers", "access_log", "drain_s",
              "max_inflight_bytes", "forward_headers", "dns", "server", "max_json_depth",
-             "max_header_count", "max_header_bytes", "auth", "limits", "v1"}
+             "max_header_count", "max_header_bytes", "auth", "limits", "v1", "peers"}
 _HEALTH_KEYS = {"interval_s", "timeout_s", "unhealthy_threshold", "healthy_threshold"}
 
 
@@ -111,6 +111,8 @@ def _parse(p: Problems, raw: Any) -> GatewayConfig:
         extra["limits"] = parse_limits(p, raw["limits"])
     if raw.get("v1") is not None:
         extra["v1"] = parse_v1(p, raw["v1"])
+    if raw.get("peers") is not None:
+        extra["peers"] = _peers(p, raw["peers"])
     if "max_inflight_bytes" in raw:
         extra["max_inflight_bytes"] = number(p, "max_inflight_bytes", raw["max_inflight_bytes"], int)
     if "access_log" in raw:

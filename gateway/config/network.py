@@ -10,10 +10,10 @@ from typing import Any
 
 from .parsing import NOT_HERE, Problems, mapping, number, read_file
 
-__all__ = ["BackendTls", "Dns", "HostPort", "Listen", "Tls"]
+__all__ = ["BackendTls", "Dns", "HostPort", "Listen", "Peers", "Tls"]
 
 _DNS_KEYS = {"nameservers", "refresh_s", "timeout_s"}
-_LISTEN_KEYS = {"http", "grpc", "metrics"}
+_LISTEN_KEYS = {"http", "grpc", "metrics", "peers"}
 _TLS_KEYS = {"cert", "key", "client_ca"}
 
 
@@ -78,12 +78,45 @@ class Listen:
     http: HostPort | None = HostPort("0.0.0.0", 8000)
     grpc: HostPort | None = HostPort("0.0.0.0", 8001)
     metrics: HostPort | None = HostPort("0.0.0.0", 8002)
-    # Applies to the HTTP and gRPC listeners; the metrics listener stays plain HTTP.
+    # The placement port other replicas ask (docs/placement.md "Replicas"); plain HTTP.
+    peers: HostPort | None = None
+    # Applies to the HTTP and gRPC listeners; the metrics and peers listeners stay plain HTTP.
     tls: Tls | None = None
 
     def __post_init__(self) -> None:
         if self.http is None and self.grpc is None:
             raise ValueError("at least one of listen.http and listen.grpc is required")
+
+
+@dataclass(frozen=True, slots=True)
+class Peers:
+    """Every gateway replica's placement port (``listen.peers``): static addresses and DNS names
+    re-resolved like endpoints' (a headless Service of the gateway's own pods)."""
+
+    addresses: tuple[HostPort, ...] = ()
+    dns: tuple[HostPort, ...] = ()
+
+
+def _peers(p: Problems, raw: Any) -> Peers | None:
+    if not isinstance(raw, list) or not raw:
+        p.add("peers", "expected a non-empty list of host:port or {dns: name:port}")
+        return None
+    addresses: list[HostPort] = []
+    dns: list[HostPort] = []
+    for i, item in enumerate(raw):
+        where = f"peers[{i}]"
+        if isinstance(item, dict):
+            p.check_keys(where, item, {"dns"})
+            hp = _hostport(p, f"{where}.dns", item.get("dns"))
+            if hp is not None:
+                dns.append(hp)
+        else:
+            hp = _hostport(p, where, item)
+            if hp is not None:
+                addresses.append(hp)
+    if len(addresses) + len(dns) != len(raw):
+        return None
+    return Peers(tuple(addresses), tuple(dns))
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .backends import BALANCES, DEFAULT_MAX_MESSAGE_BYTES, FAMILIES, BackendSpec, Outlier, Placement, QueueMetrics
-from .network import BackendTls, Dns, HostPort, Listen, Tls
+from .network import BackendTls, Dns, HostPort, Listen, Peers, Tls
 from .routes import Mirror, Route, Side
 from .security import Auth, Limits
 from .v1 import V1Api
@@ -31,6 +31,7 @@ __all__ = [
     "Health",
     "HostPort",
     "Listen",
+    "Peers",
     "Mirror",
     "Outlier",
     "Placement",
@@ -110,6 +111,8 @@ class GatewayConfig:
     server_version: str | None = None
     # The first-generation API bridge (config/v1.py, docs/v1-bridge.md).
     v1: V1Api = field(default_factory=V1Api)
+    # Placement's deciders: every replica's listen.peers (None: this process decides alone).
+    peers: Peers | None = None
 
     def __post_init__(self) -> None:
         for name in self.forward_headers:
