@@ -329,7 +329,8 @@ class Gateway:
         if spec.balance == "least_queue":
             backend.background.append(QueueScraper(backend, self._scraped))
         placement = spec.placement
-        backend.holds = Holds(backend, placement.queue if placement is not None else HOLD_QUEUE, self.metrics)
+        backend.holds = Holds(backend, placement.queue if placement is not None else HOLD_QUEUE, self.metrics,
+                              placing=placement is not None)
         if placement is not None:
             backend.placer = Placer(backend, placement, backend.holds, self.metrics,
                                     functools.partial(self._routes_to, spec.name))

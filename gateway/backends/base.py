@@ -132,6 +132,11 @@ class Backend(EndpointSet[E]):
         self.placer: Placer | None = None
 
     @property
+    def generation(self) -> int:
+        """Moves whenever anything that decides where a request may go changes (cache key)."""
+        return self._gen.n
+
+    @property
     def routed(self) -> frozenset[str]:
         return self._routed
 

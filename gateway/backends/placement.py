@@ -3,11 +3,11 @@
 
 Placement (docs/placement.md): the backend's endpoints are Triton servers in explicit
 model-control mode sharing one repository. A request for a model ready on no endpoint waits in a
-bounded queue for that model while one task places it: the endpoints in the model's rendezvous
-order (``routing/rendezvous.py``) are walked for the first with room — an endpoint holds at most
-``capacity_models`` models, counting every model its index shows ready, loading or unloading
-(whoever loaded it) and the loads issued here that its index does not show yet — or, when every
-one is full, the first where a model may be evicted: the least recently used by Triton's own
+bounded queue for that model while one task places it on the first endpoint of the model's
+rendezvous order (``routing/rendezvous.py``) that has room or can make it — an endpoint holds at
+most ``capacity_models`` models, counting every model its index shows ready, loading or unloading
+(whoever loaded it) and the loads issued here that its index does not show yet; a full one evicts
+first: the least recently used by Triton's own
 ``last_inference`` (statistics), never a pinned model, one with requests in flight through this
 process, one loaded or used within ``min_residency_s``, nor one no route of this backend sends to
 it (someone else's). One decision per endpoint at a time (a lock per endpoint): two models never
@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from ..codec.tritonstats import stats_from_json, stats_from_pb
 from ..config.schema import Placement
-from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable, UpstreamTimeout
+from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable, UpstreamError, UpstreamTimeout
 from ..routing.readiness import Ready
 from ..routing.rendezvous import rank
 from .base import Backend
@@ -50,6 +50,8 @@ _LOAD_GRACE_S = 10.0
 # An unload sent here stops counting once the index no longer shows the model — or after this.
 _UNLOAD_GRACE_S = 10.0
 _STATS_TIMEOUT_S = 5.0
+# A load the server refused (a model its repository lacks) is answered from memory this long.
+_FAILED_S = 5.0
 # How often a load that found no room looks again (a model's residency ends, a request leaves).
 _ROOM_POLL_S = 0.25
 
@@ -119,10 +121,14 @@ class Holds:
     model, each for at most its route's ``hold_s``; woken when a health round (or a load) finds
     the model ready."""
 
-    def __init__(self, backend: Backend[Any], queue: int, events: PlacementEvents) -> None:
+    def __init__(self, backend: Backend[Any], queue: int, events: PlacementEvents, *, placing: bool = False) -> None:
         self.backend = backend
         self.queue = queue
         self.events = events
+        # A placement pool: "ready" means ready on a live endpoint — a model no endpoint has heard
+        # of is loaded too (its absence from the repository is the server's own answer).
+        self.placing = placing
+        self._ready: dict[tuple[str, str], tuple[int, bool]] = {}
         self.waiting: dict[str, _Waiting] = {}
         # Requests waiting now per route, and in flight (held ones included) per model and per
         # route: a placement pool never evicts a model in use here; the demand gauges read them.
@@ -147,7 +153,24 @@ class Holds:
             del self.inflight_by_route[route]
 
     def ready(self, model: str, version: str) -> bool:
-        return _ready_somewhere(self.backend, model, version)
+        if not self.placing:
+            return _ready_somewhere(self.backend, model, version)
+        gen = self.backend.generation
+        hit = self._ready.get((model, version))
+        if hit is not None and hit[0] == gen:
+            return hit[1]
+        ok = False
+        for ep in self.backend.endpoints.values():
+            health = ep.health
+            # (a version the endpoint lacks while it has the model: the server answers for it)
+            if health.usable() and (health.ready_for(model, version) == Ready.YES
+                                    or (version and health.lacks_version(model, version))):
+                ok = True
+                break
+        if len(self._ready) >= 4096:  # clients choose model names: keep it bounded
+            self._ready.clear()
+        self._ready[(model, version)] = (gen, ok)
+        return ok
 
     async def wait(self, model: str, version: str, route: str, timeout: float, why: str = "") -> None:
         """Wait until ``model`` is ready somewhere or ``timeout`` passes (ModelNotReady with
@@ -230,6 +253,7 @@ class Placer:
         self.loaded_at: dict[tuple[str, str], float] = {}  # (endpoint, model) -> wall time of our load
         self._eps: dict[str, _Endpoint] = {}
         self._placing: dict[str, asyncio.Task[None]] = {}
+        self._failed: dict[str, tuple[float, GatewayError]] = {}  # model -> (when, the server's refusal)
         self._hot_since: dict[str, float] = {}
         self._maintaining: asyncio.Task[None] | None = None
         # Set by the gateway when replicas coordinate (config ``peers``); None: this process decides.
@@ -241,6 +265,11 @@ class Placer:
         ModelNotReady (Retry-After) past the queue's bound or ``load_timeout_s``, and the
         endpoint's own error when the load is refused (a model the repository lacks)."""
         holds = self.holds
+        failed = self._failed.get(model)
+        if failed is not None:
+            if time.monotonic() - failed[0] < _FAILED_S:
+                raise failed[1]  # (a model the repository lacks is not asked for again at once)
+            del self._failed[model]
         if model not in self._placing:
             self._start(model, self.spec.copies)
         await holds.wait(model, version, route, self.spec.load_timeout_s, " (loading it)")
@@ -277,6 +306,10 @@ class Placer:
             if error is not None and not isinstance(error, GatewayError):
                 log.error("backend '%s': placing '%s' failed: %r", self.backend.name, model, error)
                 error = ModelNotReady(f"model '{model}' could not be placed on backend '{self.backend.name}'")
+            if isinstance(error, UpstreamError):  # the server's own refusal (no such model): kept a while
+                if len(self._failed) >= 4096:
+                    self._failed.clear()
+                self._failed[model] = (time.monotonic(), error)
             self.holds.wake(model, error)
 
         task.add_done_callback(done)
@@ -418,14 +451,25 @@ class Placer:
             return
         chosen: list[Any] = []
         rest = [ep for ep in order if ep not in have]
+        if not any(ep.health.knows(model) for ep in eps):
+            # No repository lists it (a name a client made up, or one added since the last
+            # check): never evict for it. Loaded where there is room (the server says what it
+            # makes of it), else the request goes on and the server answers it itself.
+            for ep in rest:
+                if await self._claim(ep, model, False):
+                    await self._load(ep, model)
+                    return
+            return
         deadline = time.monotonic() + self.spec.load_timeout_s
         while True:
-            for evict in (False, True):
-                for ep in rest:
-                    if len(chosen) >= need:
-                        break
-                    if ep not in chosen and ep.health.usable() and await self._claim(ep, model, evict):
-                        chosen.append(ep)
+            # The model's own order decides, not where there happens to be room: its first
+            # endpoint evicts before it loads, so a model has one home while its endpoints stay,
+            # and a pod that comes or goes moves only the models whose first choice it is.
+            for ep in rest:
+                if len(chosen) >= need:
+                    break
+                if ep not in chosen and ep.health.usable() and await self._claim(ep, model, True):
+                    chosen.append(ep)
             if chosen or have:
                 break
             # Every endpoint is full of models in use or within min_residency_s: the requests

@@ -149,6 +149,14 @@ def one(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found[0]
 
 
+def client_service(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The clients' Service (with peers.enabled there is also the headless <fullname>-peers:
+    tests/deploy/test_helm_placement.py)."""
+    found = [s for s in h.by_kind(objs).get("Service", []) if s["spec"].get("clusterIP") != "None"]
+    assert len(found) == 1, f"expected one client Service, found {len(found)}"
+    return found[0]
+
+
 def pod_spec(objs: list[dict[str, Any]]) -> dict[str, Any]:
     return one(objs, "Deployment")["spec"]["template"]["spec"]
 
@@ -192,7 +200,7 @@ def test_lint_strict(case: tuple[str, list[Path]]) -> None:
 
 def check_service_monitor(obj: dict[str, Any], objs: list[dict[str, Any]]) -> None:
     spec = obj["spec"]
-    service = one(objs, "Service")
+    service = client_service(objs)
     assert spec["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert spec["namespaceSelector"] == {"matchNames": [service["metadata"]["namespace"]]}
     [endpoint] = spec["endpoints"]
@@ -391,7 +399,8 @@ def test_deployment(case: tuple[str, list[Path]]) -> None:
 
     # Ports: the config's listeners, by name.
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {k: int(config["listen"][k].rsplit(":", 1)[1]) for k in ("http", "grpc", "metrics")}
+    assert ports == {k: int(v.rsplit(":", 1)[1]) for k, v in config["listen"].items() if k != "tls"}
+    assert {"http", "grpc", "metrics"} <= set(ports)
     assert all(p["protocol"] == "TCP" for p in c["ports"])
 
     # Probes: HTTP(S) on the V2 health endpoints, TCP under mutual TLS.
@@ -457,7 +466,7 @@ def test_service_and_scaling(case: tuple[str, list[Path]]) -> None:
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     tls = gateway_config(objs)["listen"].get("tls")
 
-    service = one(objs, "Service")
+    service = client_service(objs)
     assert service["spec"]["selector"].items() <= labels.items()
     ports = {p["name"]: p for p in service["spec"]["ports"]}
     assert set(ports) == {"http", "grpc", "metrics"}
@@ -491,7 +500,7 @@ def test_service_and_scaling(case: tuple[str, list[Path]]) -> None:
     for policy in policies:
         assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
         allowed = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
-        assert allowed == {"http", "grpc", "metrics"}
+        assert allowed == {"http", "grpc", "metrics"} | ({"peers"} if values["peers"]["enabled"] else set())
         if values["networkPolicy"]["egressTo"]:
             assert "Egress" in policy["spec"]["policyTypes"]
             dns = [r for r in policy["spec"]["egress"] if "to" not in r]

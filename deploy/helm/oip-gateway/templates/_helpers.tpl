@@ -31,6 +31,11 @@ app.kubernetes.io/part-of: oip-gateway
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
+{{/* The headless Service through which replicas find each other (peers.enabled). */}}
+{{- define "oip-gateway.peersName" -}}
+{{- printf "%s-peers" (include "oip-gateway.fullname" . | trunc 57 | trimSuffix "-") }}
+{{- end }}
+
 {{- define "oip-gateway.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "oip-gateway.fullname" .) .Values.serviceAccount.name }}
@@ -55,8 +60,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/*
 The gateway's config file: .Values.config less the chart's own `reload` key, plus the keys
-the chart owns (listen, drain_s, workers). Cross-key problems values.schema.json cannot
-express fail here, each naming the value (`helm lint` only logs a template's fail).
+the chart owns (listen, drain_s, workers; with peers.enabled listen.peers and, unless
+config.peers is given, peers). Cross-key problems values.schema.json cannot express fail
+here, each naming the value (`helm lint` only logs a template's fail).
 */}}
 {{- define "oip-gateway.config" -}}
 {{- $cfg := omit .Values.config "reload" }}
@@ -81,6 +87,22 @@ express fail here, each naming the value (`helm lint` only logs a template's fai
 {{- $_ := set $listen "tls" $tls }}
 {{- else if .Values.tls.clientCA }}
 {{- fail "tls.clientCA: needs tls.enabled (client certificates are part of the listeners' TLS)" }}
+{{- end }}
+{{- /* peers: the replicas of a placement backend coordinate through the headless Service */}}
+{{- if .Values.peers.enabled }}
+{{- $_ := set $listen "peers" (printf "0.0.0.0:%d" (int .Values.peers.port)) }}
+{{- if empty .Values.config.peers }}
+{{- $_ := set $cfg "peers" (list (dict "dns" (printf "%s.%s.svc.cluster.local:%d" (include "oip-gateway.peersName" .) .Release.Namespace (int .Values.peers.port)))) }}
+{{- end }}
+{{- else if hasKey .Values.config "peers" }}
+{{- fail "config.peers: needs peers.enabled (the chart then opens listen.peers on every pod and renders the headless Service)" }}
+{{- else }}
+{{- $several := or .Values.autoscaling.enabled (gt (int .Values.replicaCount) 1) }}
+{{- range $name, $b := $cfg.backends }}
+{{- if and $several (hasKey $b "placement") }}
+{{- fail (printf "config.backends.%s.placement: needs peers.enabled when more than one pod may run (autoscaling.enabled, or replicaCount > 1): each pod would otherwise decide alone and an endpoint could go over its capacity (docs/placement.md)" $name) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- $_ := set $cfg "listen" $listen }}
 {{- $_ := set $cfg "drain_s" .Values.drainSeconds }}
@@ -121,12 +143,13 @@ express fail here, each naming the value (`helm lint` only logs a template's fai
 
 {{/*
 The part of the config a reload cannot change (docs/config.md "Hot reload": listen, workers and
-max_message_bytes need a restart). With config.reload=watch its checksum in the pod template
-rolls the pods when it changes; everything else reloads in place.
+max_message_bytes need a restart), and `peers`, which goes with listen.peers. With
+config.reload=watch its checksum in the pod template rolls the pods when it changes; everything
+else reloads in place.
 */}}
 {{- define "oip-gateway.restartConfig" -}}
 {{- $cfg := include "oip-gateway.config" . | fromYaml }}
-{{- pick $cfg "listen" "workers" "max_message_bytes" | toYaml }}
+{{- pick $cfg "listen" "workers" "max_message_bytes" "peers" | toYaml }}
 {{- end }}
 
 {{/* Seconds between SIGTERM (after preStop) and SIGKILL that the gateway can use up. */}}
