@@ -421,7 +421,7 @@ class Gateway:
                 if shown.get(key) != n:
                     gauge.labels(*key).set(n)
             for key in shown.keys() - now.keys():
-                if gauge is self.metrics.placement_copies:
+                if gauge is self.metrics.placement_copies and not self.metrics.multiprocess:
                     with contextlib.suppress(KeyError):
                         gauge.remove(*key)  # a model placed nowhere any more: its series goes
                 else:

@@ -38,7 +38,7 @@ from ..config.schema import Placement
 from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable, UpstreamError, UpstreamTimeout
 from ..routing.readiness import Ready
 from ..routing.rendezvous import rank
-from .base import Backend
+from .base import Backend, Refused
 
 __all__ = ["Holds", "PlacementEvents", "Placer", "Usage"]
 
@@ -47,7 +47,8 @@ log = logging.getLogger("oip_gateway.placement")
 # How long a load this process issued counts against an endpoint whose index does not show it
 # (yet): an index read before the load began may arrive after it ended.
 _LOAD_GRACE_S = 10.0
-# An unload sent here stops counting once the index no longer shows the model — or after this.
+# An unload sent here frees its place at once (the overshoot of one unload); after this long the
+# index alone says whether the model still takes room (an unload that never ends).
 _UNLOAD_GRACE_S = 10.0
 _STATS_TIMEOUT_S = 5.0
 # A load the server refused (a model its repository lacks) is answered from memory this long.
@@ -341,10 +342,12 @@ class Placer:
         index = ep.health.index
         held = set(index.held) if index is not None else set()
         for model, t in list(st.unloading.items()):
-            if model not in held or now - t > _UNLOAD_GRACE_S:
+            # Decided: its place is taken by the load that evicted it — for the grace, whatever
+            # an index read says meanwhile (one read before the unload still shows it READY).
+            if now - t > _UNLOAD_GRACE_S:
                 del st.unloading[model]
             else:
-                held.discard(model)  # decided: its place is taken by the load that evicted it
+                held.discard(model)
         for model, ended in list(st.loading.items()):
             if ended is None or now - ended < _LOAD_GRACE_S:
                 held.add(model)  # loading, or loaded so lately that an index read before may still come
@@ -356,9 +359,12 @@ class Placer:
         try:
             answer, form = await self.backend.endpoint_stats(ep, "", "", _STATS_TIMEOUT_S)
             return Usage.read(answer, form)
+        except Refused as exc:
+            why = exc.error.message
         except GatewayError as exc:
-            log.warning("backend '%s': statistics of %s unreadable (%s)", self.backend.name, ep.address, exc.message)
-            return None
+            why = exc.message
+        log.warning("backend '%s': statistics of %s unreadable (%s)", self.backend.name, ep.address, why)
+        return None
 
     def _evictable(self, ep: Any, occupied: set[str], usage: Usage, now_wall: float) -> str | None:
         """The least recently used model ``ep`` may give up, or None."""
