@@ -657,3 +657,40 @@ def test_hold_s_on_a_plain_pool(clean: Fleet, tmp_path: Path) -> None:
     assert refused.status == 503 and refused.seconds < 2.0, (refused.status, refused.error, refused.seconds)
     assert refused_g.code == "UNAVAILABLE" and refused_g.seconds < 2.0, refused_g
     assert result and result[0].right, result
+
+
+# ----------------------------------------------------------------------------------------- workers
+
+
+def test_workers_of_one_gateway_share_one_decider(clean: Fleet, tmp_path: Path) -> None:
+    """--workers 2 without ``peers``: worker 0 decides and the other asks it (gateway/peers.py),
+    so six clients cycling six models over one Triton of capacity 2 through both workers get
+    every answer right, and the Triton never holds more than 2 (READY + LOADING; UNLOADING for at
+    most one unload) nor reloads a model."""
+    fleet = clean
+    mark = fleet.mark()
+    server = fleet[0]
+    names = [f"m0{i}" for i in range(6)]
+    backends = {"pool": {"protocol": "grpc", "endpoints": [server.grpc_url],
+                         "placement": {"capacity_models": 2, "min_residency_s": 0}}}
+    cfg = gateway_config(backends, [{"model": "*", "backend": "pool"}])
+    wrong: list[str] = []
+
+    def client(k: int, url: str) -> None:
+        for i in range(12):
+            model = names[(i * 5 + k) % len(names)]
+            answer = http_infer(url, model, seed=k * 100 + i)
+            if not answer.right:
+                wrong.append(f"{model}: {answer.status} {answer.error}")
+
+    with CapacityWatch(fleet, 2) as watch, GatewayProcess(cfg, tmp_path, "gw-workers", workers=2) as gw:
+        threads = [threading.Thread(target=client, args=(k, gw.http_url), daemon=True) for k in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+        assert not any(t.is_alive() for t in threads), "clients still waiting after 180 s"
+    assert not wrong, wrong[:5]
+    watch.assert_capacity()
+    assert fleet.reloads(mark, watch) == [], fleet.log_report(mark)
+    assert sum(fleet.loads(mark).values()) >= len(names)
