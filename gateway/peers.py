@@ -36,7 +36,7 @@ from .backends.dns import DnsFailure, DnsResolver
 from .backends.h1 import BodyStream, H1ConnectionPool
 from .backends.h1.errors import BadAnswer, ConnectFailed, ConnectionDropped
 from .config.schema import Dns, HostPort, Peers
-from .errors import BadUpstreamResponse, GatewayError, ModelNotReady, UpstreamError
+from .errors import GRPC_TO_HTTP, BadUpstreamResponse, GatewayError, ModelNotReady, UpstreamError
 from .routing.rendezvous import rank
 
 __all__ = ["PeerSet", "peers_app"]
@@ -46,6 +46,8 @@ log = logging.getLogger("oip_gateway.peers")
 # A peer that did not answer is passed over this long.
 _DOWN_S = 5.0
 _PATH = "/placement/v1/backends/{backend}/models/{model}"
+# gRPC status code names a relayed error may carry (anything else is UNKNOWN).
+_CODES = frozenset(GRPC_TO_HTTP)
 
 
 def _text(hp: HostPort) -> str:
@@ -116,6 +118,9 @@ class PeerSet:
             try:
                 reply = await self._pool(address).request("POST", path, body=b"", timeout=timeout,
                                                           max_body=1 << 20)
+            except TimeoutError:  # (before OSError, its base: a slow decider is not a gone one)
+                raise _not_ready(f"model '{model}': the replica that places backend '{pool}''s models ({address}) "
+                                 f"did not answer within {timeout:g} s; retry later", 2) from None
             except (ConnectFailed, ConnectionDropped, BadAnswer, OSError) as exc:
                 log.warning("peer %s did not answer (%s): passed over for %.0f s", address, exc, _DOWN_S)
                 again = self._down.get(address, 0.0) > time.monotonic()
@@ -124,9 +129,6 @@ class PeerSet:
                     raise _not_ready(f"model '{model}': no replica that places backend '{pool}''s models answers "
                                      f"({address}: {exc}); retry later", int(_DOWN_S)) from None
                 continue
-            except TimeoutError:
-                raise _not_ready(f"model '{model}': the replica that places backend '{pool}''s models ({address}) "
-                                 f"did not answer within {timeout:g} s; retry later", 2) from None
             body = reply.body
             if isinstance(body, BodyStream):
                 body.close()
@@ -188,11 +190,16 @@ def _answer(status: int, body: bytes, headers: Mapping[str, str], address: str) 
         return endpoints
     error = doc.get("error")
     message = error if isinstance(error, str) else f"peer {address} answered {status}"
-    retry = headers.get("retry-after", "")
     if doc.get("kind") == "ModelNotReady" or status == 503:
-        raise _not_ready(message, int(retry) if retry.isdigit() else 2)
-    code = doc.get("code") if isinstance(doc.get("code"), str) else "UNKNOWN"
-    raise UpstreamError(message, http_status=status if 400 <= status < 600 else 502, grpc_code=code)
+        raise _not_ready(message, _small_int(headers.get("retry-after", ""), 2))
+    code = doc.get("code")
+    raise UpstreamError(message, http_status=status if 400 <= status < 600 else 502,
+                        grpc_code=code if isinstance(code, str) and code in _CODES else "UNKNOWN")
+
+
+def _small_int(text: str, default: int) -> int:
+    """A count a peer or client sent: ASCII digits, at most 4 of them (``str.isdigit`` takes "²")."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 4 else default
 
 
 def peers_app(backends: Callable[[], Mapping[str, Backend[Any]]]) -> Starlette:
@@ -205,8 +212,7 @@ def peers_app(backends: Callable[[], Mapping[str, Backend[Any]]]) -> Starlette:
         placer = backend.placer if backend is not None else None
         if placer is None:
             return _error(404, "NOT_FOUND", "ModelNotFound", f"no placement pool named '{name}' here")
-        raw = request.query_params.get("copies", "")
-        copies = int(raw) if raw.isdigit() else placer.spec.copies
+        copies = _small_int(request.query_params.get("copies", ""), placer.spec.copies)
         try:
             endpoints = await placer.place_here(model, copies)
         except GatewayError as err:

@@ -280,10 +280,7 @@ class Gateway:
         self.config = config
         self.peers_port = peers_port if peers_port is not None else config.listen.peers
         self.serves_peers = serves_peers and self.peers_port is not None
-        self.peers: PeerSet | None = None
-        if config.peers is not None or (peers_port is not None and not serves_peers):
-            known = config.peers or Peers(addresses=(HostPort("127.0.0.1", peers_port.port),))  # type: ignore[union-attr]
-            self.peers = PeerSet(known, self.peers_port if self.serves_peers else None, config.dns)
+        self.peers: PeerSet | None = self._peer_set(config)
         # A worker's supervisor checks the file and logs its problems: the workers do not repeat them.
         self._reload_error_level = logging.DEBUG if quiet_reload_errors else logging.ERROR
         self.metrics = Metrics(registry, access_log=config.access_log, access_sample=config.access_log_sample)
@@ -449,7 +446,7 @@ class Gateway:
         listen = self.config.listen
         if self.peers is not None:
             self.peers.start()
-        return await self.listeners.start(
+        ports = await self.listeners.start(
             http=http or listen.http,
             grpc=grpc or listen.grpc,
             metrics_addr=listen.metrics if serve_metrics else None,
@@ -457,6 +454,12 @@ class Gateway:
             peers_addr=self.peers_port if self.serves_peers else None,
             peers=peers_app(lambda: self.backends) if self.serves_peers else None,
         )
+        if self.serves_peers and ports.peers is not None and self.peers_port is not None:
+            # (a port of 0 is known once bound: the peers list names this process by it)
+            self.peers_port = HostPort(self.peers_port.host, ports.peers)
+            if self.peers is not None:
+                self.peers.own_port = ports.peers
+        return ports
 
     async def reload(self, config: GatewayConfig) -> None:
         """Apply ``config`` (already validated) atomically."""
@@ -480,6 +483,11 @@ class Gateway:
                 backend.adopt(prev)
             await backend.start()
             backends[name] = backend
+        if config.peers != old.config.peers:
+            await self._new_peers(config)
+        for backend in backends.values():
+            if backend.placer is not None:
+                backend.placer.peers = self.peers
         routing = Routing(config, RouteTable(config.routes), backends)
         self.health.reconfigure(backends, exact_routes(config))
         self.health.interval_s = config.health.interval_s
@@ -493,6 +501,25 @@ class Gateway:
             if backends.get(name) is not prev:
                 prev.retire()  # closes once the requests in flight on it are done
         log.info("config reloaded: %d backends, %d routes", len(config.backends), len(config.routes))
+
+    async def _new_peers(self, config: GatewayConfig) -> None:
+        """A reload changed the top-level ``peers``: who decides is computed from the new list."""
+        before = self.peers
+        self.peers = self._peer_set(config)
+        if self.peers is not None:
+            self.peers.start()
+        if before is not None:
+            await before.stop()
+
+    def _peer_set(self, config: GatewayConfig) -> PeerSet | None:
+        """The replicas placement coordinates with: the config's ``peers``, or (a --workers worker
+        that does not serve the peers port) worker 0 on the loopback port the supervisor holds."""
+        known = config.peers
+        if known is None and self.peers_port is not None and not self.serves_peers:
+            known = Peers(addresses=(HostPort("127.0.0.1", self.peers_port.port),))
+        if known is None:
+            return None
+        return PeerSet(known, self.peers_port if self.serves_peers else None, config.dns)
 
     async def reload_file(self, path: str, *, if_changed: bool = False) -> bool:
         """Load, validate and apply ``path``. An invalid file changes nothing: one log

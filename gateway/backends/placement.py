@@ -189,6 +189,9 @@ class Holds:
         start = time.monotonic()
         try:
             await asyncio.wait_for(asyncio.shield(entry.done), timeout)
+        except NoRoom:
+            self.events.hold_refused(route, backend.name, "no_room")
+            raise
         except TimeoutError:
             self.events.hold_refused(route, backend.name, "timeout")
             raise _not_ready(f"model '{model}' was not ready on any endpoint of backend '{backend.name}' within "
@@ -218,6 +221,14 @@ class Holds:
         """After a health round: wake the models now ready somewhere."""
         for model in [m for m in self.waiting if self.ready(m, "")]:
             self.wake(model)
+
+
+class NoRoom(ModelNotReady):
+    """Every endpoint that may take a model is full of models it may not evict (yet)."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 def _not_ready(message: str, retry_after: int) -> ModelNotReady:
@@ -253,7 +264,8 @@ class Placer:
         self.inflight = holds.inflight
         self.loaded_at: dict[tuple[str, str], float] = {}  # (endpoint, model) -> wall time of our load
         self._eps: dict[str, _Endpoint] = {}
-        self._placing: dict[str, asyncio.Task[None]] = {}
+        self._placing: dict[str, asyncio.Task[None]] = {}  # deciding here
+        self._asking: dict[str, asyncio.Task[None]] = {}  # asking the pool's decider
         self._failed: dict[str, tuple[float, GatewayError]] = {}  # model -> (when, the server's refusal)
         self._hot_since: dict[str, float] = {}
         self._maintaining: asyncio.Task[None] | None = None
@@ -271,7 +283,7 @@ class Placer:
             if time.monotonic() - failed[0] < _FAILED_S:
                 raise failed[1]  # (a model the repository lacks is not asked for again at once)
             del self._failed[model]
-        if model not in self._placing:
+        if model not in self._placing and model not in self._asking:
             self._start(model, self.spec.copies)
         await holds.wait(model, version, route, self.spec.load_timeout_s, " (loading it)")
 
@@ -293,13 +305,16 @@ class Placer:
         return ready
 
     def _start(self, model: str, copies: int, here: bool = False) -> asyncio.Task[None]:
-        coro = self._place(model, copies) if here or self.peers is None else self._ask(model, copies)
+        """One task per model: deciding here (``_placing``), or asking the decider (``_asking``)."""
+        here = here or self.peers is None
+        coro = self._place(model, copies) if here else self._ask(model, copies)
         task = asyncio.get_running_loop().create_task(coro)
-        self._placing[model] = task
+        tasks = self._placing if here else self._asking
+        tasks[model] = task
 
         def done(t: asyncio.Task[None]) -> None:
-            if self._placing.get(model) is t:
-                del self._placing[model]
+            if tasks.get(model) is t:
+                del tasks[model]
             error = None if t.cancelled() else t.exception()
             if isinstance(error, UpstreamTimeout):
                 error = _not_ready(f"model '{model}' did not load on backend '{self.backend.name}' in time "
@@ -320,8 +335,8 @@ class Placer:
         """Have the pool's decider place ``model`` (or decide here when it is this process)."""
         assert self.peers is not None
         ready = await self.peers.ask(self.backend.name, model, copies, self.spec.load_timeout_s + 5)
-        if ready is None:
-            await self._place(model, copies)
+        if ready is None:  # this process decides (the others did not answer): one placing task
+            await asyncio.shield(self._placing.get(model) or self._start(model, copies, here=True))
             return
         by_address = {str(ep.address): ep for ep in self.backend.endpoints.values()}
         for address in ready:
@@ -394,10 +409,12 @@ class Placer:
         async with st.lock:
             now = time.monotonic()
             occupied = self._occupied(ep, st, now)
-            if model in occupied:
-                st.loading[model] = None
+            index = ep.health.index
+            if model in occupied and (model in st.loading or index is None or model not in index.unloading):
+                st.loading.setdefault(model, None)  # (one that ended lately stays so: _load checks it)
                 st.unloading.pop(model, None)
                 return True  # loading there already (a load to a LOADING model joins it)
+            occupied.discard(model)  # (unloading there: its place is leaving; this load needs one of its own)
             cap = self.spec
             usage: Usage | None = None
             full = len(occupied) >= cap.capacity_models
@@ -481,9 +498,9 @@ class Placer:
             # Every endpoint is full of models in use or within min_residency_s: the requests
             # wait (bounded by load_timeout_s) until one may go, rather than failing at once.
             if time.monotonic() + _ROOM_POLL_S >= deadline:
-                raise _not_ready(f"model '{model}' cannot be loaded on backend '{self.backend.name}': every live "
-                                 f"endpoint holds {self.spec.capacity_models} models in use or within "
-                                 f"min_residency_s; retry later", max(1, round(self.spec.min_residency_s / 4)))
+                raise NoRoom(f"model '{model}' cannot be loaded on backend '{self.backend.name}': every live "
+                             f"endpoint holds {self.spec.capacity_models} models in use or within "
+                             f"min_residency_s; retry later", max(1, round(self.spec.min_residency_s / 4)))
             await asyncio.sleep(_ROOM_POLL_S)
         if not chosen:
             return
@@ -497,8 +514,13 @@ class Placer:
         st = self._state(address)
         start = time.monotonic()
         index = ep.health.index
-        if index is not None and model in index.ready_names:
-            st.loading[model] = start  # ready there already: a load could reload it
+        ended = st.loading.get(model)
+        if (index is not None and model in index.ready_names) or (ended is not None and start - ended < _LOAD_GRACE_S):
+            # Ready there already — or loaded here so lately that an index read before the load
+            # ended hides it: a load could reload it (Triton does when anything in its directory
+            # changed).
+            st.loading[model] = start if ended is None else ended
+            ep.health.placed(model)
             self.holds.wake(model)
             return
         try:
@@ -547,7 +569,7 @@ class Placer:
         try:
             deciding = self.deciding()
             for model in self.pinned if deciding else ():
-                if model not in self._placing and self.copies(model) < self.spec.copies:
+                if model not in self._placing and model not in self._asking and self.copies(model) < self.spec.copies:
                     self._start(model, self.spec.copies)
             now = time.monotonic()
             spec = self.spec
@@ -561,7 +583,7 @@ class Placer:
                     self._hot_since.pop(model, None)
                     continue
                 since = self._hot_since.setdefault(model, now)
-                if now - since >= spec.scale_up_after_s and model not in self._placing:
+                if now - since >= spec.scale_up_after_s and model not in self._placing and model not in self._asking:
                     log.info("backend '%s': '%s' has %d requests on %d copies: adding one", self.backend.name,
                              model, n, have)
                     self._hot_since[model] = now
@@ -608,7 +630,7 @@ class Placer:
         """Nothing runs until the first health round (``maintain``)."""
 
     async def stop(self) -> None:
-        tasks = [*self._placing.values(), *([self._maintaining] if self._maintaining else [])]
+        tasks = [*self._placing.values(), *self._asking.values(), *([self._maintaining] if self._maintaining else [])]
         for task in tasks:
             task.cancel()
         for task in tasks:

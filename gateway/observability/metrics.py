@@ -192,7 +192,7 @@ class Metrics:
             ["route", "backend"], registry=r, multiprocess_mode="livesum")
         self.hold_refusals = Counter(
             "oip_gateway_hold_refusals", "Requests a hold ended with 503 / UNAVAILABLE, by reason (queue_full, "
-            "timeout).", ["route", "backend", "reason"], registry=r)
+            "timeout, no_room).", ["route", "backend", "reason"], registry=r)
         self.route_demand = Gauge(
             "oip_gateway_route_demand", "Requests in flight and waiting, per route to a placement pool or with "
             "hold_s: what an autoscaler (KEDA) scales the servers on.", ["route", "backend"], registry=r,

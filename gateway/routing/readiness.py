@@ -78,7 +78,7 @@ class Index:
     distinct answer, not one per endpoint, and an answer identical to the last costs a
     comparison of bytes, not a parse."""
 
-    __slots__ = ("_held", "changing", "listed", "names", "raw", "ready", "ready_names")
+    __slots__ = ("_held", "changing", "listed", "names", "raw", "ready", "ready_names", "unloading")
 
     def __init__(self, raw: bytes, entries: Sequence[Sequence[Any]]) -> None:
         self.raw = raw
@@ -90,6 +90,8 @@ class Index:
         # Loading or unloading: they take the server's memory too (Triton frees an unloaded
         # model's memory only when UNLOADING ends). Usually none.
         self.changing: frozenset[str] = frozenset(e[0] for e in entries if len(e) > 3 and e[3] in _HOLDING)
+        self.unloading: frozenset[str] = frozenset(e[0] for e in entries if len(e) > 3 and e[3] == "UNLOADING") \
+            if self.changing else frozenset()
         self._held: frozenset[str] | None = None
 
     @property
@@ -107,6 +109,7 @@ class Index:
         other = Index.__new__(Index)
         other.raw = b""
         other.changing = self.changing
+        other.unloading = self.unloading
         other.names = self.names | {model}
         other.listed = self.listed
         other.ready = self.ready
@@ -120,11 +123,12 @@ class Index:
         other = Index.__new__(Index)
         other.raw = b""
         other.changing = self.changing
+        other.unloading = self.unloading
         other.names = self.names
         other.listed = self.listed
         other.ready = frozenset(k for k in self.ready if k[0] != model)
         other.ready_names = self.ready_names - {model}
-        other._held = None if self._held is None else self._held - {model}
+        other._held = None  # (ready_names | changing, computed when asked: one answer whatever was cached)
         return other
 
 
@@ -208,7 +212,7 @@ class EndpointHealth:
         if now is index and self.models_checked:
             return  # the same as last round: what is cached stays valid
         if (now is not None and self.models_checked and now.names == index.names and now.ready == index.ready
-                and now.listed == index.listed):
+                and now.listed == index.listed and now.ready_names == index.ready_names):
             self.index = index  # other bytes, the same models: nothing to invalidate
             return
         self.gen.n += 1

@@ -17,6 +17,7 @@ import http.client
 import json
 import os
 import random
+import signal
 import threading
 import time
 from collections import Counter
@@ -28,6 +29,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import yaml
 
 from tests.support.gateway import GatewayProcess, gateway_config
 from tests.support.placement import (
@@ -629,6 +631,45 @@ def test_two_replicas_agree(clean: Fleet, tmp_path: Path) -> None:
     churn = sum(fleet.loads(mark).values()) + sum(fleet.unloads(mark).values())
     assert churn <= 1.5 * single_churn + 2, (
         f"two replicas: {churn} loads+unloads in {took:.1f}s; one replica: {single_churn}\n{log}")
+
+
+def test_symmetric_replicas_elect_one_decider_and_hand_over(clean: Fleet, tmp_path: Path) -> None:
+    """Two replicas, each with its own peers port and both listing both (as a headless Service gives
+    them; set here by a reload, since the ports are only known once bound): exactly one of them
+    loads and unloads (its log), under load through both; capacity held, no reload. The decider
+    stopped, the other takes over: a model not yet loaded is loaded through it."""
+    fleet = clean
+    mark = fleet.mark()
+    backends = {"pool": pool(fleet, "grpc", min_residency_s=0)}
+    listen = {"http": "127.0.0.1:0", "grpc": "127.0.0.1:0", "metrics": "127.0.0.1:0", "peers": "127.0.0.1:0"}
+    with CapacityWatch(fleet, CAPACITY) as watch:
+        with gateway(tmp_path, backends, name="sym-a", listen=listen) as a, \
+                gateway(tmp_path, backends, name="sym-b", listen=listen) as b:
+            peers = [f"127.0.0.1:{a.ports['peers']}", f"127.0.0.1:{b.ports['peers']}"]
+            for gw in (a, b):
+                cfg = yaml.safe_load(gw.config_path.read_text())
+                cfg["peers"] = peers
+                gw.config_path.write_text(yaml.safe_dump(cfg))
+                assert gw.proc is not None
+                gw.proc.send_signal(signal.SIGHUP)
+            for gw in (a, b):
+                wait_for(lambda gw=gw: metric(gw.metrics_url, "oip_gateway_config_generation") >= 2, timeout=20,
+                         what="the peers reload applied")
+            failures = mixed_load((a.grpc_url, b.http_url), (3, 4))
+            assert not failures, failures
+            deciding = [gw for gw in (a, b) if "backend 'pool': loaded" in gw.log_path.read_text(errors="replace")]
+            assert len(deciding) == 1, [gw.log_tail(5) for gw in (a, b)]
+            other = b if deciding[0] is a else a
+            deciding[0].stop()
+            ready = {m for states in fleet.states().values() for m, st in (states or {}).items() if st == "READY"}
+            unloaded = sorted({f"m{i:02d}" for i in range(12)} - ready)
+            assert unloaded, "every model is loaded: nothing left to load through the other replica"
+            answer = http_infer(other.http_url, unloaded[0], seed=9)
+            assert answer.right, (answer.status, answer.error)
+            assert f"loaded '{unloaded[0]}'" in other.log_path.read_text(errors="replace")
+        settle(fleet)
+    watch.assert_capacity()
+    assert fleet.reloads(mark, watch) == [], fleet.log_report(mark)
 
 
 # -------------------------------------------------------------------------------- hold on any pool

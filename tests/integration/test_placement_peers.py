@@ -219,9 +219,6 @@ def test_odd_copies_fall_back_to_the_default(decider: GatewayProcess, reference:
     assert json.loads(body) == {"endpoints": [reference.http_url]}
 
 
-@pytest.mark.xfail(strict=True, reason="peers_app reads copies with int() after str.isdigit(): '²' (isdigit) and a "
-                                       "number of more than 4300 digits raise ValueError — 500 Internal Server "
-                                       "Error instead of the default")
 @pytest.mark.parametrize("query", ["?copies=%C2%B2", "?copies=" + "9" * 5000])
 def test_copies_that_isdigit_but_int_refuses_fall_back_to_the_default(decider: GatewayProcess, query: str):
     status, _, body = place(peers_port(decider), "pool", "add_sub", query)
@@ -405,9 +402,6 @@ def test_a_follower_relays_the_deciders_refusal(workdir: Path, reference: Refere
         serves(gw)
 
 
-@pytest.mark.xfail(strict=True, reason="a peer's error `code` that is no gRPC status name (here 'BOGUS') is kept "
-                                       "as the error's grpc_code: the gRPC front end's grpc.StatusCode['BOGUS'] "
-                                       "raises KeyError and the client gets no status of the peer's answer")
 def test_a_follower_relays_a_peer_error_with_an_odd_code_to_grpc(workdir: Path, reference: ReferenceServer):
     body = b'{"error": "refused by the peer", "code": "BOGUS"}'
     peer = Peer(b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"

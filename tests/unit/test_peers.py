@@ -78,9 +78,6 @@ def test_a_relayed_error_without_code_or_with_an_odd_status():
     assert info.value.http_status == 502 and PEER in info.value.message
 
 
-@pytest.mark.xfail(strict=True, reason="_answer keeps any string a peer sends as `code` for the gRPC status: "
-                                       "the gRPC front end's grpc.StatusCode[...] then raises KeyError for a "
-                                       "name that is not a status (a garbage or hostile peer)")
 def test_a_relayed_code_that_is_no_grpc_status_is_not_kept():
     import grpc
 
@@ -112,9 +109,6 @@ def test_garbage_is_a_bad_upstream_response(status: int, body: bytes):
     assert PEER in info.value.message
 
 
-@pytest.mark.xfail(strict=True, reason="_answer takes str.isdigit() for 'int() can read it': a Retry-After of "
-                                       "'\\xb2' (latin-1 '²', isdigit) or of 5000 digits raises ValueError "
-                                       "instead of the ModelNotReady the 503 means")
 @pytest.mark.parametrize("retry", ["\xb2", "9" * 5000])
 def test_a_hostile_retry_after_is_still_model_not_ready(retry: str):
     with pytest.raises(ModelNotReady):
@@ -341,11 +335,6 @@ async def test_a_silent_peer_is_bounded_by_the_timeout():
             await ps.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="PeerSet.ask's `except TimeoutError` is unreachable: TimeoutError is an "
-                                       "OSError, caught first as 'did not answer' — the silent peer is marked "
-                                       "down and asked again (a follower waits twice the timeout), the message "
-                                       "is '(addr: )', and a replica with a port of its own takes a slow decider "
-                                       "for a gone one and decides too")
 async def test_a_silent_peer_is_one_timeout_and_says_so():
     async with silent() as address:
         ps = peer_set(address)
