@@ -35,8 +35,9 @@ from .backends.base import Backend
 from .backends.dns import DnsFailure, DnsResolver
 from .backends.h1 import BodyStream, H1ConnectionPool
 from .backends.h1.errors import BadAnswer, ConnectFailed, ConnectionDropped
+from .backends.placement import not_ready
 from .config.schema import Dns, HostPort, Peers
-from .errors import GRPC_TO_HTTP, BadUpstreamResponse, GatewayError, ModelNotReady, UpstreamError
+from .errors import GRPC_TO_HTTP, BadUpstreamResponse, GatewayError, UpstreamError
 from .routing.rendezvous import rank
 
 __all__ = ["PeerSet", "peers_app"]
@@ -119,14 +120,14 @@ class PeerSet:
                 reply = await self._pool(address).request("POST", path, body=b"", timeout=timeout,
                                                           max_body=1 << 20)
             except TimeoutError:  # (before OSError, its base: a slow decider is not a gone one)
-                raise _not_ready(f"model '{model}': the replica that places backend '{pool}''s models ({address}) "
+                raise not_ready(f"model '{model}': the replica that places backend '{pool}''s models ({address}) "
                                  f"did not answer within {timeout:g} s; retry later", 2) from None
             except (ConnectFailed, ConnectionDropped, BadAnswer, OSError) as exc:
                 log.warning("peer %s did not answer (%s): passed over for %.0f s", address, exc, _DOWN_S)
                 again = self._down.get(address, 0.0) > time.monotonic()
                 self._down[address] = time.monotonic() + _DOWN_S
                 if again:  # asked again with none answering (a follower): no decider now
-                    raise _not_ready(f"model '{model}': no replica that places backend '{pool}''s models answers "
+                    raise not_ready(f"model '{model}': no replica that places backend '{pool}''s models answers "
                                      f"({address}: {exc}); retry later", int(_DOWN_S)) from None
                 continue
             body = reply.body
@@ -170,12 +171,6 @@ class PeerSet:
             pool.close()
 
 
-def _not_ready(message: str, retry_after: int) -> ModelNotReady:
-    err = ModelNotReady(message)
-    err.retry_after = retry_after
-    return err
-
-
 def _answer(status: int, body: bytes, headers: Mapping[str, str], address: str) -> list[str]:
     try:
         doc = orjson.loads(body) if body else {}
@@ -191,7 +186,7 @@ def _answer(status: int, body: bytes, headers: Mapping[str, str], address: str) 
     error = doc.get("error")
     message = error if isinstance(error, str) else f"peer {address} answered {status}"
     if doc.get("kind") == "ModelNotReady" or status == 503:
-        raise _not_ready(message, _small_int(headers.get("retry-after", ""), 2))
+        raise not_ready(message, _small_int(headers.get("retry-after", ""), 2))
     code = doc.get("code")
     raise UpstreamError(message, http_status=status if 400 <= status < 600 else 502,
                         grpc_code=code if isinstance(code, str) and code in _CODES else "UNKNOWN")

@@ -40,7 +40,7 @@ from ..routing.readiness import Ready
 from ..routing.rendezvous import rank
 from .base import Backend, Refused
 
-__all__ = ["Holds", "PlacementEvents", "Placer", "Usage"]
+__all__ = ["Decider", "Holds", "NoRoom", "PlacementEvents", "Placer", "Usage", "not_ready"]
 
 log = logging.getLogger("oip_gateway.placement")
 
@@ -182,7 +182,7 @@ class Holds:
             entry = self.waiting[model] = _Waiting(asyncio.get_running_loop())
         if entry.count >= self.queue:
             self.events.hold_refused(route, backend.name, "queue_full")
-            raise _not_ready(f"model '{model}' is not ready on backend '{backend.name}' and {entry.count} requests "
+            raise not_ready(f"model '{model}' is not ready on backend '{backend.name}' and {entry.count} requests "
                              f"already wait for it (the queue's bound){why}; retry later", 2)
         entry.count += 1
         self.by_route[route] = self.by_route.get(route, 0) + 1
@@ -194,7 +194,7 @@ class Holds:
             raise
         except TimeoutError:
             self.events.hold_refused(route, backend.name, "timeout")
-            raise _not_ready(f"model '{model}' was not ready on any endpoint of backend '{backend.name}' within "
+            raise not_ready(f"model '{model}' was not ready on any endpoint of backend '{backend.name}' within "
                              f"{timeout:g} s{why}; retry later", max(1, round(timeout))) from None
         finally:
             entry.count -= 1
@@ -231,7 +231,8 @@ class NoRoom(ModelNotReady):
         self.retry_after = retry_after
 
 
-def _not_ready(message: str, retry_after: int) -> ModelNotReady:
+def not_ready(message: str, retry_after: int) -> ModelNotReady:
+    """ModelNotReady with a Retry-After: a wait that may end well if tried again later."""
     err = ModelNotReady(message)
     err.retry_after = retry_after
     return err
@@ -296,12 +297,12 @@ class Placer:
             try:
                 await asyncio.wait_for(asyncio.shield(task), self.spec.load_timeout_s)
             except TimeoutError:
-                raise _not_ready(f"model '{model}' was not ready on any endpoint of backend '{self.backend.name}' "
+                raise not_ready(f"model '{model}' was not ready on any endpoint of backend '{self.backend.name}' "
                                  f"within {self.spec.load_timeout_s:g} s (loading it); retry later",
                                  max(1, round(self.spec.load_timeout_s))) from None
         ready = [str(ep.address) for ep in self._usable() if ep.health.ready_for(model, "") == Ready.YES]
         if not ready:
-            raise _not_ready(f"model '{model}' is not ready on backend '{self.backend.name}'; retry later", 2)
+            raise not_ready(f"model '{model}' is not ready on backend '{self.backend.name}'; retry later", 2)
         return ready
 
     def _start(self, model: str, copies: int, here: bool = False) -> asyncio.Task[None]:
@@ -317,7 +318,7 @@ class Placer:
                 del tasks[model]
             error = None if t.cancelled() else t.exception()
             if isinstance(error, UpstreamTimeout):
-                error = _not_ready(f"model '{model}' did not load on backend '{self.backend.name}' in time "
+                error = not_ready(f"model '{model}' did not load on backend '{self.backend.name}' in time "
                                    f"({error.message}); retry later", max(1, round(self.spec.load_timeout_s)))
             if error is not None and not isinstance(error, GatewayError):
                 log.error("backend '%s': placing '%s' failed: %r", self.backend.name, model, error)
@@ -465,7 +466,7 @@ class Placer:
         """Make ``model`` ready on ``copies`` endpoints (those it is ready on count)."""
         eps = self._usable()
         if not eps:
-            raise _not_ready(f"model '{model}' cannot be loaded: backend '{self.backend.name}' has no live "
+            raise not_ready(f"model '{model}' cannot be loaded: backend '{self.backend.name}' has no live "
                              "endpoint; retry later", 2)
         order = self._order(model, eps)
         have = [ep for ep in order if ep.health.ready_for(model, "") == Ready.YES]
