@@ -244,7 +244,8 @@ class Proxy(DataPlane):
         assert holds is not None
         holds.enter(model, match.label)
         try:
-            await self._hold(backend, match, model, version)
+            if not holds.ready(model, version):  # (the common case costs no coroutine)
+                await self._hold(backend, match, model, version)
             if match.mirror is not None and isinstance(body, (bytes, bytearray)):
                 self.mirrors.http(match, model, version, bytes(body), headers, self._http_forwarded, self.limit)
             try:
@@ -366,15 +367,23 @@ class Proxy(DataPlane):
         size = len(message) * backend.grpc_cost()
         self.admission.enter(size)
         try:
-            await self._hold(backend, match, model, version)
+            if not holds.ready(model, version):  # (the common case costs no coroutine)
+                await self._hold(backend, match, model, version)
             trace = pick_headers(metadata, self.context_headers) if metadata else ()
             if match.mirror is not None:
                 self.mirrors.grpc(match, model, version, message, trace)
+            start = time.perf_counter()  # (timed(), inlined as in infer_grpc)
             try:
-                return await self.timed(backend, backend.infer_grpc(message, model, version, timeout, affinity, trace))
-            except NoEndpointAvailable:
+                return await backend.infer_grpc(message, model, version, timeout, affinity, trace)
+            except NoEndpointAvailable as exc:
+                self._failed(backend, exc)
                 if not self._placed_again(backend, model, version):
                     raise
+            except Exception as exc:
+                self._failed(backend, exc)
+                raise
+            finally:
+                self.metrics.upstream_timer(backend.name).observe(time.perf_counter() - start)
             await self._hold(backend, match, model, version)
             return await self.timed(backend, backend.infer_grpc(message, model, version, timeout, affinity, trace))
         finally:
