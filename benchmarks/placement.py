@@ -2,18 +2,19 @@
 time for it, and what placement costs a request once its model is placed.
 
     .venv/bin/python -m benchmarks.placement                      # all three parts, ~8 min on 2 cores
-    .venv/bin/python -m benchmarks.placement --quick --out /tmp/p # smoke: ~2 min
+    .venv/bin/python -m benchmarks.placement --quick --out /tmp/p # smoke: ~2.5 min
+    .venv/bin/python -m benchmarks.placement --parts steady       # one part (first, evict, steady)
     .venv/bin/python -m benchmarks.placement --report-from DIR    # redo results.md from DIR/results.json
 
-Three parts (``--parts first,evict,steady``), each bounded in count and time:
+Four parts (``--parts``; the default is ``first,evict,steady``), each bounded in count and time:
 
 1. **first** — first-request latency. ``--tritons`` (3) Tritons in explicit model-control mode, started
    empty (tests/support/placement.py ``Fleet``) on one shared repository of add_sub models that take a
    known time to load (tests/support/fleet.py ``slow_repository``): ``--models`` (5) per load delay of
    ``--delays`` (0.5 s ``f00``.., 2.0 s ``s00``..). Per pool protocol of ``--pool-protocols`` a gateway
    (1 process) with one placement pool of all the Tritons (``capacity_models`` 100: no eviction) and
-   ``model: "*"``. Per model and client protocol of ``--clients`` one *pair*, its halves in alternating
-   order: (a) Triton's own load time — the repository ``load`` sent straight to the Triton the model's
+   ``model: "*"``. For each client protocol of ``--clients`` in turn, one *pair* per model, its halves in
+   alternating order: (a) Triton's own load time — the repository ``load`` sent straight to the Triton the model's
    rendezvous order puts first (over the pool's protocol: ``POST /v2/repository/models/<m>/load`` for
    an HTTP pool, ``RepositoryModelLoad`` for a gRPC one, as the gateway sends it), timed until Triton
    answers (it answers when the model is READY); (b) the first inference for the model through the
@@ -37,11 +38,20 @@ Three parts (``--parts first,evict,steady``), each bounded in count and time:
    placed there by a first request (its latency is recorded). Health checks at the gateway's defaults
    for both. Load: h2load (benchmarks/loadgen.py), closed loop, ``-c C -m1``, ``--duration`` s per run,
    for ``--workloads`` (``grpc_small``: gRPC ModelInfer; ``http_json_small``: HTTP/1.1 JSON, converted
-   to gRPC for the pool) at ``--concurrency`` (1, 16): a 1 s warm-up each, then ``--rounds`` (5) rounds
-   alternating off / on (the order flipping every round). Gateway CPU per request from /proc
-   (utime + stime of the gateway process tree, benchmarks/procstat.py, over h2load's steady window,
-   as benchmarks/run.py ``measure``), req/s, p50. The ratio on ÷ off is taken within each round;
-   reported as the median with the min–max over rounds. Target (issue 40): ≤ 1.05.
+   to gRPC for the pool) at ``--concurrency`` (1, 16): a 1 s warm-up each, then ``--rounds`` (8) rounds
+   alternating off / on (the order flipping every round). Before a round the harness waits (at most
+   ``--quiet-budget`` 60 s in all) for the rest of the machine to use < 10 % of it. Gateway CPU per
+   request from /proc (utime + stime of the gateway process tree, benchmarks/procstat.py, over
+   h2load's steady window, as benchmarks/run.py ``measure``), req/s, p50, and the CPU other processes
+   used meanwhile (``foreign``). The ratio on ÷ off is taken within each round; reported as the median
+   with the min–max over rounds, again over the quiet rounds only (foreign < 5 % in both runs), and
+   pooled (all rounds' CPU over all their requests). Target (issue 40): ≤ 1.05.
+4. **count** (opt-in: valgrind, ~5 min) — the steady comparison counted, not timed: instructions per
+   request under ``valgrind --tool=callgrind`` (benchmarks/instructions.py's method: each side at the
+   two request counts of ``--count-requests``, the difference over the difference of requests) of one
+   process holding a gateway (placement off, on) or none (direct), its client (gRPC: grpc.aio, HTTP:
+   benchmarks/inproc.py's) and a canned gRPC backend that also answers RepositoryIndex. Not moved by
+   the machine's noise; blind to system calls and cache misses.
 
 Output: ``<out>/results.json`` (every pair and run, the summary, the machine, the commit) and
 ``<out>/results.md`` (the tables, printed too); default ``benchmarks/results/<date>-placement``.
@@ -50,16 +60,21 @@ Logs (gateway, Triton) stay in a scratch directory, removed at the end unless ``
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
 import functools
 import http.client
 import json
 import math
+import os
+import re
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -75,18 +90,18 @@ from tests.support.placement import Fleet, grpc_infer, http_infer, index_states,
 from tests.support.procs import wait_for  # noqa: E402
 from tests.support.triton import MODEL_REPOSITORY, TritonServer, triton_available  # noqa: E402
 
+from .procstat import cpu_seconds, system_busy_seconds  # noqa: E402
 from .report import machine_info  # noqa: E402
 from .run import measure  # noqa: E402
 from .targets import Target, ensure_tools  # noqa: E402
 from .workloads import WORKLOADS, verify, write_bodies  # noqa: E402
 
 TARGET_RATIO = 1.05  # issue 40: placement on costs at most 5 % more CPU per request than off
+QUIET = 0.05  # a run is "quiet" when other processes used less than this fraction of the machine
 # The first-request gateways check health often, so that the harness learns quickly that the gateway
 # saw an unload; the request path does not wait for a health round (a load wakes its waiters).
 FIRST_HEALTH = {"interval_s": 0.25, "timeout_s": 0.5}
 BIG_CAPACITY = 100
-# A health round that starts after a load ends has read and applied the index within this long.
-PLACED_SETTLE_S = FIRST_HEALTH["interval_s"] + 2 * FIRST_HEALTH["timeout_s"] + 0.1
 
 
 class _Stop(Exception):
@@ -318,10 +333,6 @@ def gateway_first(fleet: Fleet, gw: GatewayProcess, client: Client, model: str, 
         "gw_unloads": m1[M_EVICT] - m0[M_EVICT],
     }
     if unload:
-        # Before the unload, a health round must have read the index with the model READY: the
-        # gateway's readiness cache otherwise keeps it ready there after the unload (a bug of the
-        # gateway's, reported with this benchmark: routing/readiness.py set_index_state).
-        time.sleep(PLACED_SETTLE_S)
         unload_everywhere(fleet, model)
         row["unload_wait_s"] = wait_unloaded(fleet, gw, model)
     return row
@@ -358,9 +369,12 @@ def part_first(args: argparse.Namespace, work: Path, doc: dict[str, Any], save) 
             try:
                 k = 0
                 deadline = time.monotonic() + args.part_timeout
-                for delay, names in groups.items():
-                    for model in names:
-                        for protocol in args.client_list:
+                # One client protocol after the other over all the models: the gateway's next load of a
+                # model comes a whole pass after its last (placement.py treats a model it loaded less
+                # than 10 s ago as still there, even when its server has unloaded it since).
+                for protocol in args.client_list:
+                    for delay, names in groups.items():
+                        for model in names:
                             if time.monotonic() > deadline:
                                 log(f"  first: --part-timeout {args.part_timeout:g} s reached; stopping")
                                 doc["notes"].append(f"first ({pool_protocol} pool): stopped at --part-timeout")
@@ -516,6 +530,7 @@ def part_steady(args: argparse.Namespace, work: Path, doc: dict[str, Any], save)
                 why = wait_verified(wl, hp, body, headers)
                 if why:
                     raise RuntimeError(f"{name} via placement {t.name}: verification failed: {why}")
+        quiet_left = args.quiet_budget
         for name in names:
             wl = WORKLOADS[name]
             body, headers = bodies[name]
@@ -525,10 +540,12 @@ def part_steady(args: argparse.Namespace, work: Path, doc: dict[str, Any], save)
                         measure(wl, t, triton.pid, body, headers, concurrency=c, duration=args.warmup, loadgen="h2load")
                 for r in range(args.rounds):
                     order = ["off", "on"] if r % 2 == 0 else ["on", "off"]
+                    quiet_left -= wait_quiet([triton.pid, *(t.pid for t in targets.values())], quiet_left)
                     for label in order:
                         row = measure(wl, targets[label], triton.pid, body, headers, concurrency=c,
                                       duration=args.duration, loadgen="h2load")
-                        row.update(part="steady", workload=name, concurrency=c, round=r, placement=label)
+                        row.update(part="steady", workload=name, concurrency=c, round=r, placement=label,
+                                   quiet_budget_left_s=quiet_left)
                         doc["runs"].append(row)
                         log(f"  steady {name:16s} c={c:<3d} r{r} placement {label:3s} {row['rps']:8.1f} req/s  "
                             f"p50 {row['p50_us'] / 1000:6.2f} ms  {row['cpu_us_per_req']:6.1f} µs CPU/req  "
@@ -542,6 +559,29 @@ def part_steady(args: argparse.Namespace, work: Path, doc: dict[str, Any], save)
         triton.stop()
 
 
+def wait_quiet(pids: list[int | None], budget: float, *, busy: float = 0.10, window: float = 0.5) -> float:
+    """Before a round: wait (at most ``budget`` s) until the rest of the machine — everything but
+    ``pids``' trees and this harness — uses less than ``busy`` of it over ``window``. Another user of
+    the machine changes CPU per request (a starved gateway batches more at c = 16); this keeps the
+    rounds where it can. Returns the seconds waited."""
+    began = time.monotonic()
+    cores = os.cpu_count() or 1
+    while True:
+        t0, sys0, own0 = time.monotonic(), system_busy_seconds(), _own_cpu()
+        ours0 = sum(cpu_seconds(p) for p in pids if p is not None)
+        time.sleep(window)
+        wall = time.monotonic() - t0
+        ours = sum(cpu_seconds(p) for p in pids if p is not None) - ours0
+        other = (system_busy_seconds() - sys0) - ours - (_own_cpu() - own0)
+        if other / wall / cores < busy or time.monotonic() - began + window > budget:
+            return time.monotonic() - began
+
+
+def _own_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 def wait_verified(wl: Any, host_port: str, body: Path, headers: Any, timeout: float = 30.0) -> str:
     """verify() until it passes (the plain gateway sees add_sub ready at its next health round)."""
     deadline = time.monotonic() + timeout
@@ -550,6 +590,133 @@ def wait_verified(wl: Any, host_port: str, body: Path, headers: Any, timeout: fl
         time.sleep(0.25)
         why = verify(wl, host_port, body, headers)
     return why
+
+
+# ------------------------------------------------------------------------------------- part 4: count
+
+
+def _canned_triton() -> Any:
+    """benchmarks/inproc_grpc.py's canned gRPC backend (every ModelInfer answered with add_sub's
+    bytes) that also answers ServerMetadata (Triton) and RepositoryIndex (add_sub READY): enough for
+    a placement pool to see add_sub ready and route to it."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as spb
+
+    from .inproc_grpc import _Backend
+
+    backend = _Backend()
+    index = spb.RepositoryIndexResponse()
+    entry = index.models.add()
+    entry.name, entry.version, entry.state = "add_sub", "1", "READY"
+    index_bytes = index.SerializeToString()
+    meta = spb.ServerMetadataResponse(name="triton", version="2.51.0").SerializeToString()
+
+    async def repository_index(request: bytes, context: Any) -> bytes:
+        return index_bytes
+
+    async def server_metadata(request: bytes, context: Any) -> bytes:
+        return meta
+
+    svc = "/inference.GRPCInferenceService/"
+    backend.handlers[svc + "RepositoryIndex"] = grpc.unary_unary_rpc_method_handler(repository_index)
+    backend.handlers[svc + "ServerMetadata"] = grpc.unary_unary_rpc_method_handler(server_metadata)
+    return backend
+
+
+async def _count_child(side: str, protocol: str, concurrency: int, requests: int) -> None:
+    """One side of the instruction count, in this process: ``off`` / ``on`` through a gateway (a plain
+    grpc pool, or a placement pool) to the canned backend, ``direct`` the client against a canned
+    backend of its own protocol; 50 requests of warm-up, the start-up heap frozen out of the garbage
+    collector (as benchmarks/inproc.py), then ``requests`` requests."""
+    import gc
+
+    from gateway.config.loader import parse_config
+    from gateway.server import Gateway
+
+    from . import inproc, inproc_grpc
+    from .workloads import _grpc_small
+
+    backend, backend_port = await inproc_grpc._server(_canned_triton())
+    gateway = None
+    http_server = None
+    if side in ("off", "on"):
+        pool: dict[str, Any] = {"protocol": "grpc", "endpoints": [f"127.0.0.1:{backend_port}"], "timeout_s": 300}
+        if side == "on":
+            pool["placement"] = {"capacity_models": BIG_CAPACITY}
+        config = parse_config({
+            "listen": {"http": "127.0.0.1:0", "grpc": "127.0.0.1:0", "metrics": None},
+            "backends": {"pool": pool}, "routes": [{"model": "add_sub", "backend": "pool"}],
+            "health": {"interval_s": 5.0, "timeout_s": 2.0},
+        })
+        gateway = Gateway(config)
+        ports = await gateway.start()
+        assert ports.grpc is not None and ports.http is not None
+        gw_grpc, gw_http = ports.grpc, ports.http
+    if protocol == "grpc":
+        port = backend_port if gateway is None else gw_grpc
+        message = _grpc_small()[5:]
+
+        async def run(n: int) -> None:
+            await inproc_grpc._run(port, message, n, concurrency)
+    else:
+        if gateway is None:
+            loop = asyncio.get_running_loop()
+            answer = inproc._answer("small")
+            http_server = await loop.create_server(lambda: inproc.Backend(answer), "127.0.0.1", 0)
+            port = http_server.sockets[0].getsockname()[1]
+        else:
+            port = gw_http
+        body, headers = inproc._request_body("small")
+        request = (b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n%sContent-Length: %d\r\n\r\n"
+                   % (port, headers, len(body))) + body
+
+        async def run(n: int) -> None:
+            await inproc._run(port, request, n, concurrency)
+
+    await run(50)
+    gc.collect()
+    gc.freeze()
+    await run(requests)
+    if gateway is not None:
+        await gateway.stop()
+    if http_server is not None:
+        http_server.close()
+    await backend.stop(None)
+
+
+def _callgrind(side: str, protocol: str, concurrency: int, requests: int) -> int:
+    from gateway.grpcengine import unchosen
+
+    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-m",
+           "benchmarks.placement", "--count-child", f"{side},{protocol},{concurrency},{requests}"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=unchosen(dict(os.environ)), capture_output=True, text=True, timeout=1800)
+    found = re.findall(r"Collected : (\d+)", proc.stderr)
+    if proc.returncode != 0 or not found:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}\n{proc.stdout[-1000:]}")
+    return int(found[-1])
+
+
+def part_count(args: argparse.Namespace, work: Path, doc: dict[str, Any], save) -> None:
+    """Instructions per request (callgrind: not timed, so not moved by the machine's noise) through a
+    gateway with placement off and on, and direct; each side at two request counts, the difference
+    over the difference of requests (benchmarks/instructions.py's method)."""
+    if shutil.which("valgrind") is None:
+        doc["notes"].append("count: valgrind not installed (Debian valgrind): skipped")
+        log("count: valgrind not installed: skipped")
+        return
+    low, high = args.count_request_pair
+    for protocol in args.count_protocol_list:
+        for c in args.count_concurrency_list:
+            row: dict[str, Any] = {"part": "count", "protocol": protocol, "concurrency": c, "requests": [low, high]}
+            for side in ("off", "on", "direct"):
+                with ThreadPoolExecutor(2) as pool:
+                    a, b = pool.map(_callgrind, (side, side), (protocol, protocol), (c, c), (low, high))
+                row[side] = (b - a) / (high - low)
+            doc["counts"].append(row)
+            log(f"  count {protocol} c={c}: instructions per request off {row['off']:,.0f}, on {row['on']:,.0f}, "
+                f"direct {row['direct']:,.0f}; placement {row['on'] - row['off']:+,.0f} "
+                f"({(row['on'] - row['direct']) / (row['off'] - row['direct']):.4f} of the gateway's)")
+            save()
 
 
 # ------------------------------------------------------------------------------------- summary
@@ -627,11 +794,23 @@ def summarise(doc: dict[str, Any]) -> dict[str, Any]:
         ok = [(a, b) for a, b in pairs
               if not a["error"] and not b["error"] and a["cpu_us_per_req"] and b["cpu_us_per_req"]]
         cpu_ratio = _stats([b["cpu_us_per_req"] / a["cpu_us_per_req"] for a, b in ok])
+        # rounds in which neither run shared the machine with more than QUIET of other work
+        quiet = [(a, b) for a, b in ok if max(a["foreign_cpu_frac"], b["foreign_cpu_frac"]) < QUIET]
+
+        def pooled(rows: list[dict[str, Any]]) -> float | None:
+            """All the rounds' gateway CPU over all their requests (steady windows)."""
+            n = sum(max(r["requests"] - 1, 1) for r in rows)
+            return sum(r["proxy_cpu_s"] for r in rows) / n * 1e6 if n else None
+
+        p_off, p_on = pooled([a for a, _ in ok]), pooled([b for _, b in ok])
         out["steady"].append({
             "workload": wl, "concurrency": c, "rounds": len(ok),
             "cpu_off_us": _stats([a["cpu_us_per_req"] for a, _ in ok]),
             "cpu_on_us": _stats([b["cpu_us_per_req"] for _, b in ok]),
             "cpu_ratio": cpu_ratio,
+            "cpu_pooled_off_us": p_off, "cpu_pooled_on_us": p_on,
+            "cpu_pooled_ratio": p_on / p_off if p_on and p_off else None,
+            "cpu_ratio_quiet": _stats([b["cpu_us_per_req"] / a["cpu_us_per_req"] for a, b in quiet]),
             "rps_off": _stats([a["rps"] for a, _ in ok]), "rps_on": _stats([b["rps"] for _, b in ok]),
             "rps_ratio": _stats([b["rps"] / a["rps"] for a, b in ok if a["rps"]]),
             "p50_off_us": _stats([a["p50_us"] for a, _ in ok]), "p50_on_us": _stats([b["p50_us"] for _, b in ok]),
@@ -672,6 +851,9 @@ def report(doc: dict[str, Any]) -> str:
              f"(nvidia-pytriton {m.get('packages', {}).get('nvidia-pytriton')}), "
              f"{m.get('h2load', '')}; commit {meta['commit']}{' (uncommitted changes)' if meta.get('dirty') else ''}; "
              f"`{meta['command']}` ({meta.get('total_s', 0) / 60:.1f} min).", ""]
+    for m in meta.get("merged", []):
+        lines += [f"Part(s) {', '.join(m['parts'])} from a later run: {m['started']}, commit {m['commit']}"
+                  f"{' (uncommitted changes)' if m.get('dirty') else ''}, `{m['command']}`.", ""]
     if meta.get("note"):
         lines += [f"Note: {meta['note']}", ""]
     first = [r for r in summ["first"] if r["part"] == "first"]
@@ -729,24 +911,59 @@ def report(doc: dict[str, Any]) -> str:
                   f"(on); h2load closed loop, {meta['args'].get('duration')} s per run, {meta['args'].get('rounds')} "
                   "rounds alternating off/on. Gateway CPU per request from /proc; ratios within a round, median "
                   "(min–max) over rounds.", "",
-                  "| workload | c | rounds | CPU off µs/req | CPU on µs/req | CPU on ÷ off | ≤ 1.05 | req/s off | "
-                  "req/s on | req/s on ÷ off | p50 off / on ms | foreign CPU |",
-                  "|---|--:|--:|--:|--:|--:|:-:|--:|--:|--:|--:|--:|"]
+                  "| workload | c | rounds | CPU off µs/req | CPU on µs/req | CPU on ÷ off | ≤ 1.05 | quiet rounds: "
+                  "on ÷ off | all rounds pooled: on ÷ off | req/s off | req/s on | p50 off / on ms | foreign CPU |",
+                  "|---|--:|--:|--:|--:|--:|:-:|--:|--:|--:|--:|--:|--:|"]
         for s in summ["steady"]:
             ok = "–" if s["meets_target"] is None else ("yes" if s["meets_target"] else "**no**")
             fail = f" ({s['failed']} failed)" if s["failed"] else ""
+            q = s.get("cpu_ratio_quiet", {"n": 0})
+            quiet = f"{_x(q)}, {q['n']} rounds" if q.get("n") else "none"
+            pooled = s.get("cpu_pooled_ratio")
             lines.append(
                 f"| {s['workload']} | {s['concurrency']} | {s['rounds']}{fail} | {s['cpu_off_us']['median']:.1f} | "
-                f"{s['cpu_on_us']['median']:.1f} | {_x(s['cpu_ratio'])} | {ok} | {s['rps_off']['median']:.0f} | "
-                f"{s['rps_on']['median']:.0f} | {_x(s['rps_ratio'])} | "
+                f"{s['cpu_on_us']['median']:.1f} | {_x(s['cpu_ratio'])} | {ok} | {quiet} | "
+                f"{'–' if pooled is None else f'{pooled:.3f}'} | {s['rps_off']['median']:.0f} | "
+                f"{s['rps_on']['median']:.0f} | "
                 f"{s['p50_off_us']['median'] / 1000:.2f} / {s['p50_on_us']['median'] / 1000:.2f} | "
                 f"{s['foreign']['median'] * 100:.1f} % |")
-        lines += ["", "foreign CPU: the machine's CPU used by anything but the gateway, Triton, h2load and this "
-                  "harness during the runs (median, as a fraction of all cores).", ""]
+        lines += ["", "CPU on ÷ off: per round, then the median (min–max) over rounds; ≤ 1.05 judges that median. "
+                  f"quiet rounds: only the rounds in which other processes used less than {QUIET:.0%} of the machine "
+                  "during both runs. pooled: all rounds' gateway CPU over all their requests, on against off. "
+                  "foreign CPU: the machine's CPU used by anything but the gateway, Triton, h2load and this harness "
+                  "during the runs (median, as a fraction of all cores): another user of the machine. At c = 16 a "
+                  "gateway that gets less CPU batches more requests per wake-up and spends less per request, so "
+                  "the rounds move with the machine's other load; read the quiet rounds.", ""]
+        for old in doc.get("superseded", []):
+            if old["part"] == "steady" and old["summary"]:
+                lines += [f"An earlier run of this part ({old['started']}, commit {old['commit']}): "
+                          "CPU on ÷ off " + "; ".join(
+                    f"{x['workload']} c={x['concurrency']} {_x(x['cpu_ratio'])}, pooled "
+                    f"{x['cpu_pooled_ratio']:.3f}" for x in old["summary"] if x.get("cpu_pooled_ratio")) + ".", ""]
         if doc.get("steady_first"):
             sf = doc["steady_first"]
             lines += [f"add_sub was placed by a first request that took {sf['first_s'] * 1000:.0f} ms"
                       f"{'' if sf['ok'] else ' and failed: ' + sf['error']}.", ""]
+    if doc.get("counts"):
+        lines += ["## Instructions per request: placement on against off", "",
+                  "The same comparison counted, not timed: a gateway (1 process, in-process with its client and a "
+                  "canned gRPC backend that also answers RepositoryIndex) with add_sub routed to a plain grpc pool "
+                  "(off) or to a placement pool (on), under `valgrind --tool=callgrind` at "
+                  f"{doc['counts'][0]['requests'][0]} and {doc['counts'][0]['requests'][1]} requests; the difference "
+                  "over the difference of requests (benchmarks/instructions.py's method). Two counts of one HTTP side "
+                  "agree to ~0.2 %; gRPC sides move more (grpc's core threads run serialised under callgrind: "
+                  "±0.5 % a side, a few thousand instructions here), so read the gRPC row's on − off to ±5,000.",
+                  "", "| client | c | off | on | on − off | direct | gateway's own, off | gateway's own, on ÷ off |",
+                  "|---|--:|--:|--:|--:|--:|--:|--:|"]
+        for r in doc["counts"]:
+            own_off, own_on = r["off"] - r["direct"], r["on"] - r["direct"]
+            lines.append(f"| {r['protocol']} | {r['concurrency']} | {r['off']:,.0f} | {r['on']:,.0f} | "
+                         f"{r['on'] - r['off']:+,.0f} | {r['direct']:,.0f} | {own_off:,.0f} | "
+                         f"{own_on / own_off:.4f} |")
+        lines += ["", "direct: the client against a canned backend of its own protocol (gRPC: the same canned "
+                  "backend; HTTP: benchmarks/inproc.py's canned HTTP backend, so the HTTP rows' \"gateway's own\" "
+                  "also holds the canned gRPC backend's instructions: their ratio understates a difference a little). "
+                  "Instructions in user space only: no system calls' time, no cache misses.", ""]
     odd = []
     for p in doc["pairs"]:
         g = p["gateway"]
@@ -799,7 +1016,8 @@ def make_meta(args: argparse.Namespace) -> dict[str, Any]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.placement", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--parts", default="first,evict,steady", help="comma list of first, evict, steady")
+    p.add_argument("--parts", default="first,evict,steady",
+                   help="comma list of first, evict, steady, count (count: under valgrind, ~5 min; not by default)")
     p.add_argument("--tritons", type=int, default=3, help="Tritons in the first-request pool (1-3 sensible here)")
     p.add_argument("--models", type=int, default=5, help="first: models per load delay")
     p.add_argument("--delays", default="0.5,2.0", help="first/evict: the models' load delays, seconds")
@@ -808,24 +1026,40 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--evict-models", type=int, default=3, help="evict: models per load delay in the chain")
     p.add_argument("--workloads", default="grpc_small,http_json_small", help="steady: benchmarks/workloads.py names")
     p.add_argument("--concurrency", default="1,16", help="steady: h2load connections")
-    p.add_argument("--rounds", type=int, default=5, help="steady: off/on rounds per workload and concurrency")
-    p.add_argument("--duration", type=float, default=3.0, help="steady: seconds per run")
+    p.add_argument("--rounds", type=int, default=8, help="steady: off/on rounds per workload and concurrency")
+    p.add_argument("--duration", type=float, default=2.5, help="steady: seconds per run")
+    p.add_argument("--quiet-budget", type=float, default=60.0,
+                   help="steady: seconds in all to wait for the rest of the machine to go quiet (< 10 %% busy) "
+                        "before rounds (0: never wait)")
     p.add_argument("--warmup", type=float, default=1.0, help="steady: warm-up seconds per target (0: none)")
     p.add_argument("--steady-pool", default="grpc", choices=("grpc", "http"), help="steady: the pool's protocol")
     p.add_argument("--part-timeout", type=float, default=300.0, help="first/evict: no new pair after this long")
+    p.add_argument("--count-protocols", default="grpc,http", help="count: client protocols (the pool is gRPC)")
+    p.add_argument("--count-concurrency", default="1", help="count: concurrent requests in the counted runs")
+    p.add_argument("--count-requests", default="300,1300", help="count: the two request counts")
+    p.add_argument("--count-child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--quick", action="store_true",
-                   help="smoke: 1 Triton pool of 2, 2 models of 0.3 s, 1 eviction pair per delay, 2 rounds of 1 s")
+                   help="smoke: a pool of 2 Tritons, 2 models per delay (0.3 s, 1 s), a chain of 2 per delay, "
+                        "2 rounds of 1 s")
     p.add_argument("--out", default=None, help="output directory (default benchmarks/results/<date>-placement)")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory (logs)")
+    p.add_argument("--merge", action="store_true",
+                   help="keep OUT/results.json's other parts: replace only the parts run now (e.g. --parts count)")
     p.add_argument("--note", default="", help="a line for the top of results.md")
     p.add_argument("--report-from", default=None, metavar="DIR", help="rewrite DIR/results.md from DIR/results.json")
     args = p.parse_args(argv)
     if args.quick:
         args.tritons, args.models, args.delays, args.evict_models = 2, 2, "0.3,1.0", 2
         args.rounds, args.duration, args.warmup = 2, 1.0, 0.5
+        args.count_protocols, args.count_requests = "grpc", "100,300"
     args.part_list = [x.strip() for x in args.parts.split(",") if x.strip()]
+    args.count_protocol_list = [x.strip() for x in args.count_protocols.split(",") if x.strip()]
+    args.count_concurrency_list = [int(x) for x in args.count_concurrency.split(",") if x.strip()]
+    args.count_request_pair = tuple(int(x) for x in args.count_requests.split(","))
+    if len(args.count_request_pair) != 2 or not 0 < args.count_request_pair[0] < args.count_request_pair[1]:
+        p.error("--count-requests: two counts, the first smaller")
     for part in args.part_list:
-        if part not in ("first", "evict", "steady"):
+        if part not in ("first", "evict", "steady", "count"):
             p.error(f"--parts: unknown {part!r}")
     args.delay_list = [float(x) for x in args.delays.split(",") if x.strip()]
     args.pool_protocol_list = [x.strip() for x in args.pool_protocols.split(",") if x.strip()]
@@ -845,6 +1079,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.count_child is not None:
+        import uvloop
+
+        from gateway.config.schema import DEFAULT_MAX_MESSAGE_BYTES
+        from gateway.malloc import tune_malloc
+
+        side, protocol, c, n = args.count_child.split(",")
+        tune_malloc(DEFAULT_MAX_MESSAGE_BYTES)  # the allocator as `oip-gateway serve` sets it up
+        uvloop.run(_count_child(side, protocol, int(c), int(n)))
+        return 0
     if args.report_from is not None:
         d = Path(args.report_from)
         old = json.loads((d / "results.json").read_text())
@@ -863,15 +1107,37 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"{date}-placement"
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-placement-"))
-    doc: dict[str, Any] = {"meta": make_meta(args), "pairs": [], "runs": [], "notes": [], "gateway_logs": {}}
+    doc: dict[str, Any] = {"meta": make_meta(args), "pairs": [], "runs": [], "counts": [], "notes": [],
+                           "gateway_logs": {}}
+    merged: dict[str, Any] | None = None
+    if args.merge and (out / "results.json").exists():
+        # Another run's results, this run's parts replaced by what it measures now (``--merge``).
+        merged, doc = doc, json.loads((out / "results.json").read_text())
+        doc.setdefault("counts", [])
+        if "first" in args.part_list or "evict" in args.part_list:
+            doc["pairs"] = [p for p in doc["pairs"] if p["part"] not in args.part_list]
+        if "steady" in args.part_list:
+            if doc["runs"]:  # the replaced run's summary stays, with the commit it measured
+                steady_runs = [m for m in doc["meta"].get("merged", []) if "steady" in m["parts"]]
+                last = steady_runs[-1] if steady_runs else doc["meta"]
+                doc.setdefault("superseded", []).append(
+                    {"part": "steady", "commit": last["commit"], "started": last["started"],
+                     "summary": (doc.get("summary") or {}).get("steady", [])})
+            doc["runs"], doc["steady_first"] = [], None
+        if "count" in args.part_list:
+            doc["counts"] = []
+        doc["meta"].setdefault("merged", []).append(
+            {k: merged["meta"][k] for k in ("started", "commit", "dirty", "command")} | {"parts": args.part_list})
     started = time.monotonic()
+    total0 = doc["meta"].get("total_s", 0.0) if merged is not None else 0.0
 
     def save() -> None:
-        doc["meta"]["total_s"] = time.monotonic() - started
+        doc["meta"]["total_s"] = total0 + time.monotonic() - started
         (out / "results.json").write_text(json.dumps(doc, indent=1))
 
     try:
-        for part, run in (("first", part_first), ("evict", part_evict), ("steady", part_steady)):
+        for part, run in (("first", part_first), ("evict", part_evict), ("steady", part_steady),
+                          ("count", part_count)):
             if part in args.part_list:
                 t = time.monotonic()
                 run(args, work, doc, save)

@@ -332,11 +332,16 @@ class Proxy(DataPlane):
         routing = self.routing
         headers = _metadata_map(metadata) if routing.table.by_headers else None
         backend, match = routing.pick(model, version, headers, affinity)
-        if (backend.placer is not None or match.hold_s) and match.split is None:
-            return await self._infer_grpc_held(backend, match, message, model, version, timeout, affinity, metadata)
+        # Requests of a placement pool or a route with hold_s wait for their model and count as
+        # its demand (one coroutine for both kinds: every gRPC inference passes here).
+        holds = backend.holds if (backend.placer is not None or match.hold_s) and match.split is None else None
         size = len(message) * backend.grpc_cost()
         self.admission.enter(size)
+        if holds is not None:
+            holds.enter(model, match.label)
         try:
+            if holds is not None and not holds.ready(model, version):
+                await self._hold(backend, match, model, version)
             trace = pick_headers(metadata, self.context_headers) if metadata else ()
             if match.mirror is not None:
                 self.mirrors.grpc(match, model, version, message, trace)
@@ -346,49 +351,25 @@ class Proxy(DataPlane):
                 return await backend.infer_grpc(message, model, version, timeout, affinity, trace)
             except NoEndpointAvailable as exc:
                 self._failed(backend, exc)
-                other = self._other_side(match, backend, model, version, affinity) if match.split else None
-                if other is None:
-                    raise
+                other: Backend[Any] | None = backend
+                if holds is None or not self._placed_again(backend, model, version):
+                    other = self._other_side(match, backend, model, version, affinity) if match.split else None
+                    if other is None:
+                        raise
+                # (else where it was is gone — a pod died, another replica evicted it: placed again, once)
             except Exception as exc:
                 self._failed(backend, exc)
                 raise
             finally:
                 self.metrics.upstream_timer(backend.name).observe(time.perf_counter() - start)
+            assert other is not None
+            if other is backend:
+                await self._hold(backend, match, model, version)
             return await self.timed(other, other.infer_grpc(message, model, version, timeout, affinity, trace))
         finally:
             self.admission.leave(size)
-
-    async def _infer_grpc_held(self, backend: Backend[Any], match: Match, message: bytes, model: str, version: str,
-                               timeout: float | None, affinity: str | None,
-                               metadata: Sequence[tuple[str, str]]) -> bytes:
-        holds = backend.holds
-        assert holds is not None
-        holds.enter(model, match.label)
-        size = len(message) * backend.grpc_cost()
-        self.admission.enter(size)
-        try:
-            if not holds.ready(model, version):  # (the common case costs no coroutine)
-                await self._hold(backend, match, model, version)
-            trace = pick_headers(metadata, self.context_headers) if metadata else ()
-            if match.mirror is not None:
-                self.mirrors.grpc(match, model, version, message, trace)
-            start = time.perf_counter()  # (timed(), inlined as in infer_grpc)
-            try:
-                return await backend.infer_grpc(message, model, version, timeout, affinity, trace)
-            except NoEndpointAvailable as exc:
-                self._failed(backend, exc)
-                if not self._placed_again(backend, model, version):
-                    raise
-            except Exception as exc:
-                self._failed(backend, exc)
-                raise
-            finally:
-                self.metrics.upstream_timer(backend.name).observe(time.perf_counter() - start)
-            await self._hold(backend, match, model, version)
-            return await self.timed(backend, backend.infer_grpc(message, model, version, timeout, affinity, trace))
-        finally:
-            self.admission.leave(size)
-            holds.leave(model, match.label)
+            if holds is not None:
+                holds.leave(model, match.label)
 
     async def infer_stream(self, first: bytes, rest: AsyncIterator[bytes], model: str, version: str,
                            timeout: float | None, affinity: str | None = None,

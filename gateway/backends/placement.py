@@ -516,10 +516,11 @@ class Placer:
         start = time.monotonic()
         index = ep.health.index
         ended = st.loading.get(model)
-        if (index is not None and model in index.ready_names) or (ended is not None and start - ended < _LOAD_GRACE_S):
-            # Ready there already — or loaded here so lately that an index read before the load
-            # ended hides it: a load could reload it (Triton does when anything in its directory
-            # changed).
+        if (index is not None and model in index.ready_names) or (
+                ended is not None and await self.backend.check_model(ep, model, "", _STATS_TIMEOUT_S)):
+            # Ready there already — as its index says, or as the server says when this process
+            # loaded it lately (an index read before that load ended may hide it): a load could
+            # reload it (Triton does when anything in its directory changed).
             st.loading[model] = start if ended is None else ended
             ep.health.placed(model)
             self.holds.wake(model)
@@ -547,8 +548,10 @@ class Placer:
         """Wake what is ready, then (one pass at a time) pinned models, copies with demand, idle
         extra copies."""
         self.holds.recheck()
-        if self._maintaining is None or self._maintaining.done():
-            self._maintaining = asyncio.get_running_loop().create_task(self._maintain())
+        spec = self.spec
+        if self.pinned or spec.max_copies > spec.copies:  # (else a pass has nothing to do)
+            if self._maintaining is None or self._maintaining.done():
+                self._maintaining = asyncio.get_running_loop().create_task(self._maintain())
 
     def placed_models(self) -> set[str]:
         """The models of this pool's routes ready on some live endpoint now."""
@@ -574,7 +577,7 @@ class Placer:
                     self._start(model, self.spec.copies)
             now = time.monotonic()
             spec = self.spec
-            demand = dict(self.inflight)  # (held requests are in flight too)
+            demand = dict(self.inflight) if spec.max_copies > spec.copies else {}  # (held requests are in flight too)
             for model in list(self._hot_since):
                 if model not in demand:
                     del self._hot_since[model]
