@@ -277,6 +277,7 @@ def test_cycling_twelve_models_over_three_tritons(clean: Fleet, tmp_path: Path) 
         lru += lru_loads(sub, cap)
         opt += optimal_loads(sub, cap)
     placed = sum(n for (_, m), n in loads.items() if m != PINNED)
+    print(f"\nplacement loads: {placed}; LRU per endpoint {lru}; optimum {opt}; cold requests {sum(1 for m in seq if m != HOT)}")
     cold_requests = sum(1 for m in seq if m != HOT)
     assert placed <= cold_requests + 1, f"{placed} loads for {cold_requests} cold requests + HOT"
     assert placed <= lru + 2, f"{placed} loads; LRU per endpoint needs {lru}, the optimum {opt}\n{log}"
