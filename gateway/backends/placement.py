@@ -226,7 +226,7 @@ class Holds:
 class NoRoom(ModelNotReady):
     """Every endpoint that may take a model is full of models it may not evict (yet)."""
 
-    def __init__(self, message: str, retry_after: int) -> None:
+    def __init__(self, message: str, retry_after: int = 1) -> None:
         super().__init__(message)
         self.retry_after = retry_after
 

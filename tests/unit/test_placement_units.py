@@ -172,6 +172,10 @@ class Pool(Backend[Ep]):
         else:
             raise AssertionError(action)
 
+    async def check_model(self, ep: Ep, model: str, version: str, timeout: float) -> bool | None:
+        """What the server itself says now (the index may be a round behind)."""
+        return self.state.get(str(ep.address), {}).get(model) == "READY"
+
     async def endpoint_stats(self, ep: Ep, model: str, version: str, timeout: float | None) -> tuple[bytes, str]:
         self.stats_calls += 1
         if self.stats_error is not None:
