@@ -284,7 +284,11 @@ def test_cycling_twelve_models_over_three_tritons(clean: Fleet, tmp_path: Path) 
     # Metrics: the loads (ok) and the evictions the logs show.
     unloaded = sum(fleet.unloads(mark).values())
     assert 0 < loads_ok <= sum(loads.values()), (loads_ok, loads)
-    assert 0 < evictions <= unloaded + unloading_now, (evictions, unloaded, unloading_now)
+    # The metric counts the unloads the gateway sent (its log names each); Triton logs an unload
+    # only once it ends, and not at all when the model is loaded again while still UNLOADING.
+    sent = gw.log_path.read_text(errors="replace").count("(evict)")
+    assert 0 < evictions == sent, (evictions, sent)
+    assert unloaded <= sent + unloading_now, (unloaded, sent, unloading_now)
     assert held_count > 0
 
 
