@@ -77,7 +77,8 @@ def test_rss_returns_after_a_burst(gw, client, held):
             time.sleep(0.05)  # sampling RSS while the burst runs, not waiting on it (wait() below is)
         outcomes = load.wait(timeout=60)
         assert outcomes == ["200"] * 32, outcomes
-        assert peak > idle + 100 * MB, f"the burst did not drive RSS up ({idle} → {peak}): nothing shown"
+        # (64 MB: on the gateway's own HTTP/2 a gRPC burst peaks lower than it did on grpcio)
+        assert peak > idle + 64 * MB, f"the burst did not drive RSS up ({idle} → {peak}): nothing shown"
         try:
             wait_for(lambda: rss(pid) <= idle + SLACK, timeout=30, what="RSS back near idle")
         except TimeoutError:
