@@ -149,6 +149,14 @@ class Backend(EndpointSet[E]):
     def candidates(self, model: str, version: str, affinity: str | None = None) -> list[E]:
         """Endpoints that may take a request for ``model`` now, the chosen one first.
         Raises ModelNotReady (routed, ready nowhere) or NoEndpointAvailable."""
+        eligible = self.eligible(model, version)
+        if len(eligible) == 1:
+            return eligible  # (every balancer's order of one; attempt only reads it)
+        return self.balancer.order(eligible, affinity, (model, version))
+
+    def eligible(self, model: str, version: str) -> list[E]:
+        """The endpoints that may take ``model`` now, unordered (cached until the generation
+        moves); raises as :meth:`candidates`. Asking it chooses nothing (no balancer turn)."""
         key = (model, version)
         hit = self._choice.get(key)
         if hit is None or hit[0] != self._gen.n:
@@ -156,10 +164,7 @@ class Backend(EndpointSet[E]):
             if len(self._choice) >= 4096:  # clients choose model names: keep it bounded
                 self._choice.clear()
             self._choice[key] = hit
-        eligible = hit[1]
-        if len(eligible) == 1:
-            return eligible  # (every balancer's order of one; attempt only reads it)
-        return self.balancer.order(eligible, affinity, key)
+        return hit[1]
 
     def _eligible(self, model: str, version: str) -> list[E]:
         eps = list(self.endpoints.values())
@@ -191,7 +196,7 @@ class Backend(EndpointSet[E]):
         """Some live endpoint may take a request for ``model`` now: a split route sends this
         backend its share only then (else the other sides take it)."""
         try:
-            return any(ep.health.usable() for ep in self.candidates(model, version))
+            return any(ep.health.usable() for ep in self.eligible(model, version))
         except GatewayError:
             return False
 

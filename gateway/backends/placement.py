@@ -111,7 +111,7 @@ class _Waiting:
 def _ready_somewhere(backend: Backend[Any], model: str, version: str) -> bool:
     """Some endpoint may take the model now (a request would be sent, not refused)."""
     try:
-        backend.candidates(model, version)
+        backend.eligible(model, version)  # (not candidates: a balancer's turn is a request's)
     except NoEndpointAvailable:  # (ModelNotReady included)
         return False
     return True
