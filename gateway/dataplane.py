@@ -18,8 +18,8 @@ from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 from .errors import InvalidRequest, PayloadTooLarge, Unsupported
 
-__all__ = ["CLIENTS_FAULT", "TRACE_HEADERS", "UNROUTED", "ClientDisconnected", "DataPlane", "HttpReply", "IncomingBody", "RouteLabel",
-           "Plan", "StreamedBody", "is_streamed", "pick_headers"]
+__all__ = ["CLIENTS_FAULT", "TRACE_HEADERS", "UNROUTED", "AnswerSink", "ClientDisconnected", "DataPlane", "HttpReply",
+           "IncomingBody", "RouteLabel", "Plan", "SINK_FULL", "SINK_GONE", "SINK_ROOM", "StreamedBody", "is_streamed", "pick_headers"]
 
 # Request context a client sends that the backend should always see: W3C trace context
 # (Triton's OpenTelemetry tracing continues the client's trace) and a request id. HTTP
@@ -70,6 +70,35 @@ class IncomingBody(Protocol):
         ...
 
     def __aiter__(self) -> AsyncIterator[bytes | memoryview]: ...
+
+
+SINK_ROOM, SINK_FULL, SINK_GONE = 1, 0, -1  # what AnswerSink.send says
+
+
+class AnswerSink(Protocol):
+    """Where a gRPC client's unary answer may go as it arrives from the backend, a piece at a
+    time, instead of whole (the gateway's own HTTP/2 listener offers it, frontend/h2calls.py):
+    a large ModelInferResponse is then never held whole in the gateway.
+
+    ``open()`` sends the answer's head (False: the client is gone); ``send(data)`` queues answer
+    bytes as the backend framed them (gRPC length prefixes included) and says whether the client
+    still has room (SINK_ROOM), has enough queued for now (SINK_FULL: ``watch(wake)`` calls
+    ``wake`` once it has taken it) or is gone (SINK_GONE). The call's status is the data plane's
+    answer as usual: an error after ``opened`` goes out as trailers after the bytes already sent."""
+
+    @property
+    def opened(self) -> bool: ...
+
+    @property
+    def sent(self) -> int:
+        """Answer bytes handed to send()."""
+        ...
+
+    def open(self) -> bool: ...
+
+    def send(self, data: bytes) -> int: ...
+
+    def watch(self, wake: Callable[[], None]) -> None: ...
 
 
 @runtime_checkable
@@ -180,12 +209,14 @@ class DataPlane:
 
     async def infer_grpc(
         self, message: bytes, model: str, version: str, timeout: float | None, affinity: str | None = None,
-        metadata: Sequence[tuple[str, str]] = (),
+        metadata: Sequence[tuple[str, str]] = (), sink: AnswerSink | None = None,
     ) -> bytes:
         """``message`` is a serialized ModelInferRequest; return a serialized ModelInferResponse.
         ``affinity`` is the request's ``sequence_id`` (None outside sequences): requests that
         share one must reach the same backend endpoint. ``metadata``: the client's request
-        metadata; the entries the data plane forwards (trace context…) go on to the backend."""
+        metadata; the entries the data plane forwards (trace context…) go on to the backend.
+        ``sink``: where the answer may be streamed instead (then it returns b"" with
+        ``sink.opened`` set)."""
         raise NotImplementedError
 
     def infer_stream(

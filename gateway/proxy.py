@@ -20,7 +20,7 @@ from .backends.http import http_affinity
 from .backends.mirror import Mirrors
 from .codec.repository import BackendIndexEntry
 from .codec.wire import scan_infer_routing
-from .dataplane import CLIENTS_FAULT, TRACE_HEADERS, DataPlane, HttpReply, IncomingBody, Plan, pick_headers
+from .dataplane import CLIENTS_FAULT, TRACE_HEADERS, AnswerSink, DataPlane, HttpReply, IncomingBody, Plan, pick_headers
 from .errors import GatewayError, InvalidRequest, ModelNotFound, NoEndpointAvailable
 from .fleet import Fleet
 from .observability.access import AccessRecord
@@ -328,7 +328,8 @@ class Proxy(DataPlane):
         return routing.backends[name]
 
     async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
-                         affinity: str | None = None, metadata: Sequence[tuple[str, str]] = ()) -> bytes:
+                         affinity: str | None = None, metadata: Sequence[tuple[str, str]] = (),
+                         sink: AnswerSink | None = None) -> bytes:
         routing = self.routing
         headers = _metadata_map(metadata) if routing.table.by_headers else None
         backend, match = routing.pick(model, version, headers, affinity)
@@ -348,7 +349,7 @@ class Proxy(DataPlane):
             # timed(), inlined: one coroutine less on every gRPC inference (see GrpcBackend._unary).
             start = time.perf_counter()
             try:
-                return await backend.infer_grpc(message, model, version, timeout, affinity, trace)
+                return await backend.infer_grpc(message, model, version, timeout, affinity, trace, sink)
             except NoEndpointAvailable as exc:
                 self._failed(backend, exc)
                 other: Backend[Any] | None = backend
@@ -365,7 +366,7 @@ class Proxy(DataPlane):
             assert other is not None
             if other is backend:
                 await self._hold(backend, match, model, version)
-            return await self.timed(other, other.infer_grpc(message, model, version, timeout, affinity, trace))
+            return await self.timed(other, other.infer_grpc(message, model, version, timeout, affinity, trace, sink))
         finally:
             self.admission.leave(size)
             if holds is not None:

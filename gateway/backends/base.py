@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..codec.repository import IndexEntry
 from ..config.schema import BackendSpec
-from ..dataplane import HttpReply, IncomingBody
+from ..dataplane import AnswerSink, HttpReply, IncomingBody
 from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable, UpstreamError
 from ..observability.access import note_endpoint
 from ..routing.balancer import balancer
@@ -321,7 +321,10 @@ class Backend(EndpointSet[E]):
         raise NotImplementedError
 
     async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
-                         affinity: str | None, metadata: tuple[tuple[str, str], ...]) -> bytes:
+                         affinity: str | None, metadata: tuple[tuple[str, str], ...],
+                         sink: AnswerSink | None = None) -> bytes:
+        """A gRPC client's inference (DataPlane.infer_grpc): ``sink``, where the answer may be
+        streamed as it arrives (a backend that cannot ignores it)."""
         raise NotImplementedError
 
     def infer_stream(self, requests: AsyncIterator[bytes], model: str, version: str, timeout: float | None,

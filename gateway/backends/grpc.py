@@ -36,7 +36,7 @@ from ..codec.triton import (
     version_refusal,
 )
 from ..config.schema import BackendSpec, HostPort
-from ..dataplane import HttpReply, IncomingBody
+from ..dataplane import AnswerSink, HttpReply, IncomingBody
 from ..errors import (
     BadUpstreamResponse,
     GatewayError,
@@ -86,15 +86,22 @@ class GrpcBackend(Backend[GrpcEndpoint]):
     # -- one call on one endpoint --------------------------------------------------------
     async def _call(self, ep: GrpcEndpoint, pick: Callable[[GrpcEndpoint], _Rpc],
                     request: Any, timeout: float | None, metadata: Sequence[tuple[str, str]] | None = None,
-                    model: str = "", version: str = "", refusing: bool = False, stateful: bool = False) -> Any:
+                    model: str = "", version: str = "", refusing: bool = False, stateful: bool = False,
+                    sink: AnswerSink | None = None) -> Any:
         """Raises Refused on UNAVAILABLE: the endpoint could not be reached (or went away
         before answering), so the request may go to another one. ``refusing``: a NOT_FOUND or
         INVALID_ARGUMENT answer is the endpoint's refusal too (it may lack the model another has).
-        ``stateful``: a request of a sequence, sent again only if it never left (see _mapped)."""
+        ``stateful``: a request of a sequence, sent again only if it never left (see _mapped).
+        ``sink``: a ModelInfer answer may be streamed there (``GrpcEndpoint.relay``); once a byte
+        of it has gone to the client, nothing is sent again, so no failure is a Refused."""
         tmo = self.spec.timeout_s if timeout is None else min(timeout, self.spec.timeout_s)
         ep._inflight += 1
         try:
-            answer = await pick(ep)(request, timeout=tmo, metadata=metadata or None)
+            relay = ep.relay
+            if sink is not None and relay is not None:
+                answer = await relay(request, tmo, metadata or None, sink)
+            else:
+                answer = await pick(ep)(request, timeout=tmo, metadata=metadata or None)
             if answer is None:
                 # grpc-core ends a unary call OK without a message when the stream ended before
                 # the message its length prefix announced (or carried none): no answer to relay.
@@ -104,6 +111,11 @@ class GrpcBackend(Backend[GrpcEndpoint]):
             return answer
         except (aio.AioRpcError, CallError) as exc:
             error = self._mapped(ep, exc, tmo, model, version, stateful)
+            if sink is not None and sink.opened and isinstance(error, Refused):
+                # Part of the answer reached the client: nothing is sent again, a status the
+                # backend chose is relayed as it came, a broken exchange is a reset.
+                inner = error.error
+                error = inner if isinstance(inner, UpstreamError) else UpstreamReset(inner.message)
             if refusing and isinstance(error, UpstreamError) and error.grpc_code in ("NOT_FOUND", "INVALID_ARGUMENT"):
                 error = self.refusal(ep, model, version, error, True)
             raise error from exc
@@ -280,9 +292,15 @@ class GrpcBackend(Backend[GrpcEndpoint]):
 
     # -- inference -----------------------------------------------------------------------
     def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
-                   affinity: str | None, metadata: tuple[tuple[str, str], ...]) -> Coroutine[Any, Any, bytes]:
-        """Pass-through: the serialized request out, the serialized response back."""
-        return self._unary(model, version, affinity, _INFER, message, timeout, metadata)
+                   affinity: str | None, metadata: tuple[tuple[str, str], ...],
+                   sink: AnswerSink | None = None) -> Coroutine[Any, Any, bytes]:
+        """Pass-through: the serialized request out, the serialized response back — or, with a
+        ``sink`` and the gateway's own client, a large response streamed to it as it arrives."""
+        if sink is None:
+            return self._unary(model, version, affinity, _INFER, message, timeout, metadata)
+        return self.attempt(model, version, affinity, self._call,
+                            (_INFER, message, timeout, metadata, model, version, True,
+                             affinity is not None or STATEFUL.get(), sink))
 
     async def infer_http(self, model: str, version: str, body: bytes | bytearray | IncomingBody,
                          headers: Mapping[str, str],

@@ -22,6 +22,7 @@ from grpc import aio
 from .. import h2
 from .._pb import grpc_predict_v2_pb2 as pb
 from ..config.schema import BackendSpec, BackendTls, HostPort
+from ..dataplane import AnswerSink
 from ..grpcengine import READ_BUFFER_OPTION
 from .endpoints import Endpoint
 
@@ -98,9 +99,12 @@ class _Typed:
 
 
 class GrpcEndpoint(Endpoint):
-    __slots__ = ("_drained", "_grace", "_inflight", "channel", "infer", "raw", "stream", "typed")
+    __slots__ = ("_drained", "_grace", "_inflight", "channel", "infer", "raw", "relay", "stream", "typed")
     channel: Any  # an h2channel.Channel or a grpc.aio.Channel: both have ``async close()``
     infer: _Rpc
+    # ModelInfer with its answer streamed to a sink (request, timeout, metadata, sink): the
+    # gateway's own client only; None on grpc.aio, which hands a message over only whole.
+    relay: Callable[[Any, float | None, Any, AnswerSink], Awaitable[bytes]] | None
     stream: Callable[..., Any]  # (requests, timeout=, metadata=) -> an async iterator with cancel()
     typed: dict[str, _Rpc]
     raw: dict[str, _Rpc]
@@ -110,6 +114,7 @@ class GrpcEndpoint(Endpoint):
         self._inflight = 0  # calls and open streams on this endpoint now
         self._grace = spec.timeout_s
         self._drained: asyncio.Event | None = None  # set when _inflight reaches 0, while closing
+        self.relay = None
         if h2.native("client"):
             self._native(address, spec)
             return
@@ -140,6 +145,7 @@ class GrpcEndpoint(Endpoint):
         self.channel = ch
         # partial is C: the call goes straight to Channel.unary, no Python frame between.
         self.infer = partial(ch.unary, METHOD_PREFIX + "ModelInfer")
+        self.relay = self.infer  # (Channel.unary takes the sink as its fifth argument)
         self.stream = partial(ch.stream, METHOD_PREFIX + "ModelStreamInfer")
         self.typed = {name: _Typed(ch.unary, METHOD_PREFIX + name, resp.FromString)
                       for name, (_, resp) in _TYPED.items()}

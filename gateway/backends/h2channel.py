@@ -25,10 +25,11 @@ from typing import Any, cast
 
 from .. import __version__
 from ..config.schema import BackendTls, HostPort
+from ..dataplane import AnswerSink
 from ..h2 import _h2
 from .grpcfault import H2_ERRORS, Fault, stream_reset, went_away
 from .h2frames import ACCEPT_ENCODING, CallError, fault_error, metadata_headers, prefix, timeout_value
-from .h2stream import SMALL_BODY, Call, Metadata, StreamCall, Unary
+from .h2stream import SMALL_BODY, Call, Metadata, Relay, StreamCall, Unary
 
 __all__ = ["CallError", "Channel", "ChannelLimits", "Metadata", "StreamCall"]
 
@@ -318,9 +319,10 @@ class Channel:
         return head
 
     async def unary(self, method: str, request: bytes | bytearray | memoryview, timeout: float | None = None,
-                    metadata: Metadata | None = None) -> bytes:
+                    metadata: Metadata | None = None, sink: AnswerSink | None = None) -> bytes:
         """One unary call: ``request`` is the request message (sent without a copy), the result
-        the answer's message. Raises CallError; CancelledError resets the stream (CANCEL)."""
+        the answer's message — or, with a ``sink``, a large answer streamed there and b"" (h2stream
+        ``Relay``). Raises CallError; CancelledError resets the stream (CANCEL)."""
         n = len(request) if not isinstance(request, memoryview) else request.nbytes
         if n > self.max_message_bytes:
             raise CallError("RESOURCE_EXHAUSTED", f"Sent message larger than max ({n} vs. {self.max_message_bytes})",
@@ -330,7 +332,8 @@ class Channel:
         retry = True
         while True:
             conn = self.usable() or await self.acquire(loop, deadline)
-            call = Unary(self.max_message_bytes, loop.create_future())
+            call = Unary(self.max_message_bytes, loop.create_future()) if sink is None else \
+                Relay(self.max_message_bytes, loop.create_future(), sink)
             head = self.head(method, None if deadline is None else deadline - loop.time(), metadata)
             h2 = conn.h2
             if n <= SMALL_BODY:

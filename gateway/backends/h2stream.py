@@ -9,6 +9,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
+from ..dataplane import SINK_FULL, AnswerSink
 from ..h2 import _h2
 from .grpcfault import Fault
 from .h2frames import AnswerFault, CallError, MessageReader, Status, answer_head, answer_status, fault_error, prefix
@@ -16,13 +17,18 @@ from .h2frames import AnswerFault, CallError, MessageReader, Status, answer_head
 if TYPE_CHECKING:
     from .h2channel import Channel, _Conn
 
-__all__ = ["Call", "Metadata", "StreamCall", "Unary"]
+__all__ = ["RELAY_MIN", "Call", "Metadata", "Relay", "StreamCall", "Unary"]
 
 Metadata = Sequence[tuple[str, str | bytes]]
 
 NO_ERROR, CANCEL = _h2.NO_ERROR, _h2.CANCEL
 SMALL_BODY = 1024  # a request body this small goes out joined to its prefix, in one call
 _WRITE_MARK = 64 * 1024  # a stream's unsent bytes past which its writer waits for WRITABLE
+# An answer message at least this large goes to the client as it arrives (Relay), when the
+# client's side offers a sink; a smaller one is received whole (one hand-over, no per-piece work).
+RELAY_MIN = 256 * 1024
+# Faults that would send the request again; once part of the answer has gone on, they are resets.
+_RETRIED = frozenset({Fault.TRANSPORT, Fault.UNPROCESSED, Fault.REFUSED_STREAM})
 
 
 class Call:
@@ -150,6 +156,96 @@ class Unary(Call):
             future.set_result(self.answer)
         else:
             future.cancel()  # (the caller's own cancel)
+
+
+class Relay(Unary):
+    """A unary call whose answer, once its length prefix shows a message of RELAY_MIN bytes or
+    more, goes to the client's sink (dataplane.AnswerSink) as it arrives, bytes as the backend
+    framed them. They are acknowledged to the backend (its window reopened) only as the client
+    takes them, so flow control reaches from the client through to the backend and the gateway
+    holds about one stream window of the answer, never the whole message. The rules stay the
+    unary call's: one message, of the length its prefix said, then a grpc-status — a backend
+    that breaks them ends the client's call with the error, after what was passed on."""
+
+    __slots__ = ("held", "left", "sink")
+
+    def __init__(self, limit: int, future: asyncio.Future[bytes], sink: AnswerSink) -> None:
+        super().__init__(limit, future)
+        self.sink = sink
+        self.left = -1  # bytes of the relayed message (prefix included) still to come; -1: not relaying
+        self.held = 0  # bytes passed on that the client has not taken yet
+
+    def on_data(self, data: bytes, end: bool) -> None:
+        if self.left < 0:
+            reader = self.reader
+            if reader is None or self.answer is not None or reader.pending or not self._start(data):
+                Unary.on_data(self, data, end)
+                return
+        n = len(data)
+        if n > self.left:
+            self.abort(Fault.FRAMING, "answered with more than one message (a unary call has exactly one)")
+            return
+        self.left -= n
+        if n:
+            if self.sink.send(data) == SINK_FULL:
+                self.held += n
+                self.sink.watch(self.drained)
+            else:  # room, or the client is gone (its reset cancels the call): acknowledged at once
+                self.taken(n)
+        if end and not self.done:
+            self.close(fault_error(Fault.FRAMING, "ended its answer without a grpc-status (the gRPC protocol "
+                                   "requires one in trailers)"), NO_ERROR)
+
+    def _start(self, data: bytes) -> bool:
+        """Whether the answer is relayed from ``data``, the start of its first message: an
+        uncompressed message of RELAY_MIN bytes or more, within the limit, the client still there."""
+        if len(data) < 5 or data[0] != 0:
+            return False
+        n = int.from_bytes(data[1:5], "big")
+        if n < RELAY_MIN or n > self.limit or not self.sink.open():
+            return False
+        self.left = n + 5
+        return True
+
+    def drained(self) -> None:
+        """The client took what was passed on: the backend may send as much again."""
+        conn = self.conn
+        if self.held and not self.done and conn is not None:
+            conn.h2.consume(self.sid, self.held)
+            conn.schedule_flush()
+        self.held = 0
+
+    def on_trailers(self, trailers: list[tuple[bytes, bytes]]) -> None:
+        if self.left < 0:
+            Unary.on_trailers(self, trailers)
+            return
+        status = answer_status(dict(trailers))
+        if status is None:
+            self.close(fault_error(Fault.FRAMING, "ended its answer without a grpc-status (the gRPC protocol "
+                                   "requires one in trailers)"), NO_ERROR)
+        elif status.code == "OK" and self.left:
+            self.close(fault_error(Fault.FRAMING, self.TRUNCATED), NO_ERROR)
+        else:
+            Call.finish(self, status)
+
+    def finish(self, status: Status) -> None:
+        if self.left < 0:
+            Unary.finish(self, status)
+        else:
+            Call.finish(self, status)
+
+    def close(self, error: BaseException | None, code: int | None) -> None:
+        if self.left >= 0 and isinstance(error, CallError) and error.fault is not None and \
+                error.fault[0] in _RETRIED:
+            error = fault_error(Fault.RESET, error.fault[1])
+        Call.close(self, error, code)
+
+    def settle(self, error: BaseException | None) -> None:
+        if self.left >= 0 and error is None:
+            if not self.future.done():
+                self.future.set_result(b"")  # all of it went to the sink
+            return
+        Unary.settle(self, error)
 
 
 class StreamCall(Call):

@@ -22,7 +22,7 @@ from ..codec import http as http_codec
 from ..codec.content import HEADER_LENGTH, decode_content, encode_content, header_length, reply_headers
 from ..codec.wire import encode_len_field, scan_infer_routing
 from ..config import DEFAULT_MAX_MESSAGE_BYTES
-from ..dataplane import DataPlane, HttpReply, IncomingBody, Plan
+from ..dataplane import AnswerSink, DataPlane, HttpReply, IncomingBody, Plan
 from ..errors import GatewayError, Unsupported
 from .models import ModelRepository, default_repository
 
@@ -92,7 +92,7 @@ class DemoPlane(DataPlane):
 
     async def infer_grpc(
         self, message: bytes, model: str, version: str, timeout: float | None, affinity: str | None = None,
-        metadata: Sequence[tuple[str, str]] = (),
+        metadata: Sequence[tuple[str, str]] = (), sink: AnswerSink | None = None,
     ) -> bytes:
         # ``timeout`` is moot: the models answer in microseconds, inline.
         target = self.repository.resolve(model, version)

@@ -11,7 +11,6 @@ Compiled coroutine functions are coroutine functions to ``inspect``, so grpc awa
 from __future__ import annotations
 
 import asyncio
-
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -22,12 +21,12 @@ import grpc
 from grpc import aio
 
 from ..codec.grpcscan import InferScan
-from ..dataplane import DataPlane
+from ..dataplane import AnswerSink, DataPlane
 from ..errors import INTERNAL_MESSAGE, GatewayError, InvalidRequest, UpstreamError
 from ..observability.access import AccessRecord
 from ..observability.metrics import SERVER_LEVEL, Metrics, Observer, RouteLabel
 
-__all__ = ["CALL_METADATA", "Infer", "Seen", "Unary", "abort_with", "call_metadata", "failure_code",
+__all__ = ["ANSWER_SINK", "CALL_METADATA", "Infer", "Seen", "Unary", "abort_with", "call_metadata", "failure_code",
            "grpc_trailers"]
 
 log = logging.getLogger("oip_gateway.grpc")
@@ -39,6 +38,9 @@ log = logging.getLogger("oip_gateway.grpc")
 # other's. ``context.invocation_metadata()`` would build the same tuple again (a named tuple per
 # entry) on every inference.
 CALL_METADATA: ContextVar[tuple[Any, ...] | None] = ContextVar("oip_gateway_call_metadata", default=None)
+# Where the call's answer may be streamed (the gateway's own listener sets it, as CALL_METADATA;
+# grpc.aio offers none): ModelInfer hands it to the data plane.
+ANSWER_SINK: ContextVar[AnswerSink | None] = ContextVar("oip_gateway_answer_sink", default=None)
 
 
 def call_metadata(context: Any) -> tuple[Any, ...]:
@@ -113,7 +115,8 @@ class Unary:
         try:
             result = await self.fn(request, context, seen)
             if record is not None and isinstance(result, bytes):
-                record.bytes_out = len(result)
+                sink = ANSWER_SINK.get() if not result else None
+                record.bytes_out = sink.sent if sink is not None and sink.opened else len(result)
             return result
         except aio.AbortError:
             raise
@@ -157,4 +160,5 @@ class Infer:
             self.bytes_in.observe(len(message))
         seen.note(model, version)
         self.admit(ctx, "ModelInfer", model, version)
-        return self.plane.infer_grpc(message, model, version, ctx.time_remaining(), sequence, call_metadata(ctx))
+        return self.plane.infer_grpc(message, model, version, ctx.time_remaining(), sequence, call_metadata(ctx),
+                                     ANSWER_SINK.get())

@@ -25,11 +25,12 @@ import grpc
 from grpc import aio
 
 from ..codec.grpcframe import ACCEPT_ENCODING, FrameError, MessageReader, encode_message, frame, parse_timeout
+from ..dataplane import SINK_FULL, SINK_GONE, SINK_ROOM
 
 if TYPE_CHECKING:
     from .h2listen import H2Connection
 
-__all__ = ["Call", "Context", "Details", "RESPONSE_HEAD", "status_trailers"]
+__all__ = ["RELAY_LOW_WATER", "RESPONSE_HEAD", "Call", "Context", "Details", "status_trailers"]
 
 log = logging.getLogger("oip_gateway.grpc")
 
@@ -44,12 +45,15 @@ _NOT_METADATA = frozenset({b"content-type", b"te", b"grpc-timeout", b"grpc-encod
 _STREAM_QUEUE_BYTES = 1 << 20
 # A single message above this goes out as its own DATA (no join with its prefix: zero-copy).
 _JOIN_MAX = 16384
+# A stream's queued answer bytes past which a relay waits for the client (WRITABLE): the
+# connection's write_low_water (h2listen.py passes it), so the event comes when it drops below.
+RELAY_LOW_WATER = 65536
 
 
 class Details(grpc.HandlerCallDetails):
     """What grpc's ``GenericRpcHandler.service`` is asked with: the method and the metadata."""
 
-    __slots__ = ("method", "invocation_metadata")
+    __slots__ = ("invocation_metadata", "method")
 
     def __init__(self, method: str, metadata: tuple[tuple[str, str | bytes], ...]) -> None:
         self.method = method
@@ -75,7 +79,7 @@ def status_trailers(code: grpc.StatusCode, message: str,
 class Context:
     """The part of ``aio.ServicerContext`` the gateway's handlers use."""
 
-    __slots__ = ("_metadata", "_deadline", "_loop", "method", "code", "details", "trailing")
+    __slots__ = ("_deadline", "_loop", "_metadata", "code", "details", "method", "trailing")
 
     def __init__(self, metadata: tuple[tuple[str, str | bytes], ...], deadline: float | None,
                  loop: asyncio.AbstractEventLoop, method: str = "") -> None:
@@ -190,8 +194,26 @@ class Requests:
 class Call:
     """One stream of an HTTP/2 connection: a gRPC call from its head to its status."""
 
-    __slots__ = ("conn", "sid", "handler", "context", "reader", "messages", "requests", "task", "answered",
-                 "unconsumed", "held", "timer", "late", "last", "writable", "started")
+    __slots__ = (
+        "answered",
+        "conn",
+        "context",
+        "handler",
+        "held",
+        "last",
+        "late",
+        "messages",
+        "reader",
+        "relayed",
+        "requests",
+        "sid",
+        "started",
+        "task",
+        "timer",
+        "unconsumed",
+        "wake",
+        "writable",
+    )
 
     def __init__(self, conn: H2Connection, sid: int, handler: grpc.RpcMethodHandler, context: Context,
                  reader: MessageReader, now: float) -> None:
@@ -210,7 +232,9 @@ class Call:
         self.late = False  # the deadline passed
         self.last = now  # last progress (a read, or a write accepted), for the stall sweep
         self.writable: asyncio.Future[None] | None = None
-        self.started = False  # a streaming answer's head has gone out
+        self.started = False  # a streaming (or relayed) answer's head has gone out
+        self.relayed = 0  # answer bytes relayed through the sink (AnswerSink.send)
+        self.wake: Callable[[], None] | None = None  # a relay waiting for the client to take its bytes
 
     # -- received -----------------------------------------------------------------------
     def data(self, data: bytes, end: bool) -> FrameError | None:
@@ -285,6 +309,41 @@ class Call:
             self.conn.send_message(self.sid, body)
             self.conn.send_trailers(self.sid, list(_OK_TRAILERS))
 
+    # -- the AnswerSink a unary answer may be relayed through (dataplane.py) -------------------
+    @property
+    def opened(self) -> bool:
+        return self.started
+
+    @property
+    def sent(self) -> int:
+        return self.relayed
+
+    def open(self) -> bool:
+        if self.answered:
+            return False
+        self.started = True
+        self.conn.send_headers(self.sid, RESPONSE_HEAD)
+        return True
+
+    def send(self, data: bytes) -> int:
+        if self.answered or not self.conn.send_data(self.sid, data):
+            return SINK_GONE
+        self.relayed += len(data)
+        return SINK_FULL if self.conn.buffered(self.sid) > RELAY_LOW_WATER else SINK_ROOM
+
+    def watch(self, wake: Callable[[], None]) -> None:
+        self.wake = wake
+
+    def woken(self) -> None:
+        """The connection sent what was queued on this call (WRITABLE)."""
+        wake = self.wake
+        if wake is not None:
+            self.wake = None
+            wake()
+        writable = self.writable
+        if writable is not None and not writable.done():
+            writable.set_result(None)
+
     async def run_unary(self, request: bytes) -> None:
         handler = self.handler
         ctx = self.context
@@ -295,16 +354,19 @@ class Call:
                 self.finish(grpc.StatusCode.INTERNAL, "Exception deserializing request!")
                 return
             result = await handler.unary_unary(message, ctx)
+            if self.started:  # relayed: the answer went through the sink
+                self.finish(grpc.StatusCode.OK, "", (), True)
+                return
             body = handler.response_serializer(result) if handler.response_serializer else result
             self.answer(body)
         except aio.AbortError:
-            self.finish(ctx.code or grpc.StatusCode.UNKNOWN, ctx.details, ctx.trailing)
+            self.finish(ctx.code or grpc.StatusCode.UNKNOWN, ctx.details, ctx.trailing, self.started)
         except asyncio.CancelledError:
             self.cancelled()
             raise
         except Exception:
             log.exception("unexpected error in gRPC call %s", self.context.method)
-            self.finish(grpc.StatusCode.UNKNOWN, "Unexpected error in RPC handling")
+            self.finish(grpc.StatusCode.UNKNOWN, "Unexpected error in RPC handling", (), self.started)
         finally:
             self.conn.done(self)
 

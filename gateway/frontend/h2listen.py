@@ -25,8 +25,8 @@ import grpc
 from ..codec.grpcframe import MessageReader, frame
 from ..config.security import Limits
 from ..h2 import _h2
-from .grpcunary import CALL_METADATA
-from .h2calls import Call, Context, Details, read_head, stream_requests
+from .grpcunary import ANSWER_SINK, CALL_METADATA
+from .h2calls import RELAY_LOW_WATER, Call, Context, Details, read_head, stream_requests
 
 __all__ = ["H2Connection", "H2Listener"]
 
@@ -60,6 +60,8 @@ class H2Listener:
             # A streaming call carries any number of messages: each one is bounded instead
             # (MessageReader's limit), not the stream.
             "max_stream_data": 0,
+            # A relayed answer waits while more than this is queued on its stream (h2calls.py).
+            "write_low_water": RELAY_LOW_WATER,
         }
         self.connections: set[H2Connection] = set()
         self._on_refusal = on_refusal
@@ -118,7 +120,7 @@ class H2Listener:
             conn.drain()
         try:
             await asyncio.wait_for(self._idle.wait(), grace)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             left = sum(len(c.calls) for c in self.connections)
             log.error("gRPC listener stopped with %d call(s) unfinished after %g s", left, grace)
             for conn in list(self.connections):
@@ -243,8 +245,8 @@ class H2Connection(asyncio.Protocol):
                 self.stop_call(call)
         elif kind == _WRITABLE:
             call = self.calls.get(event[1])
-            if call is not None and call.writable is not None and not call.writable.done():
-                call.writable.set_result(None)
+            if call is not None:
+                call.woken()
         elif kind == _PING_ACK:
             if event[1] == _DRAIN_PING and self.draining:
                 self.h2.goaway(0)
@@ -301,6 +303,7 @@ class H2Connection(asyncio.Protocol):
             return
         message = call.messages.pop()
         CALL_METADATA.set(call.context.invocation_metadata())
+        ANSWER_SINK.set(call)
         call.task = self.loop.create_task(call.run_unary(message))
 
     def fail(self, call: Call, code: str, message: str) -> None:
@@ -386,6 +389,12 @@ class H2Connection(asyncio.Protocol):
     def send_headers(self, sid: int, headers: Any) -> None:
         self.h2.send_headers(sid, headers)
         self.later()
+
+    def send_data(self, sid: int, data: bytes) -> bool:
+        if not self.h2.send_data(sid, data):
+            return False
+        self.later()
+        return True
 
     def send_message(self, sid: int, body: bytes) -> bool:
         if not self.h2.send_data(sid, frame(len(body))):

@@ -52,6 +52,14 @@ BEHAVIOURS = {
     "own_too_large": "grpc-status RESOURCE_EXHAUSTED 'Received message larger than max' from the backend's own "
                      "grpc (the request was over ITS limit)",
     "own_details": "grpc-status INVALID_ARGUMENT with grpc-status-details-bin (a google.rpc.Status)",
+    # Answers of the backend's ``big`` bytes (the gateway relays those as they arrive, h2stream.Relay):
+    "big_ok": "a valid ModelInferResponse of ``big`` bytes of output",
+    "big_reset_mid": "headers and half the big message, then RST_STREAM(CANCEL)",
+    "big_close": "headers and half the big message, then the connection closes",
+    "big_truncated": "a length prefix for the big message, half of it, then grpc-status 0",
+    "big_two": "the big message twice, then grpc-status 0",
+    "big_unavailable": "the whole big message, then grpc-status UNAVAILABLE with the backend's own message",
+    "big_no_status": "the big message with END_STREAM on its last DATA: no trailers",
 }
 # own_details' google.rpc.Status: code 3, message "bad input", no details (field 1 varint, field 2 bytes).
 STATUS_DETAILS = b"\x08\x03\x12\x09bad input"
@@ -63,6 +71,16 @@ def ok_answer(model: str) -> bytes:
     t.name, t.datatype = "OUTPUT0", "FP32"
     t.shape.extend([1, 2])
     out.raw_output_contents.append(struct.pack("<2f", 1.5, -2.0))
+    return out.SerializeToString()
+
+
+def big_answer(model: str, n: int) -> bytes:
+    """A ModelInferResponse whose one UINT8 output holds ``n`` bytes (a pattern, not zeros)."""
+    out = pb.ModelInferResponse(model_name=model, model_version="1", id="")
+    t = out.outputs.add()
+    t.name, t.datatype = "OUTPUT0", "UINT8"
+    t.shape.extend([n])
+    out.raw_output_contents.append((bytes(range(251)) * (n // 251 + 1))[:n])
     return out.SerializeToString()
 
 
@@ -161,15 +179,22 @@ class _Conn(asyncio.Protocol):
                     self.h2.reset_stream(sid, value)  # type: ignore[arg-type]
                     actions.pop(0)
                     continue
+                if kind == "close":
+                    self._flush()
+                    self._close()
+                    self.pending.clear()
+                    return
                 data = value
                 assert isinstance(data, bytes)
                 window = min(self.h2.local_flow_control_window(sid), self.h2.max_outbound_frame_size)
                 if window <= 0:
+                    self.server.blocked += 1
                     break
-                self.h2.send_data(sid, data[:window])
                 rest = data[window:]
+                self.h2.send_data(sid, data[:window], end_stream=kind == "data_end" and not rest)
+                self.server.sent += min(window, len(data))
                 if rest:
-                    actions[0] = ("data", rest)
+                    actions[0] = (kind, rest)
                 else:
                     actions.pop(0)
             if not actions:
@@ -256,17 +281,37 @@ class _Conn(asyncio.Protocol):
             self._reply(sid, None, "3", "bad input", trailers=(("grpc-status-details-bin", details),))
         elif model == "own_too_large":
             self._reply(sid, None, "8", "Received message larger than max (5000000 vs. 4194304)")
+        elif model.startswith("big_"):
+            frame = _frame(big_answer(name, self.server.big))
+            half = frame[: len(frame) // 2]
+            ok: tuple[str, object] = ("trailers", ("0", "", ()))
+            actions: list[tuple[str, object]] = {
+                "big_ok": [("data", frame), ok],
+                "big_reset_mid": [("data", half), ("reset", h2.errors.ErrorCodes.CANCEL)],
+                "big_close": [("data", half), ("close", None)],
+                "big_truncated": [("data", half), ok],
+                "big_two": [("data", frame), ("data", frame), ok],
+                "big_unavailable": [("data", frame), ("trailers", ("14", "the backend is busy", ()))],
+                "big_no_status": [("data_end", frame)],
+            }[model]
+            self._headers(sid)
+            self.pending[sid] = actions
+            self._drain()
         else:
             self._reply(sid, None, "5", f"Request for unknown model: '{model}' is not found")
 
 
 class BadGrpc:
     """``BadGrpc(large=..., override=...)``: serves until :meth:`close`; ``address`` is
-    "127.0.0.1:port". ``large`` is the size of the ``too_large`` answer's message; ``override``
+    "127.0.0.1:port". ``large`` is the size of the ``too_large`` answer's message, ``big`` the
+    output bytes of the ``big_*`` answers; ``override``
     maps a model to the behaviour it gets instead of its own; ``seen`` lists the models asked."""
 
-    def __init__(self, large: int = 2 << 20, override: dict[str, str] | None = None) -> None:
+    def __init__(self, large: int = 2 << 20, override: dict[str, str] | None = None, big: int = 600_000) -> None:
         self.large = large
+        self.big = big  # the output bytes of the big_* answers
+        self.sent = 0  # DATA bytes sent (all streams)
+        self.blocked = 0  # times an answer waited for the gateway's flow-control window
         self.override = override or {}  # model -> the behaviour it gets here instead (a tame twin)
         self.seen: list[str] = []
         self.connections = 0
