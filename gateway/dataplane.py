@@ -16,10 +16,11 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeGuard, runtime_checkable
 
-from .errors import InvalidRequest, PayloadTooLarge, Unsupported
+from .errors import InvalidRequest, PayloadTooLarge, RequestTimeout, Unsupported
 
-__all__ = ["CLIENTS_FAULT", "TRACE_HEADERS", "UNROUTED", "AnswerSink", "ClientDisconnected", "DataPlane", "HttpReply",
-           "IncomingBody", "RouteLabel", "Plan", "SINK_FULL", "SINK_GONE", "SINK_ROOM", "StreamedBody", "is_streamed", "pick_headers"]
+__all__ = ["CLIENTS_FAULT", "SINK_FULL", "SINK_GONE", "SINK_ROOM", "TRACE_HEADERS", "UNROUTED", "AnswerSink",
+           "ClientDisconnected", "DataPlane", "HttpReply", "IncomingBody", "MessagePipe", "Plan", "RouteLabel",
+           "StreamedBody", "StreamedMessage", "is_streamed", "pick_headers"]
 
 # Request context a client sends that the backend should always see: W3C trace context
 # (Triton's OpenTelemetry tracing continues the client's trace) and a request id. HTTP
@@ -47,7 +48,7 @@ class ClientDisconnected(Exception):
 
 
 # Failures that are the client's doing, never counted against a backend.
-CLIENTS_FAULT = (ClientDisconnected, InvalidRequest, Unsupported, PayloadTooLarge)
+CLIENTS_FAULT = (ClientDisconnected, InvalidRequest, Unsupported, PayloadTooLarge, RequestTimeout)
 
 
 @runtime_checkable
@@ -72,7 +73,42 @@ class IncomingBody(Protocol):
     def __aiter__(self) -> AsyncIterator[bytes | memoryview]: ...
 
 
-SINK_ROOM, SINK_FULL, SINK_GONE = 1, 0, -1  # what AnswerSink.send says
+SINK_ROOM, SINK_FULL, SINK_GONE = 1, 0, -1  # what AnswerSink.send and MessagePipe.push say
+
+
+class MessagePipe(Protocol):
+    """Where a StreamedMessage's bytes go (a backend call's stream). ``push(data, last)`` sends
+    them on (``last``: the message's end) and says SINK_ROOM, SINK_FULL (the message's
+    ``resume()`` follows once the backend has taken them) or SINK_GONE; ``fail(error)`` ends the
+    call with the client's ``error`` (the message broke a rule on its way)."""
+
+    def push(self, data: bytes, last: bool) -> int: ...
+
+    def fail(self, error: Exception) -> None: ...
+
+
+class StreamedMessage(Protocol):
+    """A gRPC request message still arriving, routed from its ``head`` — the serialized fields
+    before its first raw_input_contents (codec/grpcstream.py) — and streamed on as it comes
+    (the gateway's own HTTP/2 listener, frontend/h2upload.py). ``len()`` is the message's length.
+    ``attach(pipe)`` sends it on: the bytes come as the client sends them (its length prefix
+    first), and the client's window reopens as the pipe takes them; it raises the client's error
+    if the message already broke a rule, and returns False when it went on once and cannot
+    again (``resendable`` False: past what is kept to resend). ``read()`` waits for the whole
+    message instead (a mirror, a converting path, grpcio's client)."""
+
+    head: bytes
+
+    def __len__(self) -> int: ...
+
+    @property
+    def resendable(self) -> bool: ...
+
+    def attach(self, pipe: MessagePipe) -> bool: ...
+
+    def resume(self) -> None: ...
+
+    async def read(self) -> bytes: ...
 
 
 class AnswerSink(Protocol):
@@ -208,15 +244,15 @@ class DataPlane:
         return None
 
     async def infer_grpc(
-        self, message: bytes, model: str, version: str, timeout: float | None, affinity: str | None = None,
-        metadata: Sequence[tuple[str, str]] = (), sink: AnswerSink | None = None,
+        self, message: bytes | StreamedMessage, model: str, version: str, timeout: float | None,
+        affinity: str | None = None, metadata: Sequence[tuple[str, str]] = (), sink: AnswerSink | None = None,
     ) -> bytes:
         """``message`` is a serialized ModelInferRequest; return a serialized ModelInferResponse.
         ``affinity`` is the request's ``sequence_id`` (None outside sequences): requests that
         share one must reach the same backend endpoint. ``metadata``: the client's request
         metadata; the entries the data plane forwards (trace context…) go on to the backend.
         ``sink``: where the answer may be streamed instead (then it returns b"" with
-        ``sink.opened`` set)."""
+        ``sink.opened`` set). A large ``message`` may still be arriving (a StreamedMessage)."""
         raise NotImplementedError
 
     def infer_stream(

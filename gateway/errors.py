@@ -9,7 +9,8 @@ transports (codec, routing, config) import no grpc.
     GatewayError
     ├── InvalidRequest        400  INVALID_ARGUMENT   malformed body, bad tensor, bad header
     │   ├── LimitExceeded     400  INVALID_ARGUMENT   a request over a hard limit (names the limit)
-    │   └── NegativeDimension 400  INVALID_ARGUMENT   a tensor shape with a negative dimension
+    │   ├── NegativeDimension 400  INVALID_ARGUMENT   a tensor shape with a negative dimension
+    │   └── MalformedMessage  400  INTERNAL           a gRPC request's message cut short or followed by more
     ├── ModelNotFound         404  NOT_FOUND          no route for the model / version
     ├── PayloadTooLarge       413  RESOURCE_EXHAUSTED body over the configured limit
     ├── HeadTooLarge          431  RESOURCE_EXHAUSTED a request head over max_header_count / max_header_bytes
@@ -52,6 +53,7 @@ __all__ = [
     "InvalidRequest",
     "LimitExceeded",
     "ListenError",
+    "MalformedMessage",
     "ModelNotFound",
     "ModelNotReady",
     "NegativeDimension",
@@ -106,6 +108,13 @@ class NegativeDimension(InvalidRequest):
     """A tensor shape with a negative dimension, refused before routing on every path
     (codec/limits.py). Its own class so that the wire walk, which leaves malformed messages to
     protobuf's parser, does not take it for one."""
+
+
+class MalformedMessage(InvalidRequest):
+    """A gRPC request whose framing is broken: its stream ends inside its message, or a unary
+    call carries more than one. INTERNAL, as grpc's own servers answer it; the client's fault."""
+
+    grpc_code = "INTERNAL"
 
 
 class Unauthenticated(GatewayError):

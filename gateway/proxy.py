@@ -20,7 +20,17 @@ from .backends.http import http_affinity
 from .backends.mirror import Mirrors
 from .codec.repository import BackendIndexEntry
 from .codec.wire import scan_infer_routing
-from .dataplane import CLIENTS_FAULT, TRACE_HEADERS, AnswerSink, DataPlane, HttpReply, IncomingBody, Plan, pick_headers
+from .dataplane import (
+    CLIENTS_FAULT,
+    TRACE_HEADERS,
+    AnswerSink,
+    DataPlane,
+    HttpReply,
+    IncomingBody,
+    Plan,
+    StreamedMessage,
+    pick_headers,
+)
 from .errors import GatewayError, InvalidRequest, ModelNotFound, NoEndpointAvailable
 from .fleet import Fleet
 from .observability.access import AccessRecord
@@ -327,7 +337,7 @@ class Proxy(DataPlane):
         ROUTED.set((match.label, name))
         return routing.backends[name]
 
-    async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
+    async def infer_grpc(self, message: bytes | StreamedMessage, model: str, version: str, timeout: float | None,
                          affinity: str | None = None, metadata: Sequence[tuple[str, str]] = (),
                          sink: AnswerSink | None = None) -> bytes:
         routing = self.routing
@@ -345,6 +355,8 @@ class Proxy(DataPlane):
                 await self._hold(backend, match, model, version)
             trace = pick_headers(metadata, self.context_headers) if metadata else ()
             if match.mirror is not None:
+                if not isinstance(message, bytes):
+                    message = await message.read()  # (a mirror needs the message whole)
                 self.mirrors.grpc(match, model, version, message, trace)
             # timed(), inlined: one coroutine less on every gRPC inference (see GrpcBackend._unary).
             start = time.perf_counter()

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..codec.repository import IndexEntry
 from ..config.schema import BackendSpec
-from ..dataplane import AnswerSink, HttpReply, IncomingBody
+from ..dataplane import AnswerSink, HttpReply, IncomingBody, StreamedMessage
 from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable, UpstreamError
 from ..observability.access import note_endpoint
 from ..routing.balancer import balancer
@@ -320,7 +320,7 @@ class Backend(EndpointSet[E]):
         """An HTTP client's inference (headers lower-cased; ``forwarded``: the names passed on)."""
         raise NotImplementedError
 
-    async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
+    async def infer_grpc(self, message: bytes | StreamedMessage, model: str, version: str, timeout: float | None,
                          affinity: str | None, metadata: tuple[tuple[str, str], ...],
                          sink: AnswerSink | None = None) -> bytes:
         """A gRPC client's inference (DataPlane.infer_grpc): ``sink``, where the answer may be

@@ -36,7 +36,7 @@ from ..codec.triton import (
     version_refusal,
 )
 from ..config.schema import BackendSpec, HostPort
-from ..dataplane import AnswerSink, HttpReply, IncomingBody
+from ..dataplane import AnswerSink, HttpReply, IncomingBody, StreamedMessage
 from ..errors import (
     BadUpstreamResponse,
     GatewayError,
@@ -101,6 +101,8 @@ class GrpcBackend(Backend[GrpcEndpoint]):
             if sink is not None and relay is not None:
                 answer = await relay(request, tmo, metadata or None, sink)
             else:
+                if sink is not None and type(request) is not bytes:
+                    request = await request.read()  # (a streamed request, for grpcio's whole-message call)
                 answer = await pick(ep)(request, timeout=tmo, metadata=metadata or None)
             if answer is None:
                 # grpc-core ends a unary call OK without a message when the stream ended before
@@ -111,11 +113,15 @@ class GrpcBackend(Backend[GrpcEndpoint]):
             return answer
         except (aio.AioRpcError, CallError) as exc:
             error = self._mapped(ep, exc, tmo, model, version, stateful)
-            if sink is not None and sink.opened and isinstance(error, Refused):
-                # Part of the answer reached the client: nothing is sent again, a status the
-                # backend chose is relayed as it came, a broken exchange is a reset.
+            if sink is not None and isinstance(error, Refused) and \
+                    (sink.opened or (type(request) is not bytes and not request.resendable)):
+                # Part of the answer reached the client, or of a streamed request the backend, past
+                # what is kept to send it again: nothing is sent again. A status the backend chose
+                # is relayed as it came; a broken exchange is a reset.
                 inner = error.error
-                error = inner if isinstance(inner, UpstreamError) else UpstreamReset(inner.message)
+                error = inner if isinstance(inner, UpstreamError) else UpstreamReset(
+                    inner.message if sink.opened else f"{inner.message} (the request was streamed on to it and is "
+                    "not kept whole: not sent again)")
             if refusing and isinstance(error, UpstreamError) and error.grpc_code in ("NOT_FOUND", "INVALID_ARGUMENT"):
                 error = self.refusal(ep, model, version, error, True)
             raise error from exc
@@ -291,7 +297,7 @@ class GrpcBackend(Backend[GrpcEndpoint]):
         return HttpReply(200, b"", {})  # Triton's HTTP answer to a load / unload that worked
 
     # -- inference -----------------------------------------------------------------------
-    def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
+    def infer_grpc(self, message: bytes | StreamedMessage, model: str, version: str, timeout: float | None,
                    affinity: str | None, metadata: tuple[tuple[str, str], ...],
                    sink: AnswerSink | None = None) -> Coroutine[Any, Any, bytes]:
         """Pass-through: the serialized request out, the serialized response back — or, with a

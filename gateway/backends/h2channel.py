@@ -25,7 +25,7 @@ from typing import Any, cast
 
 from .. import __version__
 from ..config.schema import BackendTls, HostPort
-from ..dataplane import AnswerSink
+from ..dataplane import AnswerSink, StreamedMessage
 from ..h2 import _h2
 from .grpcfault import H2_ERRORS, Fault, stream_reset, went_away
 from .h2frames import ACCEPT_ENCODING, CallError, fault_error, metadata_headers, prefix, timeout_value
@@ -38,6 +38,7 @@ GOAWAY, DEAD, SETTINGS = _h2.GOAWAY, _h2.DEAD, _h2.SETTINGS
 NO_ERROR, CANCEL, REFUSED_STREAM = _h2.NO_ERROR, _h2.CANCEL, _h2.REFUSED_STREAM
 
 _READ_BUFFER = 256 * 1024  # what one read takes in (a 16 MiB answer: 64 reads)
+FLUSH_MAX = 256 * 1024  # bytes of frames copied out per flush() (see _Conn.flush)
 _HEADER_LIST = 16 * 1024  # an answer head's size (grpc-core's hard metadata limit too) and field count
 _HEADER_FIELDS = 100
 # CONTINUATION frames per header block: enough for a head far over the size limit to be read to
@@ -219,9 +220,11 @@ class _Conn(asyncio.BufferedProtocol):
             return
         h2 = self.h2
         while True:
-            out = h2.flush()
-            if out:
+            # At most FLUSH_MAX a time, until the socket's buffer fills (as the listener's flush).
+            out = None if self.paused else h2.flush(FLUSH_MAX)
+            while out:
                 transport.writelines(out)
+                out = None if self.paused else h2.flush(FLUSH_MAX)
             if not h2.has_events:
                 break
             self.dispatch(h2.poll())
@@ -318,15 +321,25 @@ class Channel:
             head += metadata_headers(metadata)
         return head
 
-    async def unary(self, method: str, request: bytes | bytearray | memoryview, timeout: float | None = None,
-                    metadata: Metadata | None = None, sink: AnswerSink | None = None) -> bytes:
+    async def unary(self, method: str, request: bytes | bytearray | memoryview | StreamedMessage,
+                    timeout: float | None = None, metadata: Metadata | None = None,
+                    sink: AnswerSink | None = None) -> bytes:
         """One unary call: ``request`` is the request message (sent without a copy), the result
         the answer's message — or, with a ``sink``, a large answer streamed there and b"" (h2stream
-        ``Relay``). Raises CallError; CancelledError resets the stream (CANCEL)."""
+        ``Relay``), and a StreamedMessage request sent on as it arrives. Raises CallError (or a
+        streamed request's own error); CancelledError resets the stream (CANCEL)."""
         n = len(request) if not isinstance(request, memoryview) else request.nbytes
         if n > self.max_message_bytes:
             raise CallError("RESOURCE_EXHAUSTED", f"Sent message larger than max ({n} vs. {self.max_message_bytes})",
                             never_sent=True)
+        streamed: StreamedMessage | None = None
+        body: bytes | bytearray | memoryview = b""
+        if isinstance(request, (bytes, bytearray, memoryview)):
+            body = request
+        elif sink is None:
+            body = await request.read()
+        else:
+            streamed = request
         loop = self.loop or self.bind()
         deadline = None if timeout is None else loop.time() + timeout
         retry = True
@@ -336,14 +349,24 @@ class Channel:
                 Relay(self.max_message_bytes, loop.create_future(), sink)
             head = self.head(method, None if deadline is None else deadline - loop.time(), metadata)
             h2 = conn.h2
-            if n <= SMALL_BODY:
-                sid = h2.request(head, prefix(n) + request)
+            if streamed is not None:
+                sid = h2.request(head, None, end=False)  # (its bytes, length prefix first, come from attach)
+            elif n <= SMALL_BODY:
+                sid = h2.request(head, prefix(n) + body)
             else:
                 sid = h2.request(head, prefix(n), end=False)
-                h2.send_data(sid, request, True)
+                h2.send_data(sid, body, True)
             call.conn, call.sid = conn, sid
             conn.calls[sid] = call
             conn.schedule_flush()
+            if streamed is not None:
+                assert isinstance(call, Relay)
+                call.upload = streamed
+                try:
+                    streamed.attach(call)
+                except BaseException:
+                    call.close(None, CANCEL)  # the client's message broke a rule before it went on
+                    raise
             if deadline is not None:
                 call.timer = loop.call_at(deadline, call.expire)
             try:
@@ -357,7 +380,8 @@ class Channel:
                 # counts a stream against its MAX_CONCURRENT_STREAMS until it has released the
                 # call, a while after the client saw it end: a client that reuses the slot at once
                 # meets this refusal (grpc-core's servers do it).
-                if not retry or exc.fault is None or exc.fault[0] != Fault.REFUSED_STREAM:
+                if not retry or exc.fault is None or exc.fault[0] != Fault.REFUSED_STREAM or \
+                        (streamed is not None and not streamed.resendable):
                     raise
                 retry = False
 

@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
-from ..dataplane import SINK_FULL, AnswerSink
+from ..dataplane import SINK_FULL, SINK_GONE, SINK_ROOM, AnswerSink, StreamedMessage
 from ..h2 import _h2
 from .grpcfault import Fault
 from .h2frames import AnswerFault, CallError, MessageReader, Status, answer_head, answer_status, fault_error, prefix
@@ -167,13 +167,36 @@ class Relay(Unary):
     unary call's: one message, of the length its prefix said, then a grpc-status — a backend
     that breaks them ends the client's call with the error, after what was passed on."""
 
-    __slots__ = ("held", "left", "sink")
+    __slots__ = ("held", "left", "sink", "upload")
 
     def __init__(self, limit: int, future: asyncio.Future[bytes], sink: AnswerSink) -> None:
         super().__init__(limit, future)
         self.sink = sink
         self.left = -1  # bytes of the relayed message (prefix included) still to come; -1: not relaying
         self.held = 0  # bytes passed on that the client has not taken yet
+        self.upload: StreamedMessage | None = None  # the request, when it streams in (this is its MessagePipe)
+
+    # -- the request's MessagePipe --
+    def push(self, data: bytes, last: bool) -> int:
+        conn = self.conn
+        if self.done or conn is None:
+            return SINK_GONE
+        h2 = conn.h2
+        try:
+            if not h2.send_data(self.sid, data, last):
+                return SINK_GONE
+        except _h2.H2Error:
+            return SINK_GONE  # the connection failed: its loss ends the call
+        conn.schedule_flush()
+        return SINK_FULL if h2.buffered(self.sid) > _WRITE_MARK else SINK_ROOM
+
+    def fail(self, error: Exception) -> None:
+        self.close(error, CANCEL)
+
+    def on_writable(self) -> None:
+        upload = self.upload
+        if upload is not None:
+            upload.resume()
 
     def on_data(self, data: bytes, end: bool) -> None:
         if self.left < 0:

@@ -29,7 +29,7 @@ from ..codec.triton import (
     version_refusal,
 )
 from ..codec.wire import scan_infer_routing
-from ..dataplane import AnswerSink, HttpReply, IncomingBody
+from ..dataplane import AnswerSink, HttpReply, IncomingBody, StreamedMessage
 from ..errors import GatewayError, InvalidRequest, ModelNotReady
 from ..observability.access import AccessRecord
 from ..routing.table import STATEFUL
@@ -350,10 +350,12 @@ class HttpBackend(HttpExchange):
             record.protocol_out = self.protocol
         return True
 
-    async def infer_grpc(self, message: bytes, model: str, version: str, timeout: float | None,
+    async def infer_grpc(self, message: bytes | StreamedMessage, model: str, version: str, timeout: float | None,
                          affinity: str | None, metadata: tuple[tuple[str, str], ...],
                          sink: AnswerSink | None = None) -> bytes:
         """A gRPC client's request, converted: binary extension (or JSON) out, raw back."""
+        if not isinstance(message, bytes):
+            message = await message.read()
         self.on_event("grpc_to_http")
         chunks, headers, typed = grpc_request_to_http(message, binary=self.spec.binary_extension,
                                                            base64_bytes=self._base64_bytes)

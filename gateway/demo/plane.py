@@ -22,7 +22,7 @@ from ..codec import http as http_codec
 from ..codec.content import HEADER_LENGTH, decode_content, encode_content, header_length, reply_headers
 from ..codec.wire import encode_len_field, scan_infer_routing
 from ..config import DEFAULT_MAX_MESSAGE_BYTES
-from ..dataplane import AnswerSink, DataPlane, HttpReply, IncomingBody, Plan
+from ..dataplane import AnswerSink, DataPlane, HttpReply, IncomingBody, Plan, StreamedMessage
 from ..errors import GatewayError, Unsupported
 from .models import ModelRepository, default_repository
 
@@ -91,10 +91,12 @@ class DemoPlane(DataPlane):
         return HttpReply(200, chunks, reply_headers(json_length, coding))
 
     async def infer_grpc(
-        self, message: bytes, model: str, version: str, timeout: float | None, affinity: str | None = None,
-        metadata: Sequence[tuple[str, str]] = (), sink: AnswerSink | None = None,
+        self, message: bytes | StreamedMessage, model: str, version: str, timeout: float | None,
+        affinity: str | None = None, metadata: Sequence[tuple[str, str]] = (), sink: AnswerSink | None = None,
     ) -> bytes:
         # ``timeout`` is moot: the models answer in microseconds, inline.
+        if not isinstance(message, bytes):
+            message = await message.read()
         target = self.repository.resolve(model, version)
         request = grpc_codec.decode_request(message)
         return grpc_codec.encode_response(target.infer(request))

@@ -24,10 +24,11 @@ from ..config.security import Limits
 from ..dataplane import DataPlane
 from ..errors import SHARED_MEMORY_REFUSAL, GatewayError, InvalidRequest, Unsupported
 from ..grpcengine import READ_BUFFER_OPTION
-from ..security.guard import Gate
 from ..observability.access import AccessRecord
 from ..observability.metrics import SERVER_LEVEL, Metrics, RouteLabel
+from ..security.guard import Gate
 from .grpcunary import CALL_METADATA, Infer, Seen, Unary, abort_with, call_metadata, failure_code, grpc_trailers
+from .h2upload import Upload
 from .kinds import GRPC_KINDS, admit_grpc
 
 __all__ = ["SERVICE", "Service", "build_grpc_handler", "grpc_trailers", "server_options"]
@@ -90,7 +91,8 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None, gate: Gate,
         if access is None:
             return None
         rid = next((v for k, v in call_metadata(context) if k == "x-request-id"), None)
-        return access.begin(rid if isinstance(rid, str) else None, len(request) if isinstance(request, bytes) else 0)
+        return access.begin(rid if isinstance(rid, str) else None,
+                            len(request) if isinstance(request, (bytes, Upload)) else 0)
 
     def admit(ctx: aio.ServicerContext, rpc: str, model: str = "", version: str = "") -> None:
         """The name limits, then the guard's check (security/guard.py) for a call that

@@ -21,7 +21,7 @@ import grpc
 from grpc import aio
 
 from ..codec.grpcscan import InferScan
-from ..dataplane import AnswerSink, DataPlane
+from ..dataplane import AnswerSink, DataPlane, StreamedMessage
 from ..errors import INTERNAL_MESSAGE, GatewayError, InvalidRequest, UpstreamError
 from ..observability.access import AccessRecord
 from ..observability.metrics import SERVER_LEVEL, Metrics, Observer, RouteLabel
@@ -152,8 +152,11 @@ class Infer:
         self.bytes_in = bytes_in
         self.admit = admit
 
-    def __call__(self, message: bytes, ctx: Any, seen: Seen) -> Awaitable[bytes]:
-        model, version, sequence = self.scan.scan(message)  # routing fields + hard limits
+    def __call__(self, message: bytes | StreamedMessage, ctx: Any, seen: Seen) -> Awaitable[bytes]:
+        # A large request may still be arriving (h2upload.py): routed from its head, the fields
+        # before its raw contents, which are all the scan reads of a whole one anyway.
+        head = message if isinstance(message, bytes) else message.head
+        model, version, sequence = self.scan.scan(head)  # routing fields + hard limits
         if not model:
             raise InvalidRequest("ModelInferRequest.model_name is required")
         if self.bytes_in is not None:

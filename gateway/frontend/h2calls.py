@@ -25,7 +25,9 @@ import grpc
 from grpc import aio
 
 from ..codec.grpcframe import ACCEPT_ENCODING, FrameError, MessageReader, encode_message, frame, parse_timeout
+from ..codec.grpcstream import head_end
 from ..dataplane import SINK_FULL, SINK_GONE, SINK_ROOM
+from .h2upload import STREAM_MIN, Upload
 
 if TYPE_CHECKING:
     from .h2listen import H2Connection
@@ -194,26 +196,8 @@ class Requests:
 class Call:
     """One stream of an HTTP/2 connection: a gRPC call from its head to its status."""
 
-    __slots__ = (
-        "answered",
-        "conn",
-        "context",
-        "handler",
-        "held",
-        "last",
-        "late",
-        "messages",
-        "reader",
-        "relayed",
-        "requests",
-        "sid",
-        "started",
-        "task",
-        "timer",
-        "unconsumed",
-        "wake",
-        "writable",
-    )
+    __slots__ = ("answered", "conn", "context", "handler", "held", "last", "late", "messages", "reader", "relayable",
+                 "relayed", "requests", "sid", "started", "task", "timer", "unconsumed", "upload", "wake", "writable")
 
     def __init__(self, conn: H2Connection, sid: int, handler: grpc.RpcMethodHandler, context: Context,
                  reader: MessageReader, now: float) -> None:
@@ -235,11 +219,26 @@ class Call:
         self.started = False  # a streaming (or relayed) answer's head has gone out
         self.relayed = 0  # answer bytes relayed through the sink (AnswerSink.send)
         self.wake: Callable[[], None] | None = None  # a relay waiting for the client to take its bytes
+        self.relayable = False  # a large request may be streamed on (ModelInfer: h2upload.py)
+        self.upload: Upload | None = None  # the request, streamed on as it arrives
 
     # -- received -----------------------------------------------------------------------
     def data(self, data: bytes, end: bool) -> FrameError | None:
-        """DATA of this call; a FrameError ends the call with its status."""
+        """DATA of this call; a FrameError ends the call with its status. A large ModelInfer
+        request whose head is here becomes an Upload (the connection then starts its handler)."""
         self.unconsumed += len(data)
+        upload = self.upload
+        if upload is None and self.relayable and not self.messages and not self.reader.pending:
+            upload = self.upload = self.streamed(data)
+            if upload is not None:
+                if end:
+                    upload.ended()
+                return None
+        elif upload is not None:
+            upload.add(data)
+            if end:
+                upload.ended()
+            return None
         try:
             messages = self.reader.feed(data) if data else []
         except FrameError as err:
@@ -263,10 +262,21 @@ class Call:
                 requests.end()
         return None
 
+    def streamed(self, data: bytes) -> Upload | None:
+        """An Upload of the request that ``data`` begins, if it is one to stream on: uncompressed,
+        of STREAM_MIN bytes or more (within the limit), its head all in ``data``."""
+        if len(data) < 5 or data[0] != 0:
+            return None
+        n = int.from_bytes(data[1:5], "big")
+        if n < STREAM_MIN or n > self.reader.limit:
+            return None
+        at = head_end(data, 5, min(len(data), 5 + n))
+        return Upload(self, data, at, n) if at > 0 else None
+
     def truncated(self) -> FrameError | None:
         if self.reader.pending:
-            return FrameError(FrameError.FRAMING, "INTERNAL", f"the request ended inside a message ({self.reader.pending} bytes of it "
-                                          "received)")
+            return FrameError(FrameError.FRAMING, "INTERNAL",
+                              f"the request ended inside a message ({self.reader.pending} bytes of it received)")
         return None
 
     def taken(self) -> None:
@@ -344,7 +354,7 @@ class Call:
         if writable is not None and not writable.done():
             writable.set_result(None)
 
-    async def run_unary(self, request: bytes) -> None:
+    async def run_unary(self, request: bytes | Upload) -> None:
         handler = self.handler
         ctx = self.context
         try:

@@ -24,15 +24,19 @@ import grpc
 
 from ..codec.grpcframe import MessageReader, frame
 from ..config.security import Limits
+from ..errors import RequestTimeout
 from ..h2 import _h2
 from .grpcunary import ANSWER_SINK, CALL_METADATA
 from .h2calls import RELAY_LOW_WATER, Call, Context, Details, read_head, stream_requests
+from .h2upload import Upload
 
 __all__ = ["H2Connection", "H2Listener"]
 
 log = logging.getLogger("oip_gateway.grpc")
 
 SWEEP_S = 1.0
+FLUSH_MAX = 256 * 1024  # bytes of frames copied out per flush() (see H2Connection.flush)
+_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"  # its large requests stream on (h2upload.py)
 _DRAIN_PING = 0x6F69702D64726169  # "oip-drai": the PING whose answer ends a drain's first step
 _HEAD, _DATA, _TRAILERS, _CLOSE = _h2.HEAD, _h2.DATA, _h2.TRAILERS, _h2.CLOSE
 _WRITABLE, _DEAD, _PING_ACK = _h2.WRITABLE, _h2.DEAD, _h2.PING_ACK
@@ -224,6 +228,8 @@ class H2Connection(asyncio.Protocol):
             error = call.data(event[2], event[3])
             if error is not None:
                 self.fail(call, error.code, error.message)
+            elif call.upload is not None and call.task is None:
+                self.stream(call, call.upload)
             elif event[3]:
                 self.ended(call)
         elif kind == _HEAD:
@@ -232,7 +238,9 @@ class H2Connection(asyncio.Protocol):
             call = self.calls.get(event[1])
             if call is not None and not call.answered:
                 truncated = call.truncated()
-                if truncated is not None:
+                if call.upload is not None:
+                    call.upload.ended()
+                elif truncated is not None:
                     self.fail(call, truncated.code, truncated.message)
                 elif call.requests is not None:
                     call.requests.end()
@@ -268,6 +276,7 @@ class H2Connection(asyncio.Protocol):
         handler = self.listener.find(details)
         call = Call(self, sid, handler, context, MessageReader(self.listener.max_message_bytes, encoding),
                     self.loop.time())
+        call.relayable = path == _INFER_PATH
         self.calls[sid] = call
         if refusal is not None:
             self.fail(call, "INTERNAL", refusal)
@@ -305,6 +314,12 @@ class H2Connection(asyncio.Protocol):
         CALL_METADATA.set(call.context.invocation_metadata())
         ANSWER_SINK.set(call)
         call.task = self.loop.create_task(call.run_unary(message))
+
+    def stream(self, call: Call, upload: Upload) -> None:
+        """A large unary request whose head is here: its handler starts while the rest comes."""
+        CALL_METADATA.set(call.context.invocation_metadata())
+        ANSWER_SINK.set(call)
+        call.task = self.loop.create_task(call.run_unary(upload))
 
     def fail(self, call: Call, code: str, message: str) -> None:
         """End ``call`` with a status of the gateway's own (the request could not be read)."""
@@ -372,9 +387,13 @@ class H2Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None or self.paused:
             return
-        out = self.h2.flush()
-        if out:
+        # At most FLUSH_MAX a time, until the socket's buffer fills (pause_writing comes inside
+        # writelines): what nghttp2 would copy out at once is every window's worth of every
+        # stream, held twice (our bytes and the transport's copy) while the socket drains.
+        out = self.h2.flush(FLUSH_MAX)
+        while out:
             transport.writelines(out)
+            out = None if self.paused else self.h2.flush(FLUSH_MAX)
         if self.h2.has_events:
             for event in self.h2.poll():
                 self.event(event)
@@ -424,6 +443,13 @@ class H2Connection(asyncio.Protocol):
             self.close()
             return
         for call in list(self.calls.values()):
+            upload = call.upload
+            if upload is not None:
+                if upload.stalled() and now - call.last > limits.body_timeout_s:
+                    self.listener.refused("body_timeout")
+                    upload.fail(RequestTimeout(f"request message stalled for limits.body_timeout_s "
+                                               f"({limits.body_timeout_s:g} s)"))
+                continue
             if (call.task is None and not call.answered and call.requests is None
                     and now - call.last > limits.body_timeout_s):
                 self.listener.refused("body_timeout")

@@ -1,15 +1,19 @@
-"""A large gRPC answer is relayed as it arrives (issue 38, backends/h2stream.py ``Relay``):
-the gateway passes a ModelInferResponse of RELAY_MIN bytes or more on to the client a piece at
-a time, acknowledging the backend's bytes only as the client takes them, so it never holds the
-whole message and a client that stops reading stops the backend. Proven with tritonclient and
-a raw HTTP/2 client against backends of tests/support/badgrpc.py that answer big and then break
-the rules half-way: each ends the client's call with a clear error naming the backend, nothing
-is sent again once a byte has reached the client, and the gateway keeps serving."""
+"""Large gRPC messages stream through (issue 38): a ModelInferResponse of RELAY_MIN bytes or more
+is passed on to the client as it arrives (backends/h2stream.py ``Relay``), a ModelInferRequest of
+STREAM_MIN bytes or more is routed from its head and sent on as it arrives (frontend/h2upload.py),
+each acknowledged to the sender only as the receiver takes it — so the gateway never holds either
+whole, a client that stops reading stops the backend and a backend that stops reading stops the
+client. Proven with tritonclient, grpcio and a raw HTTP/2 client against backends of
+tests/support/badgrpc.py that answer big and then break the rules half-way, clients that break
+them half-way, and backends that refuse: each ends the call with a clear error naming the party
+at fault, a request is sent again only while it is kept whole, and the gateway keeps serving."""
 from __future__ import annotations
 
+import hashlib
 import socket
 import struct
 
+import grpc
 import h2.config
 import h2.connection
 import h2.events
@@ -22,6 +26,7 @@ from tritonclient.utils import InferenceServerException
 from gateway import h2 as gh2
 from gateway._pb import grpc_predict_v2_pb2 as pb
 from gateway.backends.h2stream import RELAY_MIN
+from gateway.frontend.h2upload import REWIND_MAX, STREAM_MIN
 from tests.support.badgrpc import BadGrpc, big_answer
 from tests.support.gateway import GatewayProcess, gateway_config
 from tests.support.procs import wait_for
@@ -45,14 +50,18 @@ BROKEN = {
 
 @pytest.fixture(scope="module")
 def bads():
-    with BadGrpc(big=BIG) as a, BadGrpc(big=BIG) as b:
+    # The second one answers a refused_stream request: a retry that reaches it succeeds.
+    with BadGrpc(big=BIG) as a, BadGrpc(big=BIG, override={"refused_stream": "ok"}) as b:
         yield a, b
 
 
 @pytest.fixture(scope="module")
 def gw(bads, tmp_path_factory):
     backends = {"bad": {"protocol": "grpc", "endpoints": [s.address for s in bads], "max_message_bytes": LIMIT,
-                        "timeout_s": 10, "retries": 2}}
+                        "timeout_s": 10, "retries": 2,
+                        # (the broken answers below count as transport failures: none may eject an endpoint
+                        # the retry test needs)
+                        "outlier": {"consecutive_failures": 1000}}}
     g = GatewayProcess(gateway_config(backends, [{"model": "*", "backend": "bad"}], access_log=True),
                        tmp_path_factory.mktemp("grpc-relay"))
     g.start()
@@ -173,3 +182,161 @@ def test_a_client_that_goes_away_mid_answer_leaves_the_gateway_serving(gw, bads)
     sock.close()
     for _ in range(3):
         assert _infer_grpc(gw.grpc_url, "big_ok").as_numpy("OUTPUT0").nbytes == BIG
+
+
+# -- requests ---------------------------------------------------------------------------------
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def _big_request(model: str, n: int) -> bytes:
+    r = pb.ModelInferRequest(model_name=model, id="up")
+    t = r.inputs.add()
+    t.name, t.datatype = "INPUT0", "UINT8"
+    t.shape.append(n)
+    r.raw_input_contents.append((bytes(range(7, 256)) * (n // 249 + 1))[:n])
+    return r.SerializeToString()
+
+
+def _grpc_call(gw, message: bytes) -> bytes:
+    with grpc.insecure_channel(gw.grpc_url, options=[("grpc.max_send_message_length", LIMIT),
+                                                    ("grpc.max_receive_message_length", LIMIT)]) as ch:
+        return ch.unary_unary(INFER)(message, timeout=30)
+
+
+@pytest.mark.parametrize("n", [STREAM_MIN, 3 << 20, 12 << 20])
+def test_a_large_request_reaches_the_backend_byte_for_byte(gw, bads, n):
+    message = _big_request("ok", n)
+    answer = pb.ModelInferResponse.FromString(_grpc_call(gw, message))
+    assert answer.model_name == "ok"
+    digests = [d for s in bads for m, d in s.bodies if m == "ok"]
+    assert hashlib.sha256(message).hexdigest() in digests
+
+
+def test_a_routing_field_after_the_raw_contents_is_refused_and_the_backend_never_gets_it(gw, bads):
+    """protobuf's last value wins: a model_name after the tensor bytes would route the backend's
+    parse elsewhere than the gateway's. The backend's stream is reset before the message ends."""
+    message = _big_request("ok", 2 << 20) + b"\x0a\x05other"
+    seen, resets = sum(len(s.seen) for s in bads), sum(s.resets for s in bads)
+    with pytest.raises(grpc.RpcError) as info:
+        _grpc_call(gw, message)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "field 1 of ModelInferRequest follows raw_input_contents" in info.value.details()
+    assert sum(len(s.seen) for s in bads) == seen
+    wait_for(lambda: sum(s.resets for s in bads) > resets, timeout=10, what="the backend's stream reset")
+    assert pb.ModelInferResponse.FromString(_grpc_call(gw, _big_request("ok", 1 << 20))).model_name == "ok"
+
+
+def _raw_client(gw) -> tuple[socket.socket, h2.connection.H2Connection, int]:
+    sock = socket.create_connection(("127.0.0.1", int(gw.grpc_url.rsplit(":", 1)[1])), timeout=30)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    sid = conn.get_next_available_stream_id()
+    conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":authority", "gw"), (":path", INFER),
+                            ("content-type", "application/grpc"), ("te", "trailers")])
+    sock.sendall(conn.data_to_send())
+    return sock, conn, sid
+
+
+def _send(sock, conn, sid, data: bytes, end: bool) -> int:
+    """Sends what the windows allow of ``data`` (reading the gateway's frames while they are shut,
+    up to ``patience`` seconds of silence); returns how much went."""
+    sent = 0
+    sock.settimeout(1.0)
+    while sent < len(data):
+        room = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size, len(data) - sent)
+        if room > 0:
+            conn.send_data(sid, data[sent:sent + room], end_stream=end and sent + room == len(data))
+            sent += room
+            sock.sendall(conn.data_to_send())
+            continue
+        try:
+            got = sock.recv(1 << 16)
+        except TimeoutError:
+            return sent  # the window stayed shut
+        if not got:
+            return sent
+        conn.receive_data(got)
+        sock.sendall(conn.data_to_send())
+    return sent
+
+
+def _status(sock, conn) -> dict[bytes, bytes]:
+    """Reads to the call's end: its trailers (or trailers-only head)."""
+    sock.settimeout(30)
+    fields: dict[bytes, bytes] = {}
+    while True:
+        got = sock.recv(1 << 20)
+        assert got, "the gateway closed the connection"
+        for ev in conn.receive_data(got):
+            if isinstance(ev, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                fields.update(dict(ev.headers))
+            elif isinstance(ev, h2.events.DataReceived):
+                conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+            elif isinstance(ev, (h2.events.StreamEnded, h2.events.StreamReset)):
+                return fields
+        sock.sendall(conn.data_to_send())
+
+
+@pytest.mark.parametrize("case", ["truncated", "two_messages"])
+def test_a_client_that_breaks_its_request_off_gets_internal_and_the_backend_nothing(gw, bads, case):
+    message = _big_request("ok", 2 << 20)
+    framed = struct.pack(">BI", 0, len(message)) + message
+    data = framed[: len(framed) // 2] if case == "truncated" else framed + struct.pack(">BI", 0, 3) + b"abc"
+    seen = sum(len(s.seen) for s in bads)
+    sock, conn, sid = _raw_client(gw)
+    try:
+        assert _send(sock, conn, sid, data, True) == len(data)
+        fields = _status(sock, conn)
+    finally:
+        sock.close()
+    assert fields.get(b"grpc-status") == b"13", fields
+    words = b"the request ended inside a message" if case == "truncated" else b"carries one request message"
+    assert words in fields.get(b"grpc-message", b""), fields
+    assert sum(len(s.seen) for s in bads) == seen
+
+
+def test_a_backend_that_stops_reading_stops_the_client(gw, bads):
+    """While the backend acknowledges nothing, the client can send the gateway's stream window
+    (1 MiB) and the backend's (64 KiB), not the 8 MB request; once it reads on, all of it goes."""
+    message = _big_request("ok", 8 << 20)
+    framed = struct.pack(">BI", 0, len(message)) + message
+    for s in bads:
+        s.hold()
+    sock, conn, sid = _raw_client(gw)
+    try:
+        sent = _send(sock, conn, sid, framed, True)
+        assert sent < (1 << 20) + (256 << 10), sent  # held back: not the request
+        for s in bads:
+            s.release()
+        sent += _send(sock, conn, sid, framed[sent:], True)
+        assert sent == len(framed)
+        fields = _status(sock, conn)
+    finally:
+        for s in bads:
+            s.release()
+        sock.close()
+    assert fields.get(b"grpc-status") == b"0", fields
+    assert hashlib.sha256(message).hexdigest() in [d for s in bads for _, d in s.bodies]
+
+
+def test_a_refused_request_is_sent_again_only_while_it_is_kept_whole(gw, bads):
+    """refused_stream: the first backend refuses the stream (RST_STREAM REFUSED_STREAM, RFC 9113
+    section 8.7) once it has read the request; the second answers. A request within REWIND_MAX
+    goes to the second; a larger one was streamed on and is not kept: the refusal is final."""
+    small = _big_request("refused_stream", REWIND_MAX // 2)
+    before = sum(s.seen.count("refused_stream") for s in bads)
+    for _ in range(2):  # (round robin: one of the two starts at the refusing backend)
+        assert pb.ModelInferResponse.FromString(_grpc_call(gw, small)).model_name == "refused_stream"
+    # (the refusing one is asked twice: an HTTP/2 client sends a refused stream once more itself)
+    assert sum(s.seen.count("refused_stream") for s in bads) == before + 4
+    large = _big_request("refused_stream", 4 * REWIND_MAX)
+    outcomes = []
+    for _ in range(2):
+        try:
+            _grpc_call(gw, large)
+            outcomes.append("ok")
+        except grpc.RpcError as err:
+            assert err.code() == grpc.StatusCode.UNAVAILABLE, err
+            assert "not sent again" in err.details() and "refused the stream" in err.details(), err.details()
+            outcomes.append("refused")
+    assert sorted(outcomes) == ["ok", "refused"]

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gateway import h2
 from tests.support import burst
 from tests.support.clients import In, Out, infer, stream_infer
 from tests.support.gateway import GatewayProcess, gateway_config
@@ -77,8 +78,12 @@ def test_rss_returns_after_a_burst(gw, client, held):
             time.sleep(0.05)  # sampling RSS while the burst runs, not waiting on it (wait() below is)
         outcomes = load.wait(timeout=60)
         assert outcomes == ["200"] * 32, outcomes
-        # (64 MB: on the gateway's own HTTP/2 a gRPC burst peaks lower than it did on grpcio)
-        assert peak > idle + 64 * MB, f"the burst did not drive RSS up ({idle} → {peak}): nothing shown"
+        if client == "grpc" and h2.native("server") and h2.native("client"):
+            # Pass-through on the gateway's own HTTP/2 streams both ways (frontend/h2upload.py,
+            # backends/h2stream.py Relay): 1 GB passed through, about a window per call held.
+            assert peak < idle + 64 * MB, f"a streamed gRPC burst drove RSS up ({idle} → {peak})"
+        else:
+            assert peak > idle + 64 * MB, f"the burst did not drive RSS up ({idle} → {peak}): nothing shown"
         try:
             wait_for(lambda: rss(pid) <= idle + SLACK, timeout=30, what="RSS back near idle")
         except TimeoutError:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import hashlib
 import struct
 import threading
 
@@ -95,6 +97,15 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.requests: dict[int, tuple[dict[str, str], bytearray]] = {}
         self.pending: dict[int, list[tuple[str, object]]] = {}  # per stream: actions waiting for window
+        self.held: list[tuple[int, int]] = []  # request bytes received and not acknowledged (holding)
+        server.conns.add(self)
+
+    def release(self) -> None:
+        for n, sid in self.held:
+            with contextlib.suppress(h2.exceptions.StreamClosedError, KeyError):
+                self.h2.acknowledge_received_data(n, sid)
+        self.held.clear()
+        self._flush()
 
     # -- asyncio.Protocol --------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -116,11 +127,15 @@ class _Conn(asyncio.Protocol):
                 self.requests[ev.stream_id] = (dict(ev.headers), bytearray())  # type: ignore[arg-type]
             elif isinstance(ev, h2.events.DataReceived):
                 self.requests[ev.stream_id][1].extend(ev.data)
-                self.h2.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                if self.server.holding:
+                    self.held.append((ev.flow_controlled_length, ev.stream_id))
+                else:
+                    self.h2.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
             elif isinstance(ev, h2.events.StreamEnded):
                 headers, body = self.requests.pop(ev.stream_id)
                 self._answer(ev.stream_id, headers.get(":path", ""), bytes(body))
             elif isinstance(ev, h2.events.StreamReset):
+                self.server.resets += 1
                 self.pending.pop(ev.stream_id, None)
                 self.requests.pop(ev.stream_id, None)
             elif isinstance(ev, h2.events.WindowUpdated):
@@ -129,6 +144,7 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self.server.conns.discard(self)
 
     # -- writing -------------------------------------------------------------------------
     def _flush(self) -> None:
@@ -217,6 +233,7 @@ class _Conn(asyncio.Protocol):
         elif rpc == "ModelInfer":
             model = pb.ModelInferRequest.FromString(message).model_name
             self.server.seen.append(model)
+            self.server.bodies.append((model, hashlib.sha256(message).hexdigest()))
             self._infer(sid, model, self.server.override.get(model, model))
         else:
             self._reply(sid, None, "12", f"{rpc} is not implemented here")
@@ -312,6 +329,10 @@ class BadGrpc:
         self.big = big  # the output bytes of the big_* answers
         self.sent = 0  # DATA bytes sent (all streams)
         self.blocked = 0  # times an answer waited for the gateway's flow-control window
+        self.resets = 0  # streams the gateway reset
+        self.bodies: list[tuple[str, str]] = []  # (model, sha256 of the request message) per ModelInfer
+        self.holding = False  # request bytes are not acknowledged (hold() / release())
+        self.conns: set[_Conn] = set()
         self.override = override or {}  # model -> the behaviour it gets here instead (a tame twin)
         self.seen: list[str] = []
         self.connections = 0
@@ -335,6 +356,19 @@ class BadGrpc:
         assert self._server is not None
         self.port: int = self._server.sockets[0].getsockname()[1]
         self.address = f"127.0.0.1:{self.port}"
+
+    def hold(self) -> None:
+        """From now on the request bytes received are not acknowledged: the gateway's window to
+        this backend stays shut until :meth:`release`."""
+        self.holding = True
+
+    def release(self) -> None:
+        def go() -> None:
+            self.holding = False
+            for conn in list(self.conns):
+                conn.release()
+
+        self._loop.call_soon_threadsafe(go)
 
     def close(self) -> None:
         def stop() -> None:
