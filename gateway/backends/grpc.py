@@ -103,6 +103,8 @@ class GrpcBackend(Backend[GrpcEndpoint]):
             else:
                 if sink is not None and type(request) is not bytes:
                     request = await request.read()  # (a streamed request, for grpcio's whole-message call)
+                elif relay is None and type(request) is list:
+                    request = b"".join(request)  # (a converted request's pieces: grpcio takes one buffer)
                 answer = await pick(ep)(request, timeout=tmo, metadata=metadata or None)
             if answer is None:
                 # grpc-core ends a unary call OK without a message when the stream ended before
@@ -315,8 +317,8 @@ class GrpcBackend(Backend[GrpcEndpoint]):
         if not isinstance(body, (bytes, bytearray)):
             body = await body.read()
         self.on_event("http_to_grpc")
+        # The message's tensors are views of the body (sent as they are by the gateway's own client).
         message, affinity, form = http_request_to_grpc(body, headers, model, version, limit)
-        del body  # the HTTP body is not needed while the backend works
         trace = tuple((k, v) for k in forwarded if k not in _FRAMING and (v := headers.get(k)) is not None)
         try:
             answer, ep = await self.attempt(model, version, affinity, self._call_from,

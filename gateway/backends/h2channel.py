@@ -321,14 +321,20 @@ class Channel:
             head += metadata_headers(metadata)
         return head
 
-    async def unary(self, method: str, request: bytes | bytearray | memoryview | StreamedMessage,
+    async def unary(self, method: str,
+                    request: bytes | bytearray | memoryview | list[bytes | memoryview] | StreamedMessage,
                     timeout: float | None = None, metadata: Metadata | None = None,
                     sink: AnswerSink | None = None) -> bytes:
         """One unary call: ``request`` is the request message (sent without a copy), the result
         the answer's message — or, with a ``sink``, a large answer streamed there and b"" (h2stream
         ``Relay``), and a StreamedMessage request sent on as it arrives. Raises CallError (or a
         streamed request's own error); CancelledError resets the stream (CANCEL)."""
-        n = len(request) if not isinstance(request, memoryview) else request.nbytes
+        parts: list[bytes | memoryview] | None = None
+        if isinstance(request, list):  # a message in pieces (grpc.encode_request_parts): each sent as it is
+            parts = request
+            n = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
+        else:
+            n = len(request) if not isinstance(request, memoryview) else request.nbytes
         if n > self.max_message_bytes:
             raise CallError("RESOURCE_EXHAUSTED", f"Sent message larger than max ({n} vs. {self.max_message_bytes})",
                             never_sent=True)
@@ -336,6 +342,8 @@ class Channel:
         body: bytes | bytearray | memoryview = b""
         if isinstance(request, (bytes, bytearray, memoryview)):
             body = request
+        elif isinstance(request, list):
+            pass
         elif sink is None:
             body = await request.read()
         else:
@@ -351,6 +359,11 @@ class Channel:
             h2 = conn.h2
             if streamed is not None:
                 sid = h2.request(head, None, end=False)  # (its bytes, length prefix first, come from attach)
+            elif parts is not None:
+                sid = h2.request(head, prefix(n), end=False)
+                last = len(parts) - 1
+                for i, part in enumerate(parts):
+                    h2.send_data(sid, part, i == last)
             elif n <= SMALL_BODY:
                 sid = h2.request(head, prefix(n) + body)
             else:

@@ -45,12 +45,13 @@ class AnswerForm:
 
 
 def http_request_to_grpc(body: bytes | bytearray, headers: Mapping[str, str], model: str, version: str,
-                         limit: int) -> tuple[bytes, str | None, AnswerForm]:
-    """An HTTP inference body → (ModelInferRequest bytes, sequence affinity, answer form)."""
+                         limit: int) -> tuple[list[bytes | memoryview], str | None, AnswerForm]:
+    """An HTTP inference body → (ModelInferRequest as its pieces, sequence affinity, answer
+    form): binary tensors are views of ``body``, not copies (grpc.encode_request_parts)."""
     body = decode_content(body, headers.get("content-encoding"), limit)
     request = httpdecode.decode_request(body, header_length(headers.get(HEADER_LENGTH), len(body)), model, version)
     default_binary, overrides = httpdecode.binary_policy(request)
-    message = grpc_codec.encode_request(request)
+    message = grpc_codec.encode_request_parts(request)
     form = AnswerForm(default_binary, overrides, headers.get("accept-encoding"))
     return message, sequence_key(request.parameters.get("sequence_id")), form
 

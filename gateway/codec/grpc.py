@@ -126,12 +126,18 @@ def _where_it_broke(cls: Any, fields: list[tuple[int, int, Any]], raw_field: int
     return ""
 
 
-def _join(header: bytes, raw_field: int, datas: Iterable[memoryview]) -> bytes:
+def _parts(header: bytes, raw_field: int, datas: Iterable[memoryview]) -> list[bytes | memoryview]:
+    """A message as its pieces: the serialized fields, then each raw contents field's tag and
+    length followed by the tensor's bytes themselves (views, not copies)."""
     parts: list[bytes | memoryview] = [header]
     for data in datas:
         parts.append(encode_len_field(raw_field, data.nbytes))
         parts.append(data)
-    return b"".join(parts)  # the single copy of tensor bytes
+    return parts
+
+
+def _join(header: bytes, raw_field: int, datas: Iterable[memoryview]) -> bytes:
+    return b"".join(_parts(header, raw_field, datas))  # the single copy of tensor bytes
 
 
 # ----------------------------------------------------------------- parameters
@@ -286,6 +292,12 @@ def decode_request(message: bytes | memoryview) -> InferRequest:
 
 def encode_request(req: InferRequest) -> bytes:
     """Serialize a ModelInferRequest with raw_input_contents; HTTP-only parameters dropped."""
+    return b"".join(encode_request_parts(req))
+
+
+def encode_request_parts(req: InferRequest) -> list[bytes | memoryview]:
+    """:func:`encode_request` as the message's pieces, in order: the tensors' bytes are not
+    copied (a sender that writes pieces, the gateway's own HTTP/2 client, sends them as they are)."""
     msg = pb.ModelInferRequest(model_name=req.model_name, model_version=req.model_version, id=req.id)
     _params_to_pb(msg.parameters, req.parameters, "request")
     for t in req.inputs:
@@ -294,7 +306,7 @@ def encode_request(req: InferRequest) -> bytes:
         out = msg.outputs.add()
         out.name = o.name
         _params_to_pb(out.parameters, o.parameters, f"output '{o.name}'")
-    return _join(msg.SerializeToString(), _REQUEST_RAW, (t.data for t in req.inputs))
+    return _parts(msg.SerializeToString(), _REQUEST_RAW, (t.data for t in req.inputs))
 
 
 def decode_response(message: bytes | memoryview) -> InferResponse:
