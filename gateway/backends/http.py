@@ -16,8 +16,9 @@ import orjson
 
 from ..admission import COST_CONVERT, COST_PASS_HTTP
 from ..codec.content import HEADER_LENGTH, sequence_of_json
-from ..codec.convert import grpc_request_to_http, http_answer_to_grpc
+from ..codec.convert import grpc_request_to_http, http_answer_to_grpc, http_answer_to_grpc_parts
 from ..codec.grpc import encode_stream_response
+from ..codec.grpcframe import frame
 from ..codec.repository import INDEX_REQUEST_JSON, IndexEntry, parse_index_json
 from ..codec.triton import (
     config_from_json,
@@ -57,6 +58,9 @@ __all__ = ["STREAM_MIN", "HttpBackend", "http_affinity"]
 # flight then holds a few chunks, not 2x its payload: the memory target is a peak growth of at
 # most 1.5 x the payload per request in flight on the binary and raw paths (benchmarks/conversion).
 STREAM_MIN = 256 * 1024
+# A gRPC client's converted answer at least this large goes to it as its pieces (the outputs as
+# views of the HTTP answer, through the call's AnswerSink) instead of joined into one message.
+_SINK_MIN = 256 * 1024
 
 
 class HttpBackend(HttpExchange):
@@ -376,8 +380,17 @@ class HttpBackend(HttpExchange):
         # KServe answer a typed request typed.
         ep = reply.endpoint
         triton = ep is not None and self.family(ep) == "triton"
-        return http_answer_to_grpc(reply.body, reply.headers, self.spec.max_message_bytes, self.name,
-                                   typed=typed and not triton)
+        parts = http_answer_to_grpc_parts(reply.body, reply.headers, self.spec.max_message_bytes, self.name,
+                                          typed=typed and not triton)
+        if sink is not None and len(parts) > 1:
+            n = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
+            if n >= _SINK_MIN and sink.open():
+                # A large answer goes to the client as its pieces: the outputs' bytes are not copied.
+                sink.send(frame(n))
+                for part in parts:
+                    sink.send(part)
+                return b""
+        return b"".join(parts)
 
     async def generate(self, model: str, version: str, body: bytes, headers: Mapping[str, str],
                        forwarded: Sequence[str], stream: bool) -> HttpReply:

@@ -30,7 +30,8 @@ from . import grpc as grpc_codec
 from . import httpdecode, httpencode
 from .content import HEADER_LENGTH, decode_content, encode_content, header_length, reply_headers, sequence_key
 
-__all__ = ["AnswerForm", "grpc_answer_to_http", "grpc_request_to_http", "http_answer_to_grpc", "http_request_to_grpc"]
+__all__ = ["AnswerForm", "grpc_answer_to_http", "grpc_request_to_http", "http_answer_to_grpc",
+           "http_answer_to_grpc_parts", "http_request_to_grpc"]
 
 Chunks = list[bytes | memoryview]
 
@@ -82,6 +83,12 @@ def http_answer_to_grpc(body: bytes | bytearray, headers: Mapping[str, str], lim
                         *, typed: bool = False, final_flag: bool = False) -> bytes:
     """A 200 HTTP inference answer → ModelInferResponse bytes (raw contents, or typed). What the
     codec refuses of the answer is the backend's fault (502), never the client's 413 / 415."""
+    return b"".join(http_answer_to_grpc_parts(body, headers, limit, backend, typed=typed, final_flag=final_flag))
+
+
+def http_answer_to_grpc_parts(body: bytes | bytearray, headers: Mapping[str, str], limit: int, backend: str,
+                              *, typed: bool = False, final_flag: bool = False) -> list[bytes | memoryview]:
+    """:func:`http_answer_to_grpc` as the message's pieces: raw outputs are views of ``body``."""
     try:
         body = decode_content(body, headers.get("content-encoding"), limit)
     except UnsupportedEncoding as exc:
@@ -99,4 +106,4 @@ def http_answer_to_grpc(body: bytes | bytearray, headers: Mapping[str, str], lim
         # Triton marks each ModelStreamInfer answer so (its decoupled-model protocol); a stream
         # through an HTTP backend of Triton answers as Triton's own gRPC side does.
         response = replace(response, parameters={**response.parameters, "triton_final_response": True})
-    return grpc_codec.encode_response(response, typed=typed)
+    return grpc_codec.encode_response_parts(response, typed=typed)

@@ -353,6 +353,12 @@ def encode_response(resp: InferResponse, *, typed: bool = False) -> bytes:
     """Serialize a ModelInferResponse: outputs in raw_output_contents, or — ``typed``, and
     every output has a typed field (FP16/BF16 have none: then all go raw, since the spec
     takes raw contents for all outputs or none) — in each output's ``contents``."""
+    parts = encode_response_parts(resp, typed=typed)
+    return parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)
+
+
+def encode_response_parts(resp: InferResponse, *, typed: bool = False) -> list[bytes | memoryview]:
+    """:func:`encode_response` as the message's pieces: raw outputs' bytes are not copied."""
     msg = pb.ModelInferResponse(model_name=resp.model_name, model_version=resp.model_version, id=resp.id)
     _params_to_pb(msg.parameters, resp.parameters, "response")
     typed = typed and all(t.datatype in _TYPED for t in resp.outputs)
@@ -367,5 +373,5 @@ def encode_response(resp: InferResponse, *, typed: bool = False) -> bytes:
                 values = to_numpy(t, flat=True).astype(wire_dtype).tolist()
             getattr(target.contents, field).extend(values)
     if typed:
-        return msg.SerializeToString()
-    return _join(msg.SerializeToString(), _RESPONSE_RAW, (t.data for t in resp.outputs))
+        return [msg.SerializeToString()]
+    return _parts(msg.SerializeToString(), _RESPONSE_RAW, (t.data for t in resp.outputs))

@@ -335,10 +335,10 @@ class Call:
         self.conn.send_headers(self.sid, RESPONSE_HEAD)
         return True
 
-    def send(self, data: bytes) -> int:
+    def send(self, data: bytes | memoryview) -> int:
         if self.answered or not self.conn.send_data(self.sid, data):
             return SINK_GONE
-        self.relayed += len(data)
+        self.relayed += data.nbytes if isinstance(data, memoryview) else len(data)
         return SINK_FULL if self.conn.buffered(self.sid) > RELAY_LOW_WATER else SINK_ROOM
 
     def watch(self, wake: Callable[[], None]) -> None:

@@ -409,7 +409,7 @@ class H2Connection(asyncio.Protocol):
         self.h2.send_headers(sid, headers)
         self.later()
 
-    def send_data(self, sid: int, data: bytes) -> bool:
+    def send_data(self, sid: int, data: bytes | memoryview) -> bool:
         if not self.h2.send_data(sid, data):
             return False
         self.later()

@@ -149,9 +149,11 @@ class Upload:
             await self.waiter
         if self.error is not None:
             raise self.error
-        whole = b"".join(self.chunks)
-        self.chunks.clear()
-        return whole[5:]
+        chunks = self.chunks
+        chunks[0] = chunks[0][5:]  # (the length prefix: a copy of the first chunk, not of the message)
+        whole = b"".join(chunks)
+        chunks.clear()
+        return whole
 
     # -- inside -------------------------------------------------------------------------------
     def _pump(self) -> None:

@@ -340,3 +340,34 @@ def test_a_refused_request_is_sent_again_only_while_it_is_kept_whole(gw, bads):
             assert "not sent again" in err.details() and "refused the stream" in err.details(), err.details()
             outcomes.append("refused")
     assert sorted(outcomes) == ["ok", "refused"]
+
+
+# -- converting: a gRPC client, an HTTP pool -----------------------------------------------------
+@pytest.fixture(scope="module")
+def gw_http(reference, tmp_path_factory):
+    backends = {"ref": {"protocol": "http", "endpoints": [reference.http_url], "max_message_bytes": LIMIT}}
+    g = GatewayProcess(gateway_config(backends, [{"model": "*", "backend": "ref"}], access_log=True),
+                       tmp_path_factory.mktemp("grpc-relay-http"))
+    g.start()
+    try:
+        def ready() -> bool:
+            with httpclient.InferenceServerClient(g.http_url) as c:
+                return c.is_model_ready("identity_UINT8")
+
+        wait_for(ready, timeout=30, what="gateway readiness")
+        yield g
+    finally:
+        g.stop()
+
+
+@pytest.mark.parametrize("n", [1000, STREAM_MIN, 5 << 20])
+def test_a_large_request_to_an_http_pool_and_its_answer_arrive_whole(gw_http, n):
+    """Streamed in, read whole for the conversion; the answer goes out as its pieces (the HTTP
+    answer's bytes, no joined message)."""
+    data = (np.arange(n) % 251).astype(np.uint8).reshape(1, n)
+    x = grpcclient.InferInput("INPUT0", [1, n], "UINT8")
+    x.set_data_from_numpy(data)
+    with grpcclient.InferenceServerClient(gw_http.grpc_url) as c:
+        for _ in range(2):
+            out = c.infer("identity_UINT8", [x], client_timeout=30)
+            assert np.array_equal(out.as_numpy("OUTPUT0"), data)
