@@ -139,9 +139,10 @@ def _no_bool_as_number(plain: bytes, ihcl: str | None) -> None:
 
 def _check_request(body: bytes, headers: dict[str, str], plain: bytes, ihcl: str | None) -> None:
     try:
-        message, sequence, _form = convert.http_request_to_grpc(body, headers, "m", "1", LIMIT)
+        parts, sequence, _form = convert.http_request_to_grpc(body, headers, "m", "1", LIMIT)
     except GatewayError:
         return
+    message = b"".join(parts)  # (the message as its pieces go on the wire)
     req = httpdecode.decode_request(plain, content.header_length(ihcl, len(plain)), "m", "1")
     try:
         pb.ModelInferRequest.FromString(message)

@@ -95,9 +95,11 @@ class StreamedMessage(Protocol):
     first), and the client's window reopens as the pipe takes them; it raises the client's error
     if the message already broke a rule, and returns False when it went on once and cannot
     again (``resendable`` False: past what is kept to resend). ``read()`` waits for the whole
-    message instead (a mirror, a converting path, grpcio's client)."""
+    message instead (a mirror, a converting path, grpcio's client). ``encoding``: the
+    ``grpc-encoding`` its bytes go on in (b"": identity), for the backend call's head."""
 
     head: bytes
+    encoding: bytes
 
     def __len__(self) -> int: ...
 

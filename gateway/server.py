@@ -28,7 +28,7 @@ from .config.security import Limits
 from .dataplane import DataPlane
 from .errors import ConfigError, GatewayError, ListenError
 from .security.guard import Gate
-from .frontend.grpc import build_grpc_handler, server_options
+from .frontend.grpc import STREAMED_METHODS, build_grpc_handler, server_options
 from .frontend.h1asgi import AsgiApp
 from .frontend.h1listen import HttpListener, Router, server_context
 from .frontend.http import build_http_app
@@ -217,7 +217,7 @@ class Listeners:
                               max_metadata_bytes=self.max_header_bytes, max_header_count=self.max_header_count,
                               context=context,
                               on_refusal=functools.partial(self.metrics.connection_refused, protocol="grpc")
-                              if self.metrics is not None else None)
+                              if self.metrics is not None else None, streamed=STREAMED_METHODS)
         await listener.start(sock)
         self._h2 = listener
         self.ports.grpc = sock.getsockname()[1]

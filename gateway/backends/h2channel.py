@@ -357,6 +357,8 @@ class Channel:
                 Relay(self.max_message_bytes, loop.create_future(), sink)
             head = self.head(method, None if deadline is None else deadline - loop.time(), metadata)
             h2 = conn.h2
+            if streamed is not None and streamed.encoding:
+                head.append((b"grpc-encoding", streamed.encoding))  # (relayed compressed, as it came)
             if streamed is not None:
                 sid = h2.request(head, None, end=False)  # (its bytes, length prefix first, come from attach)
             elif parts is not None:

@@ -104,7 +104,7 @@ class MessageReader:
     one message may hold (its prefix is checked before anything is kept); ``encoding``: the
     call's ``grpc-encoding`` (b"" when absent), used when a message's compressed flag is set."""
 
-    __slots__ = ("_chunks", "_have", "_need", "_flag", "limit", "encoding")
+    __slots__ = ("_chunks", "_have", "_need", "_flag", "limit", "encoding", "wire")
 
     def __init__(self, limit: int, encoding: bytes = b"") -> None:
         self._chunks: list[bytes] = []
@@ -113,6 +113,7 @@ class MessageReader:
         self._flag = 0
         self.limit = limit
         self.encoding = encoding
+        self.wire: bytes | None = None  # the last compressed message as it came (before inflating)
 
     @property
     def pending(self) -> int:
@@ -165,6 +166,7 @@ class MessageReader:
                              f"Received message larger than max ({n} vs. {self.limit})", n)
 
     def _open(self, flag: int, message: bytes) -> bytes:
+        self.wire = message
         return _decompress(self.encoding, message, self.limit)
 
     def _take(self, n: int) -> bytes:

@@ -1,5 +1,5 @@
 """A serialized ModelInferRequest read as it passes: where its head ends, and the checks on what
-follows it, so a large request can be routed from its head and streamed on (issue 38). No I/O.
+follows it, so a large request can be routed from its head and streamed on. No I/O.
 
 Every protobuf serializer writes fields in field-number order (protobuf's encoding guide:
 "serializers write fields in field-number order", unknown fields last), so ModelInferRequest's

@@ -28,13 +28,16 @@ from ..observability.access import AccessRecord
 from ..observability.metrics import SERVER_LEVEL, Metrics, RouteLabel
 from ..security.guard import Gate
 from .grpcunary import CALL_METADATA, Infer, Seen, Unary, abort_with, call_metadata, failure_code, grpc_trailers
-from .h2upload import Upload
+from .h2upload import Compressed, Upload
 from .kinds import GRPC_KINDS, admit_grpc
 
-__all__ = ["SERVICE", "Service", "build_grpc_handler", "grpc_trailers", "server_options"]
+__all__ = ["SERVICE", "STREAMED_METHODS", "Service", "build_grpc_handler", "grpc_trailers", "server_options"]
 
 
 SERVICE = "inference.GRPCInferenceService"
+# The methods whose handler takes a dataplane.StreamedMessage (the gateway's own HTTP/2 listener
+# may hand one over: a large request streaming in, a compressed one kept as it came).
+STREAMED_METHODS = frozenset({f"/{SERVICE}/ModelInfer"})
 DEFAULT_LIMITS = Limits()
 
 # Triton's shared-memory RPCs (grpc_service.proto): refused with UNIMPLEMENTED and the reason.
@@ -92,7 +95,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None, gate: Gate,
             return None
         rid = next((v for k, v in call_metadata(context) if k == "x-request-id"), None)
         return access.begin(rid if isinstance(rid, str) else None,
-                            len(request) if isinstance(request, (bytes, Upload)) else 0)
+                            len(request) if isinstance(request, (bytes, Upload, Compressed)) else 0)
 
     def admit(ctx: aio.ServicerContext, rpc: str, model: str = "", version: str = "") -> None:
         """The name limits, then the guard's check (security/guard.py) for a call that

@@ -27,7 +27,7 @@ from grpc import aio
 from ..codec.grpcframe import ACCEPT_ENCODING, FrameError, MessageReader, encode_message, frame, parse_timeout
 from ..codec.grpcstream import head_end
 from ..dataplane import SINK_FULL, SINK_GONE, SINK_ROOM
-from .h2upload import STREAM_MIN, Upload
+from .h2upload import STREAM_MIN, Compressed, Upload
 
 if TYPE_CHECKING:
     from .h2listen import H2Connection
@@ -354,7 +354,7 @@ class Call:
         if writable is not None and not writable.done():
             writable.set_result(None)
 
-    async def run_unary(self, request: bytes | Upload) -> None:
+    async def run_unary(self, request: bytes | Upload | Compressed) -> None:
         handler = self.handler
         ctx = self.context
         try:

@@ -28,7 +28,7 @@ from ..errors import RequestTimeout
 from ..h2 import _h2
 from .grpcunary import ANSWER_SINK, CALL_METADATA
 from .h2calls import RELAY_LOW_WATER, Call, Context, Details, read_head, stream_requests
-from .h2upload import Upload
+from .h2upload import Compressed, Upload
 
 __all__ = ["H2Connection", "H2Listener"]
 
@@ -36,7 +36,6 @@ log = logging.getLogger("oip_gateway.grpc")
 
 SWEEP_S = 1.0
 FLUSH_MAX = 256 * 1024  # bytes of frames copied out per flush() (see H2Connection.flush)
-_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"  # its large requests stream on (h2upload.py)
 _DRAIN_PING = 0x6F69702D64726169  # "oip-drai": the PING whose answer ends a drain's first step
 _HEAD, _DATA, _TRAILERS, _CLOSE = _h2.HEAD, _h2.DATA, _h2.TRAILERS, _h2.CLOSE
 _WRITABLE, _DEAD, _PING_ACK = _h2.WRITABLE, _h2.DEAD, _h2.PING_ACK
@@ -47,8 +46,12 @@ class H2Listener:
 
     def __init__(self, handlers: Sequence[grpc.GenericRpcHandler], *, limits: Limits, max_message_bytes: int,
                  max_metadata_bytes: int = 32768, max_header_count: int = 100,
-                 context: ssl.SSLContext | None = None, on_refusal: Callable[[str], None] | None = None) -> None:
+                 context: ssl.SSLContext | None = None, on_refusal: Callable[[str], None] | None = None,
+                 streamed: frozenset[str] = frozenset()) -> None:
         self.handlers = tuple(handlers)
+        # Methods whose handler takes a dataplane.StreamedMessage for its request (the gateway's
+        # ModelInfer): a large one streams in (h2upload.Upload), a compressed one goes on as it came.
+        self.streamed = streamed
         self.limits = limits
         self.max_message_bytes = max_message_bytes
         self.context = context
@@ -276,7 +279,7 @@ class H2Connection(asyncio.Protocol):
         handler = self.listener.find(details)
         call = Call(self, sid, handler, context, MessageReader(self.listener.max_message_bytes, encoding),
                     self.loop.time())
-        call.relayable = path == _INFER_PATH
+        call.relayable = path in self.listener.streamed
         self.calls[sid] = call
         if refusal is not None:
             self.fail(call, "INTERNAL", refusal)
@@ -311,9 +314,11 @@ class H2Connection(asyncio.Protocol):
                       f"a unary call carries one request message; this one carried {len(call.messages)}")
             return
         message = call.messages.pop()
+        wire = call.reader.wire
         CALL_METADATA.set(call.context.invocation_metadata())
         ANSWER_SINK.set(call)
-        call.task = self.loop.create_task(call.run_unary(message))
+        call.task = self.loop.create_task(call.run_unary(
+            message if wire is None or not call.relayable else Compressed(message, wire, call.reader.encoding)))
 
     def stream(self, call: Call, upload: Upload) -> None:
         """A large unary request whose head is here: its handler starts while the rest comes."""

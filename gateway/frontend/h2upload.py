@@ -29,7 +29,7 @@ from ..errors import GatewayError, InvalidRequest, MalformedMessage
 if TYPE_CHECKING:
     from .h2calls import Call
 
-__all__ = ["REWIND_MAX", "STREAM_MIN", "Upload"]
+__all__ = ["REWIND_MAX", "STREAM_MIN", "Compressed", "Upload"]
 
 # A request message this large is streamed on (when its head is in its first DATA); a smaller
 # one is received whole (one hand-over, no per-piece work).
@@ -44,13 +44,14 @@ class Upload:
     """One call's streamed request message. ``first`` is its first DATA (length prefix
     included), ``at`` where the head ends in it, ``size`` the message's length."""
 
-    __slots__ = ("call", "chunks", "error", "full", "head", "pipe", "pushed", "reading", "received", "rewindable",
-                 "size", "waiter", "walker")
+    __slots__ = ("call", "chunks", "encoding", "error", "full", "head", "pipe", "pushed", "reading", "received",
+                 "rewindable", "size", "waiter", "walker")
 
     def __init__(self, call: Call, first: bytes, at: int, size: int) -> None:
         self.call = call
         self.size = size
         self.head = first[5:at]
+        self.encoding = b""  # (only uncompressed messages stream: Call.streamed)
         self.walker = TailWalker(size - (at - 5))
         self.chunks: list[bytes] = []  # received and not dropped: all of it while rewindable
         self.pushed = 0  # chunks handed to the current pipe
@@ -189,3 +190,37 @@ class Upload:
         w = self.waiter
         if w is not None and not w.done():
             w.set_result(None)
+
+
+class Compressed:
+    """A unary ModelInfer request that came compressed (``grpc-encoding`` gzip or deflate, the
+    message's compressed flag set): routed from its inflated bytes (``head``: all of them) and
+    sent on as it came, compressed, with its encoding, so the backend reads what the client wrote
+    (a dataplane.StreamedMessage). A mirror, a converting path and grpcio's client take the
+    inflated message (``read()``)."""
+
+    __slots__ = ("encoding", "head", "wire")
+
+    def __init__(self, inflated: bytes, wire: bytes, encoding: bytes) -> None:
+        self.head = inflated
+        self.wire = wire
+        self.encoding = encoding
+
+    def __len__(self) -> int:
+        return len(self.head)
+
+    @property
+    def resendable(self) -> bool:
+        return True
+
+    def attach(self, pipe: MessagePipe) -> bool:
+        wire = self.wire
+        pipe.push(b"\x01" + len(wire).to_bytes(4, "big"), False)
+        pipe.push(wire, True)
+        return True
+
+    def resume(self) -> None:
+        pass
+
+    async def read(self) -> bytes:
+        return self.head

@@ -371,3 +371,19 @@ def test_a_large_request_to_an_http_pool_and_its_answer_arrive_whole(gw_http, n)
         for _ in range(2):
             out = c.infer("identity_UINT8", [x], client_timeout=30)
             assert np.array_equal(out.as_numpy("OUTPUT0"), data)
+
+
+@pytest.mark.parametrize("compression", [grpc.Compression.Gzip, grpc.Compression.Deflate])
+@pytest.mark.parametrize("n", [1000, 3 << 20])
+def test_a_compressed_request_is_relayed_compressed(gw, bads, compression, n):
+    """grpc-encoding on pass-through: the gateway reads the message to route it, and sends it on
+    as the client wrote it — compressed, with its encoding — not inflated."""
+    message = _big_request("ok", n)
+    before = [len(s.bodies) for s in bads]
+    with grpc.insecure_channel(gw.grpc_url, compression=compression,
+                               options=[("grpc.max_send_message_length", LIMIT)]) as ch:
+        answer = pb.ModelInferResponse.FromString(ch.unary_unary(INFER)(message, timeout=30))
+    assert answer.model_name == "ok"
+    name = "gzip" if compression == grpc.Compression.Gzip else "deflate"
+    new = [(e, d) for s, k in zip(bads, before) for e, (_, d) in zip(s.encodings[k:], s.bodies[k:])]
+    assert new == [(name, hashlib.sha256(message).hexdigest())]

@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import struct
 import threading
+import zlib
 
 import h2.config
 import h2.connection
@@ -133,7 +134,7 @@ class _Conn(asyncio.Protocol):
                     self.h2.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
             elif isinstance(ev, h2.events.StreamEnded):
                 headers, body = self.requests.pop(ev.stream_id)
-                self._answer(ev.stream_id, headers.get(":path", ""), bytes(body))
+                self._answer(ev.stream_id, headers.get(":path", ""), bytes(body), headers.get("grpc-encoding", ""))
             elif isinstance(ev, h2.events.StreamReset):
                 self.server.resets += 1
                 self.pending.pop(ev.stream_id, None)
@@ -218,9 +219,11 @@ class _Conn(asyncio.Protocol):
         self._flush()
 
     # -- answers -------------------------------------------------------------------------
-    def _answer(self, sid: int, path: str, body: bytes) -> None:
+    def _answer(self, sid: int, path: str, body: bytes, encoding: str = "") -> None:
         rpc = path.removeprefix(PREFIX)
         message = body[5:]
+        if body[:1] == b"\x01":  # compressed (grpc-encoding gzip or deflate)
+            message = zlib.decompress(message, 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
         if rpc == "ServerLive":
             self._reply(sid, pb.ServerLiveResponse(live=True).SerializeToString())
         elif rpc == "ServerReady":
@@ -234,6 +237,7 @@ class _Conn(asyncio.Protocol):
             model = pb.ModelInferRequest.FromString(message).model_name
             self.server.seen.append(model)
             self.server.bodies.append((model, hashlib.sha256(message).hexdigest()))
+            self.server.encodings.append(encoding if body[:1] == b"\x01" else "")
             self._infer(sid, model, self.server.override.get(model, model))
         else:
             self._reply(sid, None, "12", f"{rpc} is not implemented here")
@@ -331,6 +335,7 @@ class BadGrpc:
         self.blocked = 0  # times an answer waited for the gateway's flow-control window
         self.resets = 0  # streams the gateway reset
         self.bodies: list[tuple[str, str]] = []  # (model, sha256 of the request message) per ModelInfer
+        self.encodings: list[str] = []  # per ModelInfer (as bodies): its grpc-encoding if it came compressed, else ""
         self.holding = False  # request bytes are not acknowledged (hold() / release())
         self.conns: set[_Conn] = set()
         self.override = override or {}  # model -> the behaviour it gets here instead (a tame twin)
