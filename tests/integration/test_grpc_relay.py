@@ -62,7 +62,8 @@ def gw(bads, tmp_path_factory):
                         # (the broken answers below count as transport failures: none may eject an endpoint
                         # the retry test needs)
                         "outlier": {"consecutive_failures": 1000}}}
-    g = GatewayProcess(gateway_config(backends, [{"model": "*", "backend": "bad"}], access_log=True),
+    g = GatewayProcess(gateway_config(backends, [{"model": "*", "backend": "bad"}], access_log=True,
+                                      limits={"body_timeout_s": 2}),
                        tmp_path_factory.mktemp("grpc-relay"))
     g.start()
     try:
@@ -293,6 +294,24 @@ def test_a_client_that_breaks_its_request_off_gets_internal_and_the_backend_noth
     words = b"the request ended inside a message" if case == "truncated" else b"carries one request message"
     assert words in fields.get(b"grpc-message", b""), fields
     assert sum(len(s.seen) for s in bads) == seen
+
+
+def test_a_client_that_stops_sending_mid_request_gets_deadline_exceeded_and_the_backend_a_reset(gw, bads):
+    """limits.body_timeout_s: the client has its window and sends nothing more. Its own fault
+    (DEADLINE_EXCEEDED, the gateway's words); the backend's stream is reset, never completed."""
+    message = _big_request("ok", 2 << 20)
+    framed = struct.pack(">BI", 0, len(message)) + message
+    seen, resets = sum(len(s.seen) for s in bads), sum(s.resets for s in bads)
+    sock, conn, sid = _raw_client(gw)
+    try:
+        assert _send(sock, conn, sid, framed[: len(framed) // 3], False) == len(framed) // 3
+        fields = _status(sock, conn)
+    finally:
+        sock.close()
+    assert fields.get(b"grpc-status") == b"4", fields  # DEADLINE_EXCEEDED
+    assert b"request message stalled for limits.body_timeout_s" in fields.get(b"grpc-message", b""), fields
+    assert sum(len(s.seen) for s in bads) == seen
+    wait_for(lambda: sum(s.resets for s in bads) > resets, timeout=10, what="the backend's stream reset")
 
 
 def test_a_backend_that_stops_reading_stops_the_client(gw, bads):
