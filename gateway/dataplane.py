@@ -96,10 +96,12 @@ class StreamedMessage(Protocol):
     if the message already broke a rule, and returns False when it went on once and cannot
     again (``resendable`` False: past what is kept to resend). ``read()`` waits for the whole
     message instead (a mirror, a converting path, grpcio's client). ``encoding``: the
-    ``grpc-encoding`` its bytes go on in (b"": identity), for the backend call's head."""
+    ``grpc-encoding`` its bytes go on in (b"": identity), for the backend call's head; ``whole``:
+    the message is in hand whole all the same (a compressed one, inflated to be routed)."""
 
     head: bytes
     encoding: bytes
+    whole: bool
 
     def __len__(self) -> int: ...
 

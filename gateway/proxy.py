@@ -346,7 +346,7 @@ class Proxy(DataPlane):
         # Requests of a placement pool or a route with hold_s wait for their model and count as
         # its demand (one coroutine for both kinds: every gRPC inference passes here).
         holds = backend.holds if (backend.placer is not None or match.hold_s) and match.split is None else None
-        size = len(message) * backend.grpc_cost()
+        size = len(message) * backend.grpc_cost(not isinstance(message, bytes) and not message.whole)
         self.admission.enter(size)
         if holds is not None:
             holds.enter(model, match.label)

@@ -101,8 +101,9 @@ class Backend(EndpointSet[E]):
         binary-extension tensors)."""
         raise NotImplementedError
 
-    def grpc_cost(self) -> int:
-        """Admission's factor per byte of a gRPC ModelInfer (or ModelStreamInfer) request."""
+    def grpc_cost(self, streamed: bool = False) -> int:
+        """Admission's factor per byte of a gRPC ModelInfer (or ModelStreamInfer) request
+        (``streamed``: one still arriving, a dataplane.StreamedMessage)."""
         raise NotImplementedError
 
     def generate_cost(self) -> int:

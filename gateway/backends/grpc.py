@@ -23,7 +23,7 @@ from grpc import aio
 
 from .._pb import grpc_predict_v2_pb2 as pb
 from .._pb import triton_extensions_pb2 as tx
-from ..admission import COST_CONVERT, COST_CONVERT_BINARY, COST_PASS_GRPC
+from ..admission import COST_CONVERT, COST_CONVERT_BINARY, COST_PASS_GRPC, COST_PASS_HTTP
 from ..codec.convert import grpc_answer_to_http, http_request_to_grpc
 from ..codec.repository import INDEX_REQUEST_PB, IndexEntry, parse_index_pb
 from ..codec.triton import (
@@ -65,8 +65,10 @@ class GrpcBackend(Backend[GrpcEndpoint]):
     def http_cost(self, binary: bool) -> int:
         return COST_CONVERT_BINARY if binary else COST_CONVERT
 
-    def grpc_cost(self) -> int:
-        return COST_PASS_GRPC
+    def grpc_cost(self, streamed: bool = False) -> int:
+        # A streamed message goes on as it arrives, holding about a window (h2upload.py): counted
+        # as a streamed HTTP body is, at its size once.
+        return COST_PASS_HTTP if streamed else COST_PASS_GRPC
 
     def generate_cost(self) -> int:
         return COST_CONVERT

@@ -70,8 +70,8 @@ class HttpBackend(HttpExchange):
     def http_cost(self, binary: bool) -> int:
         return COST_PASS_HTTP
 
-    def grpc_cost(self) -> int:
-        return COST_CONVERT
+    def grpc_cost(self, streamed: bool = False) -> int:
+        return COST_CONVERT  # (a streamed message is read whole to be converted)
 
     def generate_cost(self) -> int:
         return COST_PASS_HTTP

@@ -45,13 +45,14 @@ class Upload:
     included), ``at`` where the head ends in it, ``size`` the message's length."""
 
     __slots__ = ("call", "chunks", "encoding", "error", "full", "head", "pipe", "pushed", "reading", "received",
-                 "rewindable", "size", "waiter", "walker")
+                 "rewindable", "size", "waiter", "walker", "whole")
 
     def __init__(self, call: Call, first: bytes, at: int, size: int) -> None:
         self.call = call
         self.size = size
         self.head = first[5:at]
         self.encoding = b""  # (only uncompressed messages stream: Call.streamed)
+        self.whole = False
         self.walker = TailWalker(size - (at - 5))
         self.chunks: list[bytes] = []  # received and not dropped: all of it while rewindable
         self.pushed = 0  # chunks handed to the current pipe
@@ -199,12 +200,13 @@ class Compressed:
     (a dataplane.StreamedMessage). A mirror, a converting path and grpcio's client take the
     inflated message (``read()``)."""
 
-    __slots__ = ("encoding", "head", "wire")
+    __slots__ = ("encoding", "head", "whole", "wire")
 
     def __init__(self, inflated: bytes, wire: bytes, encoding: bytes) -> None:
         self.head = inflated
         self.wire = wire
         self.encoding = encoding
+        self.whole = True
 
     def __len__(self) -> int:
         return len(self.head)
