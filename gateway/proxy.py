@@ -364,6 +364,8 @@ class Proxy(DataPlane):
                 return await backend.infer_grpc(message, model, version, timeout, affinity, trace, sink)
             except NoEndpointAvailable as exc:
                 self._failed(backend, exc)
+                if not isinstance(message, bytes) and not message.resendable:
+                    raise  # (streamed on past what is kept of it: it cannot go anywhere again)
                 other: Backend[Any] | None = backend
                 if holds is None or not self._placed_again(backend, model, version):
                     other = self._other_side(match, backend, model, version, affinity) if match.split else None

@@ -269,8 +269,11 @@ class Backend(EndpointSet[E]):
     def refusal(self, ep: E, model: str, version: str, error: GatewayError, resendable: bool) -> Exception:
         """What to raise for an endpoint's error answer: a :class:`Refused` (retry elsewhere)
         when it says "unknown model / not ready" and the checker thought the model ready
-        there; ModelNotReady when such a request cannot be resent; else ``error`` itself."""
-        if not is_not_ready_message(error.message) or not ep.health.ready_exactly(model, version):
+        there — or, in a placement pool, its repository has the model (the index lists it):
+        it was unloaded under the request, which may then be placed again (proxy.py) —
+        ModelNotReady when such a request cannot be resent; else ``error`` itself."""
+        if not is_not_ready_message(error.message) or not (
+                ep.health.ready_exactly(model, version) or (self.placer is not None and ep.health.lists(model))):
             return error
         if not resendable:
             ep.health.not_ready(model, version)

@@ -378,7 +378,9 @@ class Channel:
                 assert isinstance(call, Relay)
                 call.upload = streamed
                 try:
-                    streamed.attach(call)
+                    if not streamed.attach(call):
+                        # (GrpcBackend._call makes a refusal of a request past its resendable part final.)
+                        raise RuntimeError("a streamed request past what is kept of it was to be sent again")
                 except BaseException:
                     call.close(None, CANCEL)  # the client's message broke a rule before it went on
                     raise

@@ -274,6 +274,11 @@ class EndpointHealth:
             return Ready.UNKNOWN if self.models_checked else Ready.NO
         return Ready.YES if state else Ready.NO
 
+    def lists(self, model: str) -> bool:
+        """The endpoint's index names ``model`` (in any state: its repository has it)."""
+        index = self.index
+        return index is not None and model in index.names
+
     def ready_exactly(self, model: str, version: str) -> bool:
         """A check saw this very version (or, without one, the model) ready here — not
         inferred from a check of another version."""
