@@ -355,9 +355,24 @@ class H2Connection(asyncio.Protocol):
         call.held += n
         return True
 
+    def keep(self, call: Call, n: int) -> bool:
+        """Whether a streamed request may keep ``n`` more bytes of what went on, to send it again
+        (h2upload.Upload): within the connection's budget, never past it."""
+        if self.held + n > self.listener.request_budget:
+            return False
+        self.held += n
+        call.held += n
+        return True
+
+    def release(self, call: Call, n: int) -> None:
+        """``call`` no longer keeps ``n`` bytes it was counted for (keep)."""
+        self.held -= n
+        call.held -= n
+
     def oldest_receiving(self) -> Call | None:
         for c in self.calls.values():
-            if c.task is None and c.requests is None and not c.answered:
+            if c.requests is None and not c.answered and (
+                    c.task is None or (c.upload is not None and c.upload.receiving_whole)):
                 return c
         return None
 
@@ -367,6 +382,8 @@ class H2Connection(asyncio.Protocol):
             del self.calls[call.sid]
             self.held -= call.held
             call.held = 0
+            if call.upload is not None:
+                call.upload.kept = 0  # (counted in call.held, released just now)
             if call.unconsumed:  # (a stream still open keeps the connection's window otherwise)
                 self.h2.consume(call.sid, call.unconsumed)
                 call.unconsumed = 0

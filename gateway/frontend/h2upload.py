@@ -44,8 +44,8 @@ class Upload:
     """One call's streamed request message. ``first`` is its first DATA (length prefix
     included), ``at`` where the head ends in it, ``size`` the message's length."""
 
-    __slots__ = ("call", "chunks", "encoding", "error", "full", "head", "pipe", "pushed", "reading", "received",
-                 "rewindable", "size", "waiter", "walker", "whole")
+    __slots__ = ("call", "chunks", "encoding", "error", "full", "head", "kept", "pipe", "pushed", "reading",
+                 "received", "rewindable", "size", "waiter", "walker", "whole")
 
     def __init__(self, call: Call, first: bytes, at: int, size: int) -> None:
         self.call = call
@@ -58,6 +58,7 @@ class Upload:
         self.pushed = 0  # chunks handed to the current pipe
         self.received = 0  # bytes of the message's frame received (its prefix included)
         self.rewindable = True
+        self.kept = 0  # bytes that went on and are kept to resend, counted in the connection's budget
         self.pipe: MessagePipe | None = None
         self.error: GatewayError | None = None
         self.full = False  # the pipe has enough for now: the client waits for resume()
@@ -91,10 +92,8 @@ class Upload:
             return
         self.received += len(data)
         self.chunks.append(data)
-        if self.rewindable and self.received > REWIND_MAX:
-            self.rewindable = False
-            del self.chunks[:self.pushed]
-            self.pushed = 0
+        if self.rewindable and (self.received > REWIND_MAX or (self.pipe is not None and not self._keep(len(data)))):
+            self._forget()
         if self.pipe is not None:
             self._pump()
         elif self.reading:
@@ -115,6 +114,7 @@ class Upload:
         self.error = error
         self.chunks.clear()
         self.pushed = 0
+        self._forget()
         self._ack()
         if self.pipe is not None:
             self.pipe.fail(error)
@@ -132,8 +132,11 @@ class Upload:
             if not self.rewindable or self.reading:
                 return False
             self.pushed = 0
+        first = self.pipe is None
         self.pipe = pipe
         self.full = False
+        if first and self.rewindable and not self._keep(self.received):
+            self._forget()  # (the connection's budget is spent: it goes on, not kept)
         self._pump()
         return True
 
@@ -158,6 +161,23 @@ class Upload:
         return whole
 
     # -- inside -------------------------------------------------------------------------------
+    def _keep(self, n: int) -> bool:
+        if self.call.conn.keep(self.call, n):
+            self.kept += n
+            return True
+        return False
+
+    def _forget(self) -> None:
+        """Nothing more is kept to resend: what went on is dropped (read() keeps all: nothing went)."""
+        if self.reading:
+            return
+        self.rewindable = False
+        del self.chunks[:self.pushed]
+        self.pushed = 0
+        if self.kept:
+            self.call.conn.release(self.call, self.kept)
+            self.kept = 0
+
     def _pump(self) -> None:
         pipe = self.pipe
         assert pipe is not None
@@ -180,8 +200,18 @@ class Upload:
         if not self.full:
             self._ack()
 
+    @property
+    def receiving_whole(self) -> bool:
+        """Being read whole (``read()``) and not all here yet."""
+        return self.reading and self.error is None and not self.complete
+
     def _ack(self) -> None:
         call = self.call
+        if self.reading and self.error is None:
+            # Read whole, it is held as any unary request is: within the connection's budget
+            # (H2Connection.may_hold), so streams of one connection cannot each park a message.
+            call.taken()
+            return
         n = call.unconsumed
         if n:
             call.unconsumed = 0
