@@ -15,7 +15,9 @@ message fail the call with the client's error — and since a chunk is checked b
 the backend never receives a whole message the gateway refused: its stream is reset first.
 
 A retry on another endpoint sends the message again only while all of it that went on is still
-kept (the first REWIND_MAX bytes); past that, a failed attempt is final.
+kept (the first REWIND_MAX bytes, while the connection's request budget has room: H2Connection.keep);
+past that, a failed attempt is final. A message read whole instead (``read()``: a mirror, an HTTP
+pool, grpcio's client) is held as any unary request is, within that budget.
 """
 from __future__ import annotations
 
