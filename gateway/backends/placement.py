@@ -55,6 +55,10 @@ _STATS_TIMEOUT_S = 5.0
 _FAILED_S = 5.0
 # How often a load that found no room looks again (a model's residency ends, a request leaves).
 _ROOM_POLL_S = 0.25
+# A model this pool loaded and no inference has used since is not evicted for this long, whatever
+# min_residency_s says: the requests it was loaded for — waiting here, or at a replica or worker
+# that asked for it — run first (an eviction right after the load would make them load it again).
+_FRESH_S = 2.0
 
 
 class Decider(Protocol):
@@ -396,7 +400,7 @@ class Placer:
             last = usage.models.get(model, (0, 0))[0]
             loaded = self.loaded_at.get((str(ep.address), model), 0.0) * 1000
             used = max(last, loaded)
-            if now_ms - used < residency_ms:
+            if now_ms - used < residency_ms or (loaded > last and now_ms - loaded < _FRESH_S * 1000):
                 continue
             if best is None or (used, model) < best:
                 best = (used, model)
