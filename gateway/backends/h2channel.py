@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from .. import __version__
+from ..codec.grpc import parts_length
 from ..config.schema import BackendTls, HostPort
 from ..dataplane import AnswerSink, StreamedMessage
 from ..h2 import _h2
@@ -332,7 +333,7 @@ class Channel:
         parts: list[bytes | memoryview] | None = None
         if isinstance(request, list):  # a message in pieces (grpc.encode_request_parts): each sent as it is
             parts = request
-            n = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
+            n = parts_length(parts)
         else:
             n = len(request) if not isinstance(request, memoryview) else request.nbytes
         if n > self.max_message_bytes:

@@ -27,6 +27,7 @@ _WRITE_MARK = 64 * 1024  # a stream's unsent bytes past which its writer waits f
 # An answer message at least this large goes to the client as it arrives (Relay), when the
 # client's side offers a sink; a smaller one is received whole (one hand-over, no per-piece work).
 RELAY_MIN = 256 * 1024
+_NO_STATUS = "ended its answer without a grpc-status (the gRPC protocol requires one in trailers)"
 # Faults that would send the request again; once part of the answer has gone on, they are resets.
 _RETRIED = frozenset({Fault.TRANSPORT, Fault.UNPROCESSED, Fault.REFUSED_STREAM})
 
@@ -108,21 +109,23 @@ class Call:
         if messages:
             self.deliver(messages)
         if end and not self.done:
-            self.close(fault_error(Fault.FRAMING, "ended its answer without a grpc-status (the gRPC protocol requires "
-                                             "one in trailers)"), NO_ERROR)
+            self.close(fault_error(Fault.FRAMING, _NO_STATUS), NO_ERROR)
 
     def on_trailers(self, trailers: list[tuple[bytes, bytes]]) -> None:
         status = answer_status(dict(trailers))
         if status is None:
-            self.close(fault_error(Fault.FRAMING, "ended its answer without a grpc-status (the gRPC protocol requires "
-                                             "one in trailers)"), NO_ERROR)
-        elif status.code == "OK" and (self.reader is None or self.reader.partial):
+            self.close(fault_error(Fault.FRAMING, _NO_STATUS), NO_ERROR)
+        elif status.code == "OK" and self.partial():
             self.close(fault_error(Fault.FRAMING, self.TRUNCATED), NO_ERROR)
         else:
             self.finish(status)
 
     def on_writable(self) -> None:
         pass
+
+    def partial(self) -> bool:
+        """The answer ended inside a message (or before its head)."""
+        return self.reader is None or self.reader.partial
 
 
 class Unary(Call):
@@ -216,8 +219,7 @@ class Relay(Unary):
             else:  # room, or the client is gone (its reset cancels the call): acknowledged at once
                 self.taken(n)
         if end and not self.done:
-            self.close(fault_error(Fault.FRAMING, "ended its answer without a grpc-status (the gRPC protocol "
-                                   "requires one in trailers)"), NO_ERROR)
+            self.close(fault_error(Fault.FRAMING, _NO_STATUS), NO_ERROR)
 
     def _start(self, data: bytes) -> bool:
         """Whether the answer is relayed from ``data``, the start of its first message: an
@@ -238,18 +240,8 @@ class Relay(Unary):
             conn.schedule_flush()
         self.held = 0
 
-    def on_trailers(self, trailers: list[tuple[bytes, bytes]]) -> None:
-        if self.left < 0:
-            Unary.on_trailers(self, trailers)
-            return
-        status = answer_status(dict(trailers))
-        if status is None:
-            self.close(fault_error(Fault.FRAMING, "ended its answer without a grpc-status (the gRPC protocol "
-                                   "requires one in trailers)"), NO_ERROR)
-        elif status.code == "OK" and self.left:
-            self.close(fault_error(Fault.FRAMING, self.TRUNCATED), NO_ERROR)
-        else:
-            Call.finish(self, status)
+    def partial(self) -> bool:
+        return self.left > 0 if self.left >= 0 else Unary.partial(self)
 
     def finish(self, status: Status) -> None:
         if self.left < 0:

@@ -17,7 +17,7 @@ import orjson
 from ..admission import COST_CONVERT, COST_PASS_HTTP
 from ..codec.content import HEADER_LENGTH, sequence_of_json
 from ..codec.convert import grpc_request_to_http, http_answer_to_grpc, http_answer_to_grpc_parts
-from ..codec.grpc import encode_stream_response
+from ..codec.grpc import encode_stream_response, parts_length
 from ..codec.grpcframe import frame
 from ..codec.repository import INDEX_REQUEST_JSON, IndexEntry, parse_index_json
 from ..codec.triton import (
@@ -383,7 +383,7 @@ class HttpBackend(HttpExchange):
         parts = http_answer_to_grpc_parts(reply.body, reply.headers, self.spec.max_message_bytes, self.name,
                                           typed=typed and not triton)
         if sink is not None and len(parts) > 1:
-            n = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
+            n = parts_length(parts)
             if n >= _SINK_MIN and sink.open():
                 # A large answer goes to the client as its pieces: the outputs' bytes are not copied.
                 sink.send(frame(n))

@@ -136,6 +136,11 @@ def _parts(header: bytes, raw_field: int, datas: Iterable[memoryview]) -> list[b
     return parts
 
 
+def parts_length(parts: Iterable[bytes | memoryview]) -> int:
+    """The bytes of a message given as its pieces (:func:`encode_request_parts`)."""
+    return sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
+
+
 def _join(header: bytes, raw_field: int, datas: Iterable[memoryview]) -> bytes:
     return b"".join(_parts(header, raw_field, datas))  # the single copy of tensor bytes
 

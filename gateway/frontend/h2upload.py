@@ -47,7 +47,7 @@ class Upload:
     included), ``at`` where the head ends in it, ``size`` the message's length."""
 
     __slots__ = ("call", "chunks", "encoding", "error", "full", "head", "kept", "pipe", "pushed", "reading",
-                 "received", "rewindable", "size", "waiter", "walker", "whole")
+                 "received", "resendable", "size", "waiter", "walker", "whole")
 
     def __init__(self, call: Call, first: bytes, at: int, size: int) -> None:
         self.call = call
@@ -56,10 +56,10 @@ class Upload:
         self.encoding = b""  # (only uncompressed messages stream: Call.streamed)
         self.whole = False
         self.walker = TailWalker(size - (at - 5))
-        self.chunks: list[bytes] = []  # received and not dropped: all of it while rewindable
+        self.chunks: list[bytes] = []  # received and not dropped: all of it while resendable
         self.pushed = 0  # chunks handed to the current pipe
         self.received = 0  # bytes of the message's frame received (its prefix included)
-        self.rewindable = True
+        self.resendable = True
         self.kept = 0  # bytes that went on and are kept to resend, counted in the connection's budget
         self.pipe: MessagePipe | None = None
         self.error: GatewayError | None = None
@@ -74,10 +74,6 @@ class Upload:
     @property
     def complete(self) -> bool:
         return self.received == self.size + 5
-
-    @property
-    def resendable(self) -> bool:
-        return self.rewindable
 
     # -- the listener's side ----------------------------------------------------------------
     def add(self, data: bytes, tail: int = 0) -> None:
@@ -94,7 +90,7 @@ class Upload:
             return
         self.received += len(data)
         self.chunks.append(data)
-        if self.rewindable and (self.received > REWIND_MAX or (self.pipe is not None and not self._keep(len(data)))):
+        if self.resendable and (self.received > REWIND_MAX or (self.pipe is not None and not self._keep(len(data)))):
             self._forget()
         if self.pipe is not None:
             self._pump()
@@ -131,13 +127,13 @@ class Upload:
         if self.error is not None:
             raise self.error
         if self.pipe is not None or self.reading:
-            if not self.rewindable or self.reading:
+            if not self.resendable or self.reading:
                 return False
             self.pushed = 0
         first = self.pipe is None
         self.pipe = pipe
         self.full = False
-        if first and self.rewindable and not self._keep(self.received):
+        if first and self.resendable and not self._keep(self.received):
             self._forget()  # (the connection's budget is spent: it goes on, not kept)
         self._pump()
         return True
@@ -173,7 +169,7 @@ class Upload:
         """Nothing more is kept to resend: what went on is dropped (read() keeps all: nothing went)."""
         if self.reading:
             return
-        self.rewindable = False
+        self.resendable = False
         del self.chunks[:self.pushed]
         self.pushed = 0
         if self.kept:
@@ -195,7 +191,7 @@ class Upload:
             state = pipe.push(chunks[i], complete and i == last)
             if state == SINK_GONE:
                 break
-        if not self.rewindable:
+        if not self.resendable:
             del chunks[:self.pushed]
             self.pushed = 0
         self.full = state == SINK_FULL
@@ -232,20 +228,17 @@ class Compressed:
     (a dataplane.StreamedMessage). A mirror, a converting path and grpcio's client take the
     inflated message (``read()``)."""
 
-    __slots__ = ("encoding", "head", "whole", "wire")
+    __slots__ = ("encoding", "head", "resendable", "whole", "wire")
 
     def __init__(self, inflated: bytes, wire: bytes, encoding: bytes) -> None:
         self.head = inflated
         self.wire = wire
         self.encoding = encoding
         self.whole = True
+        self.resendable = True
 
     def __len__(self) -> int:
         return len(self.head)
-
-    @property
-    def resendable(self) -> bool:
-        return True
 
     def attach(self, pipe: MessagePipe) -> bool:
         wire = self.wire

@@ -277,22 +277,23 @@ def test_many_streams_on_one_connection(gw):
     assert all(pb.ServerLiveResponse.FromString(a).live for a in answers)
 
 
-@pytest.fixture(scope="module")
-def patient(reference, tmp_path_factory):
+def _patient(reference, tmp_path_factory, backend: str):
     """A gateway that waits a minute for a request's end (body_timeout_s), 1 MiB messages."""
-    g = start_gateway(tmp_path_factory.mktemp("h2patient"), reference.http_url, reference.grpc_url, "grpc",
-                      limits={"body_timeout_s": 60, "max_grpc_streams": 128}, max_message_bytes=1 << 20)
+    g = start_gateway(tmp_path_factory.mktemp(f"h2patient-{backend}"), reference.http_url, reference.grpc_url,
+                      backend, limits={"body_timeout_s": 60, "max_grpc_streams": 128}, max_message_bytes=1 << 20)
     yield g
     g.stop()
+
+
+@pytest.fixture(scope="module")
+def patient(reference, tmp_path_factory):
+    yield from _patient(reference, tmp_path_factory, "grpc")
 
 
 @pytest.fixture(scope="module")
 def patient_http(reference, tmp_path_factory):
     """As ``patient``, routing to an HTTP pool: a large gRPC request is read whole to be converted."""
-    g = start_gateway(tmp_path_factory.mktemp("h2patient-http"), reference.http_url, reference.grpc_url, "http",
-                      limits={"body_timeout_s": 60, "max_grpc_streams": 128}, max_message_bytes=1 << 20)
-    yield g
-    g.stop()
+    yield from _patient(reference, tmp_path_factory, "http")
 
 
 def _infer_message(n: int) -> bytes:
