@@ -6,6 +6,8 @@ compiler; without one — or with OIP_GATEWAY_COMPILE=0 — the package installs
 which behaves the same, only slower. docs/design-notes.md ("Compiled hot path") says which
 modules and what it saves.
 
+gateway/codec/_jsonskip.c (one byte loop of codec/jsonscan.py) is built with them.
+
 Apart from those, gateway/h2/_h2.c (HTTP/2 on libnghttp2, docs/h2-design.md) is built whenever a C
 compiler and the header nghttp2/nghttp2.h are there (Debian: libnghttp2-dev), whatever
 OIP_GATEWAY_COMPILE says; OIP_GATEWAY_H2=0 leaves it out. Nothing imports it unless it is there
@@ -34,6 +36,8 @@ COMPILED = [
     "gateway/backends/h1/connection.py",
     "gateway/backends/h1/pool.py",
     "gateway/frontend/h1direct.py",
+    "gateway/frontend/incoming.py",
+    "gateway/rawbody.py",
     "gateway/frontend/infer.py",
     "gateway/frontend/inferchecks.py",
     "gateway/codec/content.py",
@@ -104,8 +108,18 @@ def _h2_modules() -> list:
     return [Extension(H2_EXTENSION, ["gateway/h2/_h2.c"], include_dirs=include_dirs, libraries=["nghttp2"])]
 
 
+JSONSKIP_EXTENSION = "gateway.codec._jsonskip"
+
+
+def _jsonskip_modules() -> list:
+    """codec/jsonscan.py's byte loop in C (without it: the same scan on a copy of each chunk)."""
+    if os.environ.get("OIP_GATEWAY_COMPILE", "1") == "0" or not _compiler():
+        return []
+    return [Extension(JSONSKIP_EXTENSION, ["gateway/codec/_jsonskip.c"], extra_compile_args=["-O2"])]
+
+
 def ext_modules() -> list:
-    return _mypyc_modules() + _h2_modules()
+    return _mypyc_modules() + _h2_modules() + _jsonskip_modules()
 
 
 def _links(compiler, ext: Extension, symbol: str) -> bool:
@@ -137,8 +151,8 @@ class BuildExt(build_ext):
         if ext.name == H2_EXTENSION:
             ext.define_macros = [(macro, "1") for macro, symbol in H2_FEATURES.items()
                                  if _links(self.compiler, ext, symbol)]
-            if self.compiler.compiler_type == "unix":
-                ext.extra_compile_args = ["-Wall", "-Wextra"]
+        if ext.name in (H2_EXTENSION, JSONSKIP_EXTENSION) and self.compiler.compiler_type == "unix":
+            ext.extra_compile_args = [*ext.extra_compile_args, "-Wall", "-Wextra"]
         super().build_extension(ext)
 
     def run(self) -> None:

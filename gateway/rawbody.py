@@ -27,7 +27,7 @@ import fcntl
 import socket
 import struct
 import termios
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -35,13 +35,13 @@ __all__ = ["HEAD_READ", "LARGE", "LOWAT", "RAW_MIN", "READ_SIZE", "RawBody", "ne
 
 # While a body is read past the parser, the socket wakes the loop only once this much of it
 # (or all that is left, or its end) has arrived (SO_RCVLOWAT).
-LOWAT = 256 * 1024
+LOWAT: Final = 256 * 1024
 
-READ_SIZE = 512 * 1024
+READ_SIZE: Final = 512 * 1024
 # A body with at least this much still to come is read with twice the mark into buffers twice
 # the size: A/B (4 rounds) against LOWAT / READ_SIZE for every body, CPU per 16 MB pass-through
 # −6 / −4 / −4 % at c=1 / 16 / 64; for 1 MiB the larger sizes were mixed (−9 / +4 / −1 %).
-LARGE = 4 << 20
+LARGE: Final = 4 << 20
 # A read while a message head is awaited takes at most this much (the head and the first body
 # bytes). Whatever body bytes a read brings with the head go through the parser, which hands
 # them over as a new bytes object: with the 256 KiB reads of before that was up to 256 KiB per large
@@ -49,9 +49,9 @@ LARGE = 4 << 20
 # pass-through.
 # Smaller reads leave a large body in the socket for RawBody's buffers; a medium one (read
 # through the parser) costs one more read.
-HEAD_READ = 16 * 1024
+HEAD_READ: Final = 16 * 1024
 # A new buffer when less than this of the current one is free (reads stay large).
-RAW_MIN = 64 * 1024
+RAW_MIN: Final = 64 * 1024
 
 
 def new_buffer(size: int) -> memoryview:

@@ -9,13 +9,17 @@ large JSON body (or one padded to look large) is held to the same limits as a sm
 a streamed pass-through body is checked as it goes by without being kept.
 
 How it stays cheap: a tensor's data is mostly numbers. Inside a ``"data"`` array the scan
-jumps from one bracket or quote to the next with ``bytes.find`` (C, memchr speed; the next
-position of each is remembered until it is passed, so each byte is searched once per kind),
-then steps through the bytes around it one at a time for a short stretch — dense text (a
-BYTES tensor's strings, rows of a nested array) is stepped through at the speed of that loop,
-never searched again and again. Outside ``"data"`` (the request's own structure, small) every
-byte is stepped through. Compiled with mypyc (setup.py): about 1 ns per stepped byte, well
-under 0.1 ns per byte of a flat numeric array.
+jumps from one bracket or quote to the next with ``_jsonskip.special`` (C: one pass, 16 bytes at
+a time, over the chunk where it lies — a view of the listener's read buffer is not copied), then
+steps through the bytes around it one at a time for a short stretch — dense text (a BYTES
+tensor's strings, rows of a nested array) is stepped through at the speed of that loop, never
+searched again and again. Outside ``"data"`` (the request's own structure, small) every byte is
+stepped through. A view is stepped through in bytes copies of those stretches (a structure's
+stretch grows from 256 bytes while it lasts), never copied whole. Compiled with mypyc
+(setup.py): about 1 ns per stepped byte, well under 0.1 ns per byte of a flat numeric array.
+Built without a C compiler, the skip is ``bytes.find`` on a copy of each chunk (the next
+position of each byte kind remembered until it is passed, so each byte is searched once per
+kind).
 
 The skeleton of valid JSON is valid JSON with the same members everywhere outside ``data``
 arrays; malformed JSON gives some skeleton, which the limits check leaves to the parser
@@ -24,9 +28,16 @@ recognised as ``data``: its contents stay in the skeleton, which is then larger,
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 __all__ = ["JsonScanner", "skeleton"]
+
+_special: Callable[[bytes | bytearray | memoryview, int, int, bool], int] | None
+try:
+    from ._jsonskip import special as _special
+except ImportError:  # built without a C compiler (setup.py): the finds below, on a copy
+    _special = None
 
 _QUOTE: Final = 34  # "
 _BACKSLASH: Final = 92
@@ -42,6 +53,11 @@ _DATA: Final = 1
 # After a special byte inside "data", the bytes up to this many further are stepped through
 # rather than searched for: dense text costs the byte loop, not a find per byte.
 _STRETCH: Final = 256
+# A view's structure is stepped through in copies this long at first, twice as long for each
+# further stretch while it lasts (structure between tensors is tens of bytes; a body of nothing
+# else is copied in pieces of at most _WINDOW_MAX).
+_WINDOW_MIN: Final = 256
+_WINDOW_MAX: Final = 64 * 1024
 
 
 class JsonScanner:
@@ -79,43 +95,57 @@ class JsonScanner:
     def skeleton(self) -> bytes:
         return b"".join(self.parts)
 
-    def feed(self, chunk: bytes) -> bool:
-        """Scan the next part of the text; returns (and keeps) ``exceeded``."""
+    def feed(self, chunk: bytes | bytearray | memoryview) -> bool:
+        """Scan the next part of the text (bytes, or a view read in place); returns (and keeps)
+        ``exceeded``."""
         n = len(chunk)
         if self.exceeded or n == 0:
             return self.exceeded
+        if _special is None and not isinstance(chunk, bytes):
+            chunk = bytes(chunk)  # (the finds of the fallback read bytes)
         self.keep_from = 0
         self.next_quote = self.next_backslash = -1
         self.next_open_array = self.next_close_array = self.next_open_object = self.next_close_object = -1
         i = 0
+        window = _WINDOW_MIN
         while i < n:
             if self.mode == _DATA:
                 if not self.escape:  # (a backslash ended the last chunk: its next byte is stepped over)
                     i = self._skip(chunk, i, n)
                     if i >= n:
                         break
-                i = self._step(chunk, i, min(n, i + _STRETCH))
+                stop = min(n, i + _STRETCH)
             else:
-                i = self._step(chunk, i, n)
+                stop = n if isinstance(chunk, bytes) else min(n, i + window)
+                window = min(2 * window, _WINDOW_MAX)
+            if isinstance(chunk, bytes):
+                i = self._step(chunk, 0, chunk, i, stop)
+            else:
+                i = self._step(bytes(chunk[i:stop]), i, chunk, i, stop)
             if self.exceeded:
                 return True
+            if self.mode == _DATA:
+                window = _WINDOW_MIN
         if self.mode == _STRUCTURE:
             if self.keep and self.keep_from < n:
-                self.parts.append(chunk[self.keep_from:])
+                self.parts.append(_piece(chunk, self.keep_from, n))
             if self.in_string:  # a structure string continues in the next chunk
                 start = self.str_start
                 if start >= 0:
-                    self.str_carry = chunk[start + 1 : start + 6]
+                    self.str_carry = _piece(chunk, start + 1, min(n, start + 6))
                     self.str_carry_len = n - start - 1
                 else:
-                    self.str_carry = (self.str_carry + chunk[:5])[:5]
+                    self.str_carry = (self.str_carry + _piece(chunk, 0, min(n, 5)))[:5]
                     self.str_carry_len += n
                 self.str_start = -1
         return False
 
-    def _skip(self, chunk: bytes, i: int, n: int) -> int:
+    def _skip(self, chunk: bytes | bytearray | memoryview, i: int, n: int) -> int:
         """Inside a "data" array (not just after a backslash): the position of the next byte
         that may matter — a quote or backslash inside a string, else a quote or a bracket."""
+        if _special is not None:
+            return _special(chunk, i, n, self.in_string)
+        assert isinstance(chunk, bytes)
         if self.in_string:
             if self.next_quote < i:
                 self.next_quote = _find(chunk, b'"', i, n)
@@ -135,9 +165,11 @@ class JsonScanner:
         return min(self.next_quote, self.next_open_array, self.next_close_array, self.next_open_object,
                    self.next_close_object)
 
-    def _step(self, chunk: bytes, i: int, stop: int) -> int:
-        """Byte by byte from ``i`` up to ``stop``; returns where it stopped — early when a
-        "data" array opens (the skip takes over) or the depth passes the limit."""
+    def _step(self, text: bytes, base: int, chunk: bytes | bytearray | memoryview, i: int, stop: int) -> int:
+        """Byte by byte from ``i`` up to ``stop`` of ``chunk``, read from ``text`` (the chunk's
+        bytes from ``base`` on: the chunk itself, or a copy of the stretch); returns where it
+        stopped — early when a "data" array opens (the skip takes over) or the depth passes
+        the limit."""
         depth = self.depth
         limit = self.limit
         mode = self.mode
@@ -145,7 +177,7 @@ class JsonScanner:
         escape = self.escape
         key = self.key
         while i < stop:
-            c = chunk[i]
+            c = text[i - base]
             if in_string:
                 if escape:
                     escape = False
@@ -169,7 +201,7 @@ class JsonScanner:
                 if mode == _STRUCTURE and key == 2 and c == _OPEN_ARRAY:
                     # "data": [ — its contents are skipped, the brackets kept.
                     if self.keep:
-                        self.parts.append(chunk[self.keep_from : i + 1])
+                        self.parts.append(_piece(chunk, self.keep_from, i + 1))
                     mode = _DATA
                     self.data_base = depth - 1
                     key = 0
@@ -194,12 +226,17 @@ class JsonScanner:
         self.key = key
         return i
 
-    def _is_data(self, chunk: bytes, end: int) -> bool:
+    def _is_data(self, chunk: bytes | bytearray | memoryview, end: int) -> bool:
         """Whether the structure string closing at ``end`` is ``"data"``."""
         start = self.str_start
         if start >= 0:
-            return end - start == 5 and chunk[start + 1 : end] == b"data"
-        return self.str_carry_len + end == 4 and self.str_carry + chunk[:end] == b"data"
+            return end - start == 5 and _piece(chunk, start + 1, end) == b"data"
+        return self.str_carry_len + end == 4 and self.str_carry + _piece(chunk, 0, end) == b"data"
+
+
+def _piece(chunk: bytes | bytearray | memoryview, start: int, end: int) -> bytes:
+    """``chunk[start:end]`` as bytes (of a view: a copy, so the skeleton holds no read buffer)."""
+    return chunk[start:end] if isinstance(chunk, bytes) else bytes(chunk[start:end])
 
 
 def _find(chunk: bytes, what: bytes, i: int, n: int) -> int:

@@ -25,7 +25,6 @@ from typing import Any
 
 from ..dataplane import ClientDisconnected
 from .answers import INTERNAL_ANSWER
-from .incoming import body_chunks
 
 __all__ = ["DirectExchange", "DirectRoute", "Handler", "Now", "status_line"]
 
@@ -251,7 +250,7 @@ class DirectExchange:
 
     def chunks(self) -> AsyncIterator[bytes | memoryview]:
         """The body chunk by chunk as it arrives."""
-        return body_chunks(self)
+        return BodyChunks(self)
 
     # -- answer -------------------------------------------------------------------------
     def _head(self, status: int, headers: Sequence[tuple[bytes, bytes]], length: int | None, close: bool) -> bytes:
@@ -335,3 +334,31 @@ Handler = Callable[[DirectExchange], Awaitable[None]]
 # Serves a request from callbacks alone if it can (True); False: the Handler serves it.
 Now = Callable[[DirectExchange], bool]
 DirectRoute = tuple[Handler, Now | None]
+
+
+class BodyChunks:
+    """:meth:`DirectExchange.chunks`: an iterator class, not an async generator, so that mypyc
+    compiles it (a generator per body ran interpreted, once per chunk)."""
+
+    __slots__ = ("_ex",)
+
+    def __init__(self, ex: DirectExchange) -> None:
+        self._ex = ex
+
+    def __aiter__(self) -> BodyChunks:
+        return self
+
+    async def __anext__(self) -> bytes | memoryview:
+        ex = self._ex
+        while True:
+            chunks = ex._chunks
+            if chunks:
+                chunk = chunks.popleft()
+                if not chunks:
+                    ex._taken()
+                return chunk
+            if not ex.more_body:
+                raise StopAsyncIteration
+            if ex.disconnected:
+                raise ClientDisconnected
+            await ex._wait()

@@ -179,7 +179,7 @@ class HttpInference:
             # the depth count and the limits' own skeleton scan were two: callgrind counted ~2.3 M
             # instructions per MB for the depth count alone.
             scanner = JsonScanner(self.max_json_depth or -1, True)  # (0: no depth limit)
-            if scanner.feed(head if type(head) is bytes else bytes(head)):
+            if scanner.feed(head):
                 raise InvalidRequest(_too_deep_message(self.max_json_depth))
             self.check_json.check(scanner.skeleton())  # hard limits: tensors, dims, elements, names, ids
         else:

@@ -34,7 +34,10 @@ def extensions(root: Path = REPO) -> tuple[list[str], list[str]]:
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     built, stale = [], []
     for ext in sorted((root / "gateway").rglob("*" + suffix)):
-        source = ext.with_name(ext.name[: -len(suffix)] + ".py")
+        stem = ext.name[: -len(suffix)]
+        source = ext.with_name(stem + ".py")
+        if not source.exists():
+            source = ext.with_name(stem + ".c")  # (a C extension: gateway/codec/_jsonskip.c, gateway/h2/_h2.c)
         if source.exists():
             name = str(source.relative_to(root))
             built.append(name)

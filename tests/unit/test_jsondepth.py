@@ -34,14 +34,19 @@ def reference_max_depth(text: bytes) -> int:
     return best
 
 
-def fed(text: bytes, cuts: list[int], limit: int = -1) -> JsonScanner:
-    """A scanner fed ``text`` in pieces of the sizes ``cuts``, then the rest."""
+def fed(text: bytes, cuts: list[int], limit: int = -1, view: bool = False) -> JsonScanner:
+    """A scanner fed ``text`` in pieces of the sizes ``cuts``, then the rest: bytes, or
+    (``view``) views of a larger buffer, as the listener's read buffers are scanned in place."""
     scanner = JsonScanner(limit, True)
+    source: bytes | memoryview = text
+    if view:
+        padded = bytearray(b'"[{' + text + b'}]"\\')  # (bytes around it that must not be read)
+        source = memoryview(padded)[3 : 3 + len(text)]
     pos = 0
     for size in cuts:
-        scanner.feed(text[pos:pos + size])
+        scanner.feed(source[pos:pos + size])
         pos += size
-    scanner.feed(text[pos:])
+    scanner.feed(source[pos:])
     return scanner
 
 
