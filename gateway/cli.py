@@ -20,6 +20,7 @@ from .config import DEFAULT_MAX_MESSAGE_BYTES, HostPort
 from .config.loader import check_config, read_config
 from .config.parsing import Presence
 from .errors import ConfigError, ListenError
+from .gcpolicy import hold, resume, settle
 from .grpcengine import grpc_engine
 from .h2 import describe as describe_h2
 from .h2 import native
@@ -49,7 +50,6 @@ def _install_uvloop() -> None:
 
 async def _serve_one(config, *, config_path: str, digest: bytes | None, port_file: str | None,
                      http_port: int | None, grpc_port: int | None, worker: bool, watch: bool) -> int:
-    from .gcpolicy import settle
     from .server import Gateway, wait_for_signal
     from .supervisor import announce
     from .watch import watch_file
@@ -118,6 +118,14 @@ def _hold_sighup() -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     _hold_sighup()
+    hold()  # no collections until start-up is done (gcpolicy.py): _serve_one's settle() ends it
+    try:
+        return _serve(args)
+    finally:
+        resume()  # (start-up failed before settle())
+
+
+def _serve(args: argparse.Namespace) -> int:
     try:
         # (Read once: the digest comes with the config, not from parsing the file a second time —
         # 1.3 s at 10,000 routes.)
@@ -136,6 +144,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if workers > 1:
         from .supervisor import supervise
 
+        resume()  # (the supervisor keeps CPython's collector as it is: only its workers serve)
         return asyncio.run(
             supervise(args.config, config, workers, port_file=args.port_file, log_level=args.log_level,
                       watch=args.watch, digest=digest)
@@ -146,14 +155,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     _hold_sighup()
-    config, digest = read_config(args.config)
-    assert config is not None
-    tune_malloc(config.max_message_bytes)
-    _install_uvloop()
-    return asyncio.run(
-        _serve_one(config, config_path=args.config, digest=digest, port_file=None, http_port=args.http_port,
-                   grpc_port=args.grpc_port, worker=True, watch=False)
-    )
+    hold()  # (as cmd_serve)
+    try:
+        config, digest = read_config(args.config)
+        assert config is not None
+        tune_malloc(config.max_message_bytes)
+        _install_uvloop()
+        return asyncio.run(
+            _serve_one(config, config_path=args.config, digest=digest, port_file=None, http_port=args.http_port,
+                       grpc_port=args.grpc_port, worker=True, watch=False)
+        )
+    finally:
+        resume()
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..codec.queue_metrics import parse_pending
+from ..codec.queue_page import pending_lines
 from ..config.schema import HostPort
 from .base import Backend
 from .endpoints import Endpoint
@@ -128,7 +129,8 @@ class QueueScraper:
                 del self._unreadable[ep.address]
                 log.info("backend '%s' endpoint %s: queue metrics readable again", self.backend.name, ep.address)
         t0 = time.perf_counter()
-        ep.queue = parse_pending(bytes(body))
+        # (Only the lines that can count: a 10,000-model page read whole held the loop 3 ms.)
+        ep.queue = parse_pending(pending_lines(bytes(body)))
         self.on_scrape(self.backend.name, True, time.perf_counter() - t0)
 
 
