@@ -20,7 +20,7 @@ __all__ = ["Chunks", "IncomingBody", "too_deep_message"]
 
 class IncomingBody:
     """:class:`gateway.dataplane.IncomingBody` over the body's chunks as they arrive, each
-    checked (:meth:`_check`) before it is handed on."""
+    checked (:meth:`_checked`) before it is handed on."""
 
     __slots__ = ("_budget", "_check", "_checked_json", "_chunks", "_json_end", "_pos", "_prefix", "_scan",
                  "_taken", "consumed", "length")
