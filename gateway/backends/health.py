@@ -260,14 +260,20 @@ class HealthChecker:
             return  # a failed check (below the threshold, what is known stays) or down
         if backend.spec.repository_index:
 
+            asked: list[float] = []
+
+            def index_call(timeout: float) -> Awaitable[bytes | bytearray | None]:
+                asked.append(time.monotonic())  # (what the gateway placed after this, the answer cannot undo)
+                return backend.check_index_raw(ep, timeout)
+
             def got(raw: bytes | bytearray | None) -> None:
                 index = self._index(backend, health, raw)
                 answered.append(index)
                 if index is not None and index.names and health.live:  # (late: only while still up)
-                    health.set_index_state(index)
+                    health.set_index_state(index, asked[0])
 
             async with self._index_sem:
-                in_time = await self._ask(ep, lambda t: backend.check_index_raw(ep, t), got)
+                in_time = await self._ask(ep, index_call, got)
             if not in_time:
                 return  # late: the index known stays until the answer comes
             index = answered[1]
@@ -329,7 +335,7 @@ class HealthChecker:
         self._fallback_left[backend.name] = left - len(todo)
         sched.cursor = (sched.cursor + window) % len(keys)
 
-        def answer(key: tuple[str, str]) -> Callable[[bool | None], None]:
+        def answer(key: tuple[str, str], asked: list[float]) -> Callable[[bool | None], None]:
             def apply(ok: bool | None) -> None:
                 # A late answer counts only while the endpoint is still up: the checker does
                 # not ask it again before this call ends, so "up" is the same process.
@@ -340,7 +346,7 @@ class HealthChecker:
                     if was is not None:
                         return
                     ok = False
-                health.set_model(key, ok)
+                health.set_model(key, ok, asked[0])
                 if ok:
                     sched.backoff.pop(key, None)
                     return
@@ -350,7 +356,13 @@ class HealthChecker:
             return apply
 
         async def one(key: tuple[str, str]) -> bool:
-            return await self._ask(ep, lambda t: backend.check_model(ep, key[0], key[1], t), answer(key))
+            asked: list[float] = []
+
+            def call(timeout: float) -> Awaitable[bool | None]:
+                asked.append(time.monotonic())
+                return backend.check_model(ep, key[0], key[1], timeout)
+
+            return await self._ask(ep, call, answer(key, asked))
 
         return all(await _started(one(k) for k in todo)) and complete
 

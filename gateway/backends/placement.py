@@ -347,7 +347,7 @@ class Placer:
         for address in ready:
             ep = by_address.get(address)
             if ep is not None:
-                ep.health.placed(model)  # (the decider saw it ready; this process's checks follow)
+                ep.health.placed(model, time.monotonic())  # (the decider saw it ready; checks follow)
         self.holds.wake(model)
 
     # -- deciding ------------------------------------------------------------------------
@@ -526,7 +526,7 @@ class Placer:
             # loaded it lately (an index read before that load ended may hide it): a load could
             # reload it (Triton does when anything in its directory changed).
             st.loading[model] = start if ended is None else ended
-            ep.health.placed(model)
+            ep.health.placed(model, time.monotonic())
             self.holds.wake(model)
             return
         try:
@@ -542,7 +542,7 @@ class Placer:
         seconds = time.monotonic() - start
         st.loading[model] = time.monotonic()
         self.loaded_at[(address, model)] = time.time()
-        ep.health.placed(model)
+        ep.health.placed(model, time.monotonic())
         self.events.loaded(self.backend.name, "ok", seconds)
         log.info("backend '%s': loaded '%s' on %s in %.2f s", self.backend.name, model, address, seconds)
         self.holds.wake(model)

@@ -33,6 +33,11 @@ consecutive transport failures eject the endpoint for ``base_s`` times the numbe
 of times it has been ejected (capped), as long as no more than the allowed share of
 the backend is ejected. When the time is up the endpoint stays out until the health
 checker next finds it live (``readmit``).
+
+A model the gateway has just loaded here (``placed``) is ready at once, and a check
+asked before that load ended does not take it back: such an answer can arrive after
+the load's (an index read while Triton was loading it lists it UNAVAILABLE). Each
+answer carries the time its call was sent; placements made after it stand.
 """
 from __future__ import annotations
 
@@ -152,6 +157,9 @@ class EndpointHealth:
     # Passive outlier state.
     failures: int = 0
     ejections: int = 0
+    # model -> monotonic time the gateway's load of it here ended (``placed``); an answer of a
+    # check sent before then does not mark it not ready.
+    placed_at: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
     ejected_until: float | None = None  # monotonic time; stays set past it until readmitted
     gen: Generation = field(default_factory=Generation, repr=False, compare=False)
 
@@ -195,6 +203,7 @@ class EndpointHealth:
         self.index_misses = 0
         self.index = None
         self.per_model.clear()
+        self.placed_at.clear()
 
     @property
     def names(self) -> frozenset[str] | None:
@@ -205,9 +214,12 @@ class EndpointHealth:
         """A repository index: (name, version, ready, …) per entry."""
         self.set_index_state(Index(b"", entries))
 
-    def set_index_state(self, index: Index) -> None:
-        """A repository index read (shared with the endpoints that answered the same bytes)."""
+    def set_index_state(self, index: Index, asked_at: float | None = None) -> None:
+        """A repository index read (shared with the endpoints that answered the same bytes),
+        asked for at monotonic ``asked_at`` (None: now)."""
         self.index_misses = 0
+        if self.placed_at:
+            index = self._keep_placed(index, asked_at)
         now = self.index
         if now is index and self.models_checked:
             return  # the same as last round: what is cached stays valid
@@ -218,6 +230,16 @@ class EndpointHealth:
         self.gen.n += 1
         self.index = index
         self.models_checked = True
+
+    def _keep_placed(self, index: Index, asked_at: float | None) -> Index:
+        """``index`` with the models placed here after it was asked for still ready; the
+        placements it is as new as are forgotten (it decides for them from now on)."""
+        for model, t in list(self.placed_at.items()):
+            if asked_at is None or t <= asked_at:
+                del self.placed_at[model]
+            elif model not in index.ready_names:
+                index = index.with_ready(model)
+        return index
 
     def index_missing(self, unhealthy: int) -> bool:
         """The index did not come this round (no answer, an error, an unreadable one). True
@@ -243,7 +265,13 @@ class EndpointHealth:
             self.gen.n += 1
             self.models_checked = True
 
-    def set_model(self, key: ModelKey, ready: bool) -> None:
+    def set_model(self, key: ModelKey, ready: bool, asked_at: float | None = None) -> None:
+        """A per-model ready call's answer, asked at monotonic ``asked_at`` (None: now)."""
+        placed = self.placed_at.get(key[0])
+        if placed is not None:
+            if asked_at is not None and placed > asked_at:
+                return  # asked before the gateway's load here ended: that load's answer stands
+            del self.placed_at[key[0]]  # (asked after it: this answer decides)
         if self.per_model.get(key) is not ready:
             self.gen.n += 1
         self.per_model[key] = ready
@@ -309,6 +337,7 @@ class EndpointHealth:
         """The endpoint answered "unknown model / not ready" although a check said ready:
         stop sending it the model until a check says otherwise."""
         self.gen.n += 1
+        self.placed_at.pop(model, None)
         if self.index is not None:
             self.index = self.index.without(model)
         for key in [k for k in self.per_model if k[0] == model]:
@@ -316,12 +345,21 @@ class EndpointHealth:
         if (model, version) not in self.per_model and self.index is None:
             self.per_model[(model, version)] = False
 
-    def placed(self, model: str) -> None:
-        """The gateway loaded ``model`` here and the server said it is ready: traffic may come
-        at once, before the next check reads the index (which then decides as always)."""
-        if self.index is not None and model not in self.index.ready_names:
+    def placed(self, model: str, now: float) -> None:
+        """The gateway loaded ``model`` here and the server said it is ready (at monotonic
+        ``now``): traffic may come at once, before the next check reads the index — and a check
+        asked before then does not take it back (the first one asked after decides)."""
+        if len(self.placed_at) >= 4096:  # (bounded whatever a repository holds)
+            self.placed_at.clear()
+        self.placed_at[model] = now
+        if self.index is not None:
+            if model not in self.index.ready_names:
+                self.gen.n += 1
+                self.index = self.index.with_ready(model)
+        elif self.per_model.get((model, "")) is not True:
+            # No index read yet (or none at all): per-model state says it, as a ready call would.
             self.gen.n += 1
-            self.index = self.index.with_ready(model)
+            self.per_model[(model, "")] = True
 
     def succeeded(self) -> None:
         """Traffic that succeeded: clears the outlier count and the failed checks (live

@@ -278,13 +278,11 @@ def test_index_without_keeps_a_changing_model_held_whatever_was_cached():
 
 def test_placed_marks_ready_until_the_next_index():
     health = EndpointHealth()
-    health.placed("m")  # no index yet: nothing to add to
-    assert health.index is None
     health.set_live(True)
     health.set_index([("m", "", False, ""), ("other", "1", True, "READY")])
     assert health.ready_for("m", "") == Ready.NO
     gen = health.gen.n
-    health.placed("m")
+    health.placed("m", 10.0)
     assert health.gen.n == gen + 1  # a cached choice moves
     assert health.ready_for("m", "") == Ready.YES
     # A version: the loaded model's versions are not known yet; the server answers for them.
@@ -292,11 +290,73 @@ def test_placed_marks_ready_until_the_next_index():
     assert health.ready_for("m", "7") == Ready.YES
     assert health.ready_exactly("m", "") and not health.ready_exactly("m", "1")
     assert "m" in health.index.held
-    health.placed("m")  # ready already: nothing moves
+    health.placed("m", 11.0)  # ready already: nothing moves
     assert health.gen.n == gen + 1
-    # The next index decides as always.
-    health.set_index([("m", "1", False, "UNAVAILABLE"), ("other", "1", True, "READY")])
+    # The next index asked after the load decides as always.
+    health.set_index_state(Index(b"", [("m", "1", False, "UNAVAILABLE"), ("other", "1", True, "READY")]), 12.0)
     assert health.ready_for("m", "") == Ready.NO and health.ready_for("m", "1") == Ready.NO
+    assert not health.placed_at
+
+
+def test_placed_before_any_index_is_ready_at_once():
+    """A load that ends before the endpoint's first index read: ready there (per-model state),
+    until an index asked after the load says otherwise."""
+    health = EndpointHealth()
+    health.set_live(True)
+    assert health.ready_for("m", "") == Ready.NO  # nothing checked since it came up
+    gen = health.gen.n
+    health.placed("m", 10.0)
+    assert health.gen.n != gen
+    assert health.ready_for("m", "") == Ready.YES and health.ready_for("m", "3") == Ready.YES
+    assert health.ready_for("other", "") == Ready.NO
+    health.set_index_state(Index(b"", [("m", "1", True, "READY")]), 11.0)
+    assert health.ready_for("m", "1") == Ready.YES and health.ready_for("m", "2") == Ready.NO
+
+
+def test_an_index_asked_before_the_load_ended_does_not_undo_it():
+    """Triton's index read while it loads lists the model UNAVAILABLE; its answer can come after
+    the load's. Asked before the load ended: the model stays ready. The next one asked after
+    it decides — whatever it says."""
+    health = EndpointHealth()
+    health.set_live(True)
+    before = [("m", "1", False, "LOADING"), ("other", "1", True, "READY")]
+    health.set_index_state(Index(b"", before), 1.0)
+    health.placed("m", 10.0)
+    health.set_index_state(Index(b"", before), 9.5)  # asked at 9.5, answered after 10.0
+    assert health.ready_for("m", "") == Ready.YES
+    assert health.ready_for("other", "1") == Ready.YES
+    assert "m" in health.index.held
+    health.set_index_state(Index(b"", [("m", "1", False, "UNAVAILABLE")]), 10.5)  # unloaded since
+    assert health.ready_for("m", "") == Ready.NO
+    health.placed("m", 20.0)
+    health.set_index_state(Index(b"", [("m", "1", True, "READY")]), 21.0)
+    assert health.ready_for("m", "1") == Ready.YES and not health.placed_at
+
+
+def test_a_model_call_asked_before_the_load_ended_does_not_undo_it():
+    health = EndpointHealth()
+    health.set_live(True)
+    health.set_model(("m", ""), False, 1.0)
+    health.placed("m", 10.0)
+    assert health.ready_for("m", "") == Ready.YES
+    health.set_model(("m", ""), False, 9.0)  # sent before the load ended
+    assert health.ready_for("m", "") == Ready.YES
+    health.set_model(("m", ""), False, 11.0)  # sent after: it decides
+    assert health.ready_for("m", "") == Ready.NO and not health.placed_at
+
+
+def test_not_ready_and_a_restart_forget_placements():
+    health = EndpointHealth()
+    health.set_live(True)
+    health.set_index_state(Index(b"", [("m", "1", False, "UNAVAILABLE"), ("x", "1", True, "READY")]), 1.0)
+    health.placed("m", 10.0)
+    health.not_ready("m", "")  # the server answered "not ready" since
+    health.set_index_state(Index(b"", [("m", "1", False, "UNAVAILABLE"), ("x", "1", True, "READY")]), 9.0)
+    assert health.ready_for("m", "") == Ready.NO
+    health.placed("m", 12.0)
+    health.set_live(False)
+    health.set_live(True)
+    assert not health.placed_at and health.ready_for("m", "") == Ready.NO
 
 
 def test_an_index_that_undoes_placed_moves_the_generation():
@@ -304,9 +364,9 @@ def test_an_index_that_undoes_placed_moves_the_generation():
     health.set_live(True)
     entries = [("m", "", False, ""), ("other", "1", True, "READY")]
     health.set_index(entries)
-    health.placed("m")
+    health.placed("m", 10.0)
     gen = health.gen.n
-    health.set_index(entries)  # read before the load ended (or the model went since): m not ready
+    health.set_index_state(Index(b"", entries), 11.0)  # asked after the load ended: m went since
     assert health.ready_for("m", "") == Ready.NO
     assert health.gen.n != gen
 
@@ -315,7 +375,7 @@ def test_placed_does_not_widen_a_model_already_ready_in_known_versions():
     health = EndpointHealth()
     health.set_live(True)
     health.set_index([("m", "1", True, "READY")])
-    health.placed("m")
+    health.placed("m", 10.0)
     assert health.ready_for("m", "1") == Ready.YES
     assert health.ready_for("m", "2") == Ready.NO  # its versions are known: 2 is not ready
 
