@@ -29,8 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from ..codec.tritonstats import stats_from_json, stats_from_pb
