@@ -52,6 +52,9 @@ COMPILED = [
     "gateway/backends/h2frames.py",
     "gateway/backends/h2stream.py",
     "gateway/backends/h2channel.py",
+    "gateway/backends/base.py",
+    "gateway/backends/grpc.py",
+    "gateway/proxy.py",
 ]
 
 

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 __all__ = ["listening_ports", "tcp_sockets", "terminate", "terminate_with_parent", "wait_for", "wait_for_ports"]
 
@@ -117,13 +117,24 @@ def terminate(proc: subprocess.Popen, *, timeout: float = 15.0) -> None:
             proc.wait(timeout=timeout)
 
 
+def _prctl() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# Looked up here, in the parent: a preexec_fn runs between fork and exec of a process with
+# threads, where loading a library (dlopen's locks, held by another thread at the fork) can
+# crash or hang the child.
+_PRCTL = _prctl()
+
+
 def terminate_with_parent(parent_pid: int) -> None:
     """preexec_fn: SIGTERM the child when the process that started it dies, even by SIGKILL
     (Linux only), so no test server outlives a killed test run."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
+    if _PRCTL is None:
         return
+    _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os.kill(os.getpid(), signal.SIGTERM)
