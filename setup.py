@@ -52,9 +52,6 @@ COMPILED = [
     "gateway/backends/h2frames.py",
     "gateway/backends/h2stream.py",
     "gateway/backends/h2channel.py",
-    "gateway/backends/base.py",
-    "gateway/backends/grpc.py",
-    "gateway/proxy.py",
 ]
 
 

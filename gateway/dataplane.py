@@ -20,7 +20,7 @@ from .errors import InvalidRequest, PayloadTooLarge, RequestTimeout, Unsupported
 
 __all__ = ["CLIENTS_FAULT", "SINK_FULL", "SINK_GONE", "SINK_ROOM", "TRACE_HEADERS", "UNROUTED", "AnswerSink",
            "ClientDisconnected", "DataPlane", "HttpReply", "IncomingBody", "MessagePipe", "Plan", "RouteLabel",
-           "StreamedBody", "StreamedMessage", "is_streamed", "metadata_map", "pick_headers"]
+           "StreamedBody", "StreamedMessage", "is_streamed", "pick_headers"]
 
 # Request context a client sends that the backend should always see: W3C trace context
 # (Triton's OpenTelemetry tracing continues the client's trace) and a request id. HTTP
@@ -41,11 +41,6 @@ def pick_headers(pairs: Mapping[str, str] | Sequence[tuple[str, str]],
                 picked = []
             picked.append((k, v))
     return () if picked is None else tuple(picked)
-
-
-def metadata_map(metadata: Sequence[tuple[str, str]]) -> dict[str, str]:
-    """gRPC metadata as a header mapping for header routes (text entries only)."""
-    return {k: v for k, v in metadata if isinstance(v, str)}
 
 
 class ClientDisconnected(Exception):

@@ -13,12 +13,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from typing import Any, TypeVar
 
 from . import __version__
-from .admission import Admission
+from .admission import Admission, StreamHeld
 from .backends.base import Backend
 from .backends.health import HealthChecker
 from .backends.http import http_affinity
 from .backends.mirror import Mirrors
 from .codec.repository import BackendIndexEntry
+from .codec.wire import scan_infer_routing
 from .dataplane import (
     CLIENTS_FAULT,
     TRACE_HEADERS,
@@ -28,17 +29,15 @@ from .dataplane import (
     IncomingBody,
     Plan,
     StreamedMessage,
-    metadata_map,
     pick_headers,
 )
-from .errors import ModelNotFound, NoEndpointAvailable
+from .errors import GatewayError, InvalidRequest, ModelNotFound, NoEndpointAvailable
 from .fleet import Fleet
 from .observability.access import AccessRecord
 from .observability.metrics import UNROUTED, Metrics, RouteLabel
 from .routing.table import STATEFUL, Match
 from .security.guard import Gate, guard_for
 from .snapshot import ROUTED, Routing
-from .streaminfer import stream_through
 
 __all__ = ["EXTENSIONS", "Proxy"]
 
@@ -58,6 +57,11 @@ EXTENSIONS = ["binary_tensor_data", "parameters", "sequence", "model_repository"
 # Request headers that matter to a V2 backend; everything else (host,
 # content-length, connection) belongs to the hop and is not forwarded.
 _FORWARDED = ("content-type", "inference-header-content-length", "content-encoding", "accept-encoding")
+
+
+def _metadata_map(metadata: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """gRPC metadata as a header mapping for header routes (text entries only)."""
+    return {k: v for k, v in metadata if isinstance(v, str)}
 
 
 class Proxy(DataPlane):
@@ -150,10 +154,10 @@ class Proxy(DataPlane):
     async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
         backend, match = self.routing.pick(model, version)
         if backend.placer is not None or match.hold_s:
-            await self.hold(backend, match, model, version)  # (a client's first call, before inference)
+            await self._hold(backend, match, model, version)  # (a client's first call, before inference)
         return await self.timed(backend, backend.model_metadata(model, version))
 
-    async def hold(self, backend: Backend[Any], match: Match, model: str, version: str) -> None:
+    async def _hold(self, backend: Backend[Any], match: Match, model: str, version: str) -> None:
         """A model ready nowhere yet: wait for it (the route's ``hold_s``), loading it first in a
         placement pool (backends/placement.py). Returns at once when it is ready somewhere."""
         holds = backend.holds
@@ -172,7 +176,7 @@ class Proxy(DataPlane):
         holds = backend.holds
         return backend.placer is not None and holds is not None and not holds.ready(model, version)
 
-    def holding(self, backend: Backend[Any], match: Match) -> bool:
+    def _holding(self, backend: Backend[Any], match: Match) -> bool:
         """Requests of this route wait for their model (and count as its demand)."""
         return match.split is None and (backend.placer is not None or match.hold_s > 0)
 
@@ -224,13 +228,13 @@ class Proxy(DataPlane):
             if match.split is not None:  # a sequence stays in one backend of the split
                 body, affinity = await http_affinity(body, headers, self.limit, True)
             backend, match = self.routing.choose(match, model, version, affinity)
-            if self.holding(backend, match):
+            if self._holding(backend, match):
                 return await self._infer_http_held(backend, match, model, version, body, headers)
             if match.mirror is not None and isinstance(body, (bytes, bytearray)):
                 self.mirrors.http(match, model, version, bytes(body), headers, self._http_forwarded, self.limit)
             if match.split is None or not isinstance(body, (bytes, bytearray)):
                 call = backend.infer_http(model, version, body, headers, self._http_forwarded, self.limit)
-                body = b""  # the backend owns it: freed there as soon as it is sent or encoded
+                del body  # the backend owns it: freed there as soon as it is sent or encoded
                 return await self.timed(backend, call)
             try:
                 return await self.timed(backend, backend.infer_http(model, version, body, headers, self._http_forwarded,
@@ -251,7 +255,7 @@ class Proxy(DataPlane):
         holds.enter(model, match.label)
         try:
             if not holds.ready(model, version):  # (the common case costs no coroutine)
-                await self.hold(backend, match, model, version)
+                await self._hold(backend, match, model, version)
             if match.mirror is not None and isinstance(body, (bytes, bytearray)):
                 self.mirrors.http(match, model, version, bytes(body), headers, self._http_forwarded, self.limit)
             try:
@@ -261,7 +265,7 @@ class Proxy(DataPlane):
                 # Where it was is gone (a pod died, another replica evicted it): placed again, once.
                 if not isinstance(body, (bytes, bytearray)) or not self._placed_again(backend, model, version):
                     raise
-            await self.hold(backend, match, model, version)
+            await self._hold(backend, match, model, version)
             return await self.timed(backend, backend.infer_http(model, version, body, headers,
                                                                 self._http_forwarded, self.limit))
         finally:
@@ -337,7 +341,7 @@ class Proxy(DataPlane):
                          affinity: str | None = None, metadata: Sequence[tuple[str, str]] = (),
                          sink: AnswerSink | None = None) -> bytes:
         routing = self.routing
-        headers = metadata_map(metadata) if routing.table.by_headers else None
+        headers = _metadata_map(metadata) if routing.table.by_headers else None
         backend, match = routing.pick(model, version, headers, affinity)
         # Requests of a placement pool or a route with hold_s wait for their model and count as
         # its demand (one coroutine for both kinds: every gRPC inference passes here).
@@ -348,7 +352,7 @@ class Proxy(DataPlane):
             holds.enter(model, match.label)
         try:
             if holds is not None and not holds.ready(model, version):
-                await self.hold(backend, match, model, version)
+                await self._hold(backend, match, model, version)
             trace = pick_headers(metadata, self.context_headers) if metadata else ()
             if match.mirror is not None:
                 if not isinstance(message, bytes):
@@ -368,33 +372,79 @@ class Proxy(DataPlane):
                     if other is None:
                         raise
                 # (else where it was is gone — a pod died, another replica evicted it: placed again, once)
-            except Exception as err:  # (its own name: mypyc types an except clause's name once per function)
-                self._failed(backend, err)
+            except Exception as exc:
+                self._failed(backend, exc)
                 raise
             finally:
                 self.metrics.upstream_timer(backend.name).observe(time.perf_counter() - start)
             assert other is not None
             if other is backend:
-                await self.hold(backend, match, model, version)
+                await self._hold(backend, match, model, version)
             return await self.timed(other, other.infer_grpc(message, model, version, timeout, affinity, trace, sink))
         finally:
             self.admission.leave(size)
             if holds is not None:
                 holds.leave(model, match.label)
 
-    def infer_stream(self, first: bytes, rest: AsyncIterator[bytes], model: str, version: str,
-                     timeout: float | None, affinity: str | None = None,
-                     metadata: Sequence[tuple[str, str]] = ()) -> AsyncIterator[bytes]:
-        """ModelStreamInfer pass-through to the gRPC backend of the first request's route
-        (streaminfer.py)."""
-        return stream_through(self, first, rest, model, version, timeout, affinity, metadata)
+    async def infer_stream(self, first: bytes, rest: AsyncIterator[bytes], model: str, version: str,
+                           timeout: float | None, affinity: str | None = None,
+                           metadata: Sequence[tuple[str, str]] = ()) -> AsyncIterator[bytes]:
+        """ModelStreamInfer pass-through to the gRPC backend of the first request's route.
+        Every later request must route to the same backend (one stream, one backend
+        connection); one that does not ends the stream with INVALID_ARGUMENT after the
+        answers to the requests before it. Each request counts against max_inflight_bytes
+        while the gateway holds it (:class:`StreamHeld`): a first one past it is refused with
+        UNAVAILABLE before the backend's stream opens, a later one ends the stream with
+        UNAVAILABLE after the answers before it."""
+        routing = self.routing
+        headers = _metadata_map(metadata)
+        backend, match = routing.pick(model, version, headers, affinity)
+        holds = backend.holds if self._holding(backend, match) else None
+        if holds is not None:
+            await self._hold(backend, match, model, version)
+        refused: list[GatewayError] = []
+        held = StreamHeld(self.admission, backend.grpc_cost())
+        held.take(len(first))  # over max_inflight_bytes: UNAVAILABLE before a backend stream opens
+
+        async def requests() -> AsyncIterator[bytes]:
+            yield first
+            held.give()
+            async for message in rest:
+                m, v, _ = scan_infer_routing(message)
+                try:
+                    if not m:
+                        raise InvalidRequest("ModelInferRequest.model_name is required")
+                    match = routing.table.resolve(m, v, headers)
+                    if backend.name not in (match.split.names if match.split is not None else (match.backend,)):
+                        raise InvalidRequest(
+                            f"model '{m}' routes to another backend than this stream's ('{backend.name}'): "
+                            "open one stream per backend")
+                    held.take(len(message))
+                except GatewayError as err:
+                    refused.append(err)
+                    return  # half-close: the backend answers what it has, then the stream ends
+                yield message
+                held.give()
+
+        if holds is not None:
+            holds.enter(model, match.label)  # an open stream keeps its model in use
+        try:
+            trace = pick_headers(metadata, self.context_headers)
+            async for answer in backend.infer_stream(requests(), model, version, timeout, affinity, trace):
+                yield answer
+        finally:
+            held.close()
+            if holds is not None:
+                holds.leave(model, match.label)
+        if refused:
+            raise refused[0]
 
     # -- Triton's generate extension: through on HTTP backends, converted on gRPC backends ----
     async def generate(self, model: str, version: str, body: bytes, headers: Mapping[str, str],
                        stream: bool) -> HttpReply:
         backend, match = self.routing.pick(model, version, headers)
-        if self.holding(backend, match):
-            await self.hold(backend, match, model, version)
+        if self._holding(backend, match):
+            await self._hold(backend, match, model, version)
         size = len(body) * backend.generate_cost()
         self.admission.enter(size)
         try:

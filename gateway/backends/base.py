@@ -30,7 +30,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..codec.repository import IndexEntry
 from ..config.schema import BackendSpec
@@ -41,12 +41,6 @@ from ..routing.balancer import balancer
 from ..routing.readiness import Ready
 from ..routing.retry import RetryBudget
 from .endpoints import E, EndpointSet
-
-try:
-    from mypy_extensions import mypyc_attr
-except ImportError:  # (installed without mypy, which only the build needs: the decorator is mypyc's alone)
-    def mypyc_attr(*attrs: str, **kwattrs: object) -> Callable[[T], T]:
-        return lambda cls: cls
 
 if TYPE_CHECKING:
     from .placement import Holds, Placer
@@ -84,9 +78,7 @@ class Refused(Exception):
     NOT_READY (the model is not there: none of its traffic until a check sees it), or
     BUSY (the server refused it for now, e.g. Triton's queue is full)."""
 
-    TRANSPORT: Final = "transport"
-    NOT_READY: Final = "not_ready"
-    BUSY: Final = "busy"
+    TRANSPORT, NOT_READY, BUSY = "transport", "not_ready", "busy"
 
     def __init__(self, error: GatewayError, *, kind: str) -> None:
         super().__init__(error.message)
@@ -94,7 +86,6 @@ class Refused(Exception):
         self.kind = kind
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)  # (HttpExchange, test doubles)
 class Backend(EndpointSet[E]):
     """The endpoints of one backend (config ``backends``) and what the gateway can ask of them.
     What differs between the backend kinds is said here, not asked with isinstance: the
@@ -384,10 +375,10 @@ class Backend(EndpointSet[E]):
         async def one(ep: E) -> tuple[E, T | None, GatewayError | None]:
             try:
                 return ep, await call(ep), None
-            except Refused as refused:  # (own names: mypyc types an except clause's name once per function)
-                return ep, None, refused.error
-            except GatewayError as err:
-                return ep, None, err
+            except Refused as exc:
+                return ep, None, exc.error
+            except GatewayError as exc:
+                return ep, None, exc
 
         return list(await asyncio.gather(*(one(ep) for ep in list(self.endpoints.values()))))
 

@@ -52,7 +52,6 @@ from ..errors import (
 from ..routing.table import STATEFUL
 from .base import TRITON_GRPC_PREFIX, Backend, Refused, is_not_ready_message
 from .grpc_endpoint import _INFER, GrpcEndpoint, _Rpc, channel_options
-from .grpc_streams import stream_answers
 from .grpcfault import Fault, fault, never_sent, own_status, seconds
 from .h2frames import CallError
 
@@ -98,8 +97,7 @@ class GrpcBackend(Backend[GrpcEndpoint]):
         ``sink``: a ModelInfer answer may be streamed there (``GrpcEndpoint.relay``); once a byte
         of it has gone to the client, nothing is sent again, so no failure is a Refused."""
         tmo = self.spec.timeout_s if timeout is None else min(timeout, self.spec.timeout_s)
-        ep.entered()
-        answer: Any  # (bytes from the native client; grpcio's typed calls answer messages)
+        ep._inflight += 1
         try:
             relay = ep.relay
             if sink is not None and relay is not None:
@@ -348,21 +346,30 @@ class GrpcBackend(Backend[GrpcEndpoint]):
         """:meth:`_call`, and the endpoint that answered."""
         return await self._call(ep, *args), ep
 
-    def infer_stream(self, requests: AsyncIterator[bytes], model: str, version: str,
-                     timeout: float | None, affinity: str | None,
-                     metadata: tuple[tuple[str, str], ...]) -> AsyncIterator[bytes]:
-        """Triton's ModelStreamInfer, passed through (backends/grpc_streams.py)."""
-        return stream_answers(self, requests, model, version, timeout, affinity, metadata)
-
-    def stream_failed(self, ep: GrpcEndpoint, exc: aio.AioRpcError | CallError, timeout: float | None) -> Exception:
-        """What a ModelStreamInfer call's failure raises: never a Refused (a stream is not
-        sent again once open); a refused connection stops traffic to the endpoint."""
-        error = self._mapped(ep, exc, timeout)
-        if isinstance(error, Refused):
-            if error.kind == Refused.TRANSPORT:
-                self.transport_failed(ep, live=False)
-            return error.error
-        return error
+    async def infer_stream(self, requests: AsyncIterator[bytes], model: str, version: str,
+                           timeout: float | None, affinity: str | None,
+                           metadata: tuple[tuple[str, str], ...]) -> AsyncIterator[bytes]:
+        """Triton's ModelStreamInfer, passed through: serialized ModelInferRequests out,
+        serialized ModelStreamInferResponses back, as they come, on one endpoint (a
+        stream's requests may depend on each other, so there is no retry once it is
+        open). ``timeout`` is the client's deadline, if any: a stream carries many
+        requests, so ``timeout_s`` does not bound it."""
+        ep = self.first(model, version, affinity)
+        call = ep.stream(requests, timeout=timeout, metadata=metadata or None)
+        ep._inflight += 1
+        try:
+            async for answer in call:
+                yield answer
+        except (aio.AioRpcError, CallError) as exc:
+            error = self._mapped(ep, exc, timeout)
+            if isinstance(error, Refused):
+                if error.kind == Refused.TRANSPORT:
+                    self.transport_failed(ep, live=False)
+                raise error.error from exc
+            raise error from exc
+        finally:
+            ep.left()
+            call.cancel()  # a no-op once the stream ended; stops it if the client went away
 
     async def generate(self, model: str, version: str, body: bytes, headers: Mapping[str, str],
                        forwarded: Sequence[str], stream: bool) -> HttpReply:

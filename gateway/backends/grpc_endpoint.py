@@ -167,10 +167,6 @@ class GrpcEndpoint(Endpoint):
                 pass
         await self.channel.close()
 
-    def entered(self) -> None:
-        """A call or stream on this endpoint has begun (``left`` when it ends)."""
-        self._inflight += 1
-
     def left(self) -> None:
         """A call or stream on this endpoint has ended."""
         self._inflight -= 1
