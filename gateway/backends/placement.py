@@ -293,7 +293,8 @@ class Placer:
 
     async def place_here(self, model: str, copies: int) -> list[str]:
         """Another replica asks this one, its pool's decider, to place ``model``: the endpoints
-        it is ready on once it is (at most ``max_copies``)."""
+        it is ready on once it is (at most ``max_copies``); none for a model no repository lists
+        that found no room (the asking replica's request goes on to the server's own answer)."""
         copies = max(1, min(copies, self.spec.max_copies))
         if self.copies(model) < copies:
             task = self._placing.get(model) or self._start(model, copies, here=True)
@@ -303,8 +304,13 @@ class Placer:
                 raise not_ready(f"model '{model}' was not ready on any endpoint of backend '{self.backend.name}' "
                                  f"within {self.spec.load_timeout_s:g} s (loading it); retry later",
                                  max(1, round(self.spec.load_timeout_s))) from None
-        ready = [str(ep.address) for ep in self._usable() if ep.health.ready_for(model, "") == Ready.YES]
+        usable = self._usable()
+        ready = [str(ep.address) for ep in usable if ep.health.ready_for(model, "") == Ready.YES]
         if not ready:
+            if usable and not any(ep.health.knows(model) for ep in usable):
+                # No repository lists it and there was no room to try it: the asking replica's
+                # request goes on and the server answers it itself (as here, ``_place``).
+                return []
             raise not_ready(f"model '{model}' is not ready on backend '{self.backend.name}'; retry later", 2)
         return ready
 

@@ -849,6 +849,20 @@ async def test_an_unknown_model_never_evicts():
     idle(holds)
 
 
+async def test_an_unknown_model_asked_by_a_peer_where_there_is_no_room_is_left_to_the_server():
+    """The decider asked by another replica for a name no index lists, every endpoint full: no
+    eviction, no load, no endpoints — the asking replica's request goes on and the server answers
+    it (its own 404), as through the decider itself; not a 503 "retry later"."""
+    pool, placer, holds, _ = await make(2, capacity=2)
+    for addr in (A, B):
+        pool.set_loaded(addr, "m01", "m02")
+        pool.used(addr, "m01", 600)
+        pool.used(addr, "m02", 600)
+    assert await placer.place_here("no-such-model", 1) == []
+    assert pool.calls == []
+    idle(holds)
+
+
 async def test_an_unknown_model_is_loaded_where_there_is_room_and_the_refusal_relayed():
     pool, placer, holds, events = await make(2, capacity=3)
     pool.set_loaded(A, "m01", "m02")
