@@ -456,9 +456,10 @@ class Client:
         self.idle.clear()
 
 
-async def open_loop(send, rate: float, seconds: float, timeout: float) -> dict[str, Any]:
+async def open_loop(send, rate: float, seconds: float, timeout: float, keep: bool = False) -> dict[str, Any]:
     """``send(i)`` at a fixed rate for ``seconds``, not waiting for answers (open loop). Latency
-    counts from each request's scheduled time."""
+    counts from each request's scheduled time. ``keep``: the answered requests' latencies too
+    (``lat_ms``)."""
     # (time.monotonic, not loop.time(): uvloop's clock has millisecond steps.)
     n = max(1, int(rate * seconds))
     lat = np.full(n, np.nan)
@@ -491,7 +492,10 @@ async def open_loop(send, rate: float, seconds: float, timeout: float) -> dict[s
                            "send_lag_max_ms": float(np.nanmax(lag) * 1000)}
     if ok.size:
         out.update(p50_ms=float(np.percentile(ok, 50)), p90_ms=float(np.percentile(ok, 90)),
-                   p99_ms=float(np.percentile(ok, 99)), max_ms=float(ok.max()), mean_ms=float(ok.mean()))
+                   p99_ms=float(np.percentile(ok, 99)), max_ms=float(ok.max()), mean_ms=float(ok.mean()),
+                   max_at_s=float(np.nanargmax(lat) / rate))  # (when the slowest was sent, from the start)
+    if keep:
+        out["lat_ms"] = ok.tolist()
     return out
 
 

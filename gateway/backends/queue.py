@@ -15,7 +15,9 @@ endpoints every 0.5 s would be ~600 MB/s to read): a pass reads at most ``CONCUR
 once, and the next one begins ``interval_s`` after it ended — or later, so that a pass's work is
 at most ``SHARE`` of a core over the pass and the wait together; never back to back. A small
 fleet is read every ``interval_s``; a large one as often as that share allows
-(benchmarks/control_plane.py).
+(benchmarks/control_plane.py). Two readers take the endpoints in turn and pause ``PACE_S``
+after each page: pages read together would be read in one turn of the loop, which requests then
+wait behind (benchmarks/tail.py).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -40,10 +43,19 @@ log = logging.getLogger("oip_gateway.queue")
 # A metrics page larger than this is not read whole (Triton's with thousands of models is a
 # few MiB); the endpoint then falls back to least-request.
 _MAX_PAGE = 32 << 20
-# Pages read at once by one backend's pass.
-CONCURRENCY = 8
-# The share of a core one backend's scraping may take, averaged over a pass and the wait after it.
-SHARE = 0.02
+# Pages read at once by one backend's pass. Few: pages that arrive together are read in one turn
+# of the event loop, which requests then wait behind (8 at once at 100 endpoints × 1,000 models
+# put a light load's p99 at 1.8 × a one-endpoint backend's: benchmarks/tail.py).
+CONCURRENCY = 2
+# A reader's pause after each page: a pass's pages spread out, so that a request meets at most
+# about one page being read on its way (back to back, each of its turns met one).
+PACE_S = 0.002
+# Passes whose CPU the wait after a pass is computed from (the least of them).
+_WORKS = 3
+# The share of a core one backend's scraping may take, averaged over a pass and the wait after it:
+# 100 endpoints × 1,000 models are read every ~0.6 s, 300 × 10,000 every ~12 s
+# (benchmarks/control_plane.py; the health checks of the latter take another 0.035 of a core).
+SHARE = 0.015
 # Good reads in a row after which an unreadable page is logged as readable again.
 _READABLE_AGAIN = 3
 
@@ -56,6 +68,8 @@ class QueueScraper:
         self._ports = dict(backend.spec.metrics_ports)
         # Endpoints whose page could not be read (logged once) -> good reads since.
         self._unreadable: dict[HostPort, int] = {}
+        # This thread's CPU in the current pass's reads (thread_time).
+        self._work = 0.0
         # (backend name, read ok, seconds of work): for the metrics.
         self.on_scrape = on_scrape or (lambda name, ok, seconds: None)
 
@@ -75,27 +89,40 @@ class QueueScraper:
 
     async def _run(self) -> None:
         interval = self.backend.spec.queue_metrics.interval_s
+        works: deque[float] = deque(maxlen=_WORKS)
         while True:
-            cpu = time.thread_time()
+            self._work = 0.0
             await self.scrape_once()
-            # thread_time: this thread's CPU during the pass (the loop's other work included: an
-            # upper bound on the pass's own).
-            work = time.thread_time() - cpu
+            # The pass's CPU, from its reads (_scrape; an upper bound: what else the loop ran while
+            # a page was on its way counts too). The least of the last few passes is the estimate:
+            # the first ran beside start-up, and any may meet a health round.
+            works.append(self._work)
+            work = min(works) if len(works) > 1 else 0.0
             await asyncio.sleep(max(interval, work / SHARE - work))
 
     async def scrape_once(self) -> None:
         eps = list(self.backend.endpoints.values())
         for addr in [a for a in self._conns if a not in self.backend.endpoints]:
             self._conns.pop(addr).close()  # the endpoint left (DNS, reload)
-        gate = asyncio.Semaphore(CONCURRENCY)
+        # CONCURRENCY readers taking endpoints in turn: not a task per endpoint, whose first steps,
+        # all in one turn of the loop, would hold it (as health.py's _started says).
+        todo = iter(eps)
 
-        async def one(ep: Endpoint) -> None:
-            async with gate:
+        async def reader() -> None:
+            for ep in todo:
                 await self._scrape(ep)
+                await asyncio.sleep(PACE_S)
 
-        await asyncio.gather(*(one(ep) for ep in eps))
+        await asyncio.gather(*(reader() for _ in range(CONCURRENCY)))
 
     async def _scrape(self, ep: Endpoint) -> None:
+        cpu = time.thread_time()
+        try:
+            await self._read(ep)
+        finally:
+            self._work += time.thread_time() - cpu
+
+    async def _read(self, ep: Endpoint) -> None:
         spec = self.backend.spec
         timeout = min(spec.queue_metrics.interval_s * 4, spec.timeout_s, 2.0)
         conns = self._conns.get(ep.address)

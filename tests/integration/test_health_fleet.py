@@ -449,9 +449,12 @@ async def test_queue_scrapes_at_most_concurrency_pages_at_once():
 
 
 async def test_queue_wait_after_a_pass_is_interval_or_its_work_over_the_share(monkeypatch):
-    """The pass's CPU time comes from a stub thread clock (0.01 s, then 0.001 s); the waits asked
-    of asyncio.sleep by the scraper's loop are recorded (and kept short)."""
-    works = iter([0.01, 0.001])
+    """A pass's CPU time comes from a stub thread clock around each page's read (one reader: the
+    calls alternate; two endpoints, each half the pass: 0.05 s beside start-up, then 0.01, 0.02,
+    0.001 s); the waits asked of asyncio.sleep by the scraper's loop between passes are recorded
+    (and kept short; a reader's pause between pages is not one of them)."""
+    works = iter([w / 2 for w in (0.05, 0.01, 0.02, 0.001) for _ in range(2)])
+    monkeypatch.setattr(queue_module, "CONCURRENCY", 1)
     clock = {"t": 0.0, "start": True}
     waits: list[float] = []
     real_time, real_sleep = queue_module.time, asyncio.sleep
@@ -460,7 +463,7 @@ async def test_queue_wait_after_a_pass_is_interval_or_its_work_over_the_share(mo
         def __getattr__(self, name: str) -> Any:
             return getattr(real_time, name)
 
-        def thread_time(self) -> float:  # called before and after each pass
+        def thread_time(self) -> float:  # called before and after each page's read
             if not clock["start"]:
                 clock["t"] += next(works, 0.001)
             clock["start"] = not clock["start"]
@@ -472,7 +475,8 @@ async def test_queue_wait_after_a_pass_is_interval_or_its_work_over_the_share(mo
 
         @staticmethod
         async def sleep(seconds: float) -> None:
-            waits.append(seconds)
+            if seconds != queue_module.PACE_S:
+                waits.append(seconds)
             await real_sleep(0.01)
 
     monkeypatch.setattr(queue_module, "time", Time())
@@ -482,13 +486,16 @@ async def test_queue_wait_after_a_pass_is_interval_or_its_work_over_the_share(mo
         scraper = QueueScraper(backend)
         try:
             scraper.start()
-            await _until(lambda: len(waits) >= 2, "two passes of the scraper")
+            await _until(lambda: len(waits) >= 4, "four passes of the scraper")
         finally:
             await scraper.stop()
             await backend.close()
-    assert fleet.total("metrics") >= 4
-    # 0.01 s of work at 2 % of a core: 0.5 s per pass in all, 0.49 s of it waiting; 0.001 s: interval_s.
-    assert waits[:2] == pytest.approx([0.01 / queue_module.SHARE - 0.01, 0.2])
+    assert fleet.total("metrics") >= 8
+    # The first pass (start-up's work counted with it) is followed by interval_s; then the least
+    # of the last three passes' work decides: 0.01 s at 2 % of a core is 0.5 s per pass in all,
+    # 0.49 s of it waiting (twice: 0.02 s is not the least), then 0.001 s: interval_s.
+    share = 0.01 / queue_module.SHARE - 0.01
+    assert waits[:4] == pytest.approx([0.2, share, share, 0.2])
 
 
 # -- the gauges, through a real gateway ---------------------------------------------------------
