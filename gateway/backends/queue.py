@@ -68,8 +68,11 @@ class QueueScraper:
         self._ports = dict(backend.spec.metrics_ports)
         # Endpoints whose page could not be read (logged once) -> good reads since.
         self._unreadable: dict[HostPort, int] = {}
-        # This thread's CPU in the current pass's reads (thread_time).
+        # This thread's CPU in the current pass's reads (thread_time), the reads under way, and
+        # the thread_time when the first of them began.
         self._work = 0.0
+        self._reading = 0
+        self._since = 0.0
         # (backend name, read ok, seconds of work): for the metrics.
         self.on_scrape = on_scrape or (lambda name, ok, seconds: None)
 
@@ -116,11 +119,17 @@ class QueueScraper:
         await asyncio.gather(*(reader() for _ in range(CONCURRENCY)))
 
     async def _scrape(self, ep: Endpoint) -> None:
-        cpu = time.thread_time()
+        # CPU counted while some read is under way (the readers' windows overlap: each counted
+        # alone would count the other's work twice), not during the pauses between pages.
+        if not self._reading:
+            self._since = time.thread_time()
+        self._reading += 1
         try:
             await self._read(ep)
         finally:
-            self._work += time.thread_time() - cpu
+            self._reading -= 1
+            if not self._reading:
+                self._work += time.thread_time() - self._since
 
     async def _read(self, ep: Endpoint) -> None:
         spec = self.backend.spec
