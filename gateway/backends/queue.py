@@ -17,7 +17,7 @@ at most ``SHARE`` of a core over the pass and the wait together; never back to b
 fleet is read every ``interval_s``; a large one as often as that share allows
 (benchmarks/control_plane.py). Two readers take the endpoints in turn and pause ``PACE_S``
 after each page: pages read together would be read in one turn of the loop, which requests then
-wait behind (benchmarks/tail.py).
+wait behind (benchmarks/tail.py). Endpoints the health checks have down are not read.
 """
 from __future__ import annotations
 
@@ -113,6 +113,11 @@ class QueueScraper:
 
         async def reader() -> None:
             for ep in todo:
+                if ep.health.live is False:
+                    # Down (health checks): it takes no traffic, and a pod that is gone would hold
+                    # a reader for a whole connect timeout every pass.
+                    ep.queue = None
+                    continue
                 await self._scrape(ep)
                 await asyncio.sleep(PACE_S)
 

@@ -387,6 +387,27 @@ async def test_queue_counts_skip_zeros():
             await backend.close()
 
 
+async def test_queue_pages_of_endpoints_down_are_not_read_until_they_are_up():
+    with FakeFleet(3) as fleet:
+        fleet.set_metrics(metrics_page({("a", "1"): 2}))
+        backend = _queue_backend(fleet)
+        scraper = QueueScraper(backend)
+        first, down, third = backend.endpoints.values()
+        try:
+            await scraper.scrape_once()
+            assert down.queue == {("a", "1"): 2.0, ("a", ""): 2.0}
+            down.health.checked(False, 1, 1)  # the health checks took it down
+            await scraper.scrape_once()
+            assert [fleet.count(i, "metrics") for i in range(3)] == [2, 1, 2]
+            assert down.queue is None and first.queue == third.queue == {("a", "1"): 2.0, ("a", ""): 2.0}
+            down.health.checked(True, 1, 1)
+            await scraper.scrape_once()
+            assert fleet.count(1, "metrics") == 2 and down.queue == {("a", "1"): 2.0, ("a", ""): 2.0}
+        finally:
+            await scraper.stop()
+            await backend.close()
+
+
 def _logged(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "oip_gateway.queue" and text in r.getMessage()]
 
