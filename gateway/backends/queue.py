@@ -53,9 +53,10 @@ PACE_S = 0.002
 # Passes whose CPU the wait after a pass is computed from (the least of them).
 _WORKS = 3
 # The share of a core one backend's scraping may take, averaged over a pass and the wait after it:
-# 100 endpoints × 1,000 models are read every ~1.3 s, 300 × 10,000 every ~7.5 s
-# (benchmarks/control_plane.py; the health checks of the latter take another ~0.03 of a core).
-SHARE = 0.015
+# 100 endpoints × 1,000 models are read every ~1.4 s, 300 × 10,000 every ~24 s — then 0.045 of a
+# core idle with the health checks, which take ~0.035 (benchmarks/control_plane.py; at 1.5 % it was
+# 0.055: the share counts only the reads, not the loop's turns around them).
+SHARE = 0.01
 # Good reads in a row after which an unreadable page is logged as readable again.
 _READABLE_AGAIN = 3
 
