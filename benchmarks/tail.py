@@ -76,13 +76,14 @@ def _pin(pid: int, cpus: set[int]) -> None:
 
 
 def _cpus(args: argparse.Namespace) -> tuple[set[int], set[int]] | None:
-    """(the gateway's CPU, everyone else's), or None: not pinned."""
+    """(the gateway's CPU, everyone else's), or None: not pinned. Asked once, before this
+    process is pinned (its own affinity is one CPU after that)."""
     cpus = sorted(os.sched_getaffinity(0))
     return ({cpus[0]}, set(cpus[1:])) if args.pin and len(cpus) >= 2 else None
 
 
 async def _window(fleet: FakeFleet, n: int, m: int, balance: str, args: argparse.Namespace,
-                  seed: int) -> dict[str, Any]:
+                  seed: int, pins: tuple[set[int], set[int]] | None) -> dict[str, Any]:
     from tests.support.gateway import GatewayProcess
 
     work = Path(tempfile.mkdtemp(prefix="oip-tail-"))
@@ -90,7 +91,6 @@ async def _window(fleet: FakeFleet, n: int, m: int, balance: str, args: argparse
     try:
         await asyncio.to_thread(gw.start, 60.0)
         assert gw.proc is not None
-        pins = _cpus(args)
         if pins is not None:
             _pin(gw.proc.pid, pins[0])
         await _routed(gw.ports["http"], m, 60.0)
@@ -126,7 +126,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             order = list(range(len(sizes))) if w % 2 == 0 else list(reversed(range(len(sizes))))
             for i in order:
                 n, m = sizes[i]
-                res = await _window(fleets[i], n, m, args.balance, args, seed=w)
+                res = await _window(fleets[i], n, m, args.balance, args, seed=w, pins=pins)
                 key = f"{n}x{m}"
                 lat = res.pop("lat_ms")
                 runs[key]["lat_ms"].extend(lat)
