@@ -23,7 +23,9 @@ Checks (any other exception, or a FuzzBug, is a bug):
   compressed body; the skeleton is the same however the text is chunked or compressed, and
   parses to the document with its "data" arrays emptied;
 - sequence_of_json (pass-through affinity) raises only for a repeated member name, and agrees with
-  the decoded request.
+  the decoded request;
+- the decoders (codec/jsonfast.py's reading first) answer what the plain reading answers: the same
+  tensors byte for byte, or the same refusal.
 """
 from __future__ import annotations
 
@@ -104,7 +106,9 @@ def _check_depth(jpart: bytes, limit: int, chunk: int) -> bool:
         doc = json.loads(jpart.decode("utf-8"))
     except (ValueError, RecursionError):
         return whole  # not JSON: no reference answer (the backend refuses it)
-    depth = json_depth(doc)
+    # (every member counted, a repeated name's too: the text nests as deep as its deepest value)
+    depth = json_depth(json.loads(jpart.decode("utf-8"),
+                                  object_pairs_hook=lambda pairs: {i: v for i, (_, v) in enumerate(pairs)}))
     check(whole == (depth > limit), f"too_deep says {whole} for depth {depth}, limit {limit}")
     if not whole and b"\\" not in jpart:  # (a key spelled with escapes is kept whole: larger, not wrong)
         # (compared as re-serialised text: NaN, which Python's json reads, is not equal to itself)
@@ -137,7 +141,30 @@ def _no_bool_as_number(plain: bytes, ihcl: str | None) -> None:
             raise FuzzBug(f"tensor {t.get('name')!r}: JSON true/false in {t.get('datatype')} data was converted")
 
 
+def _as_plain(plain: bytes, ihcl: str | None, response: bool) -> None:
+    """The public decoder (fast reading first) against the plain reading alone."""
+    outcomes: list[Any] = []
+    for decode in (httpdecode.decode_response if response else
+                   lambda view, hl: httpdecode.decode_request(view, hl, "m", "1"),
+                   (lambda view, hl: httpdecode._response(view, hl, False)) if response else
+                   (lambda view, hl: httpdecode._request(view, hl, "m", "1", False))):
+        try:
+            outcomes.append(decode(memoryview(plain), content.header_length(ihcl, len(plain))))
+        except GatewayError as exc:
+            outcomes.append((type(exc).__name__, exc.message))
+    got, want = outcomes
+    if isinstance(got, tuple) or isinstance(want, tuple):
+        check(got == want, f"decoded {got!r}, the plain reading {want!r}")
+        return
+    tensors = (got.outputs, want.outputs) if response else (got.inputs, want.inputs)
+    same_tensors(*tensors, "fast reading vs plain reading")
+    fields = ("model_name", "model_version", "id", "parameters") + (() if response else ("outputs",))
+    check(all(getattr(got, f) == getattr(want, f) for f in fields),
+          "fast reading vs plain reading: the request or response differs")
+
+
 def _check_request(body: bytes, headers: dict[str, str], plain: bytes, ihcl: str | None) -> None:
+    _as_plain(plain, ihcl, False)
     try:
         parts, sequence, _form = convert.http_request_to_grpc(body, headers, "m", "1", LIMIT)
     except GatewayError:
@@ -171,6 +198,7 @@ def _check_request(body: bytes, headers: dict[str, str], plain: bytes, ihcl: str
 
 
 def _check_response(body: bytes, headers: dict[str, str], plain: bytes, ihcl: str | None) -> None:
+    _as_plain(plain, ihcl, True)
     try:
         message = convert.http_answer_to_grpc(body, headers, LIMIT, "b")
     except GatewayError:

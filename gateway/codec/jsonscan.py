@@ -63,8 +63,11 @@ _WINDOW_MAX: Final = 64 * 1024
 
 class JsonScanner:
     """``feed`` the text in order (any chunking gives the same result); ``exceeded`` says
-    whether it nested deeper than ``limit`` (negative: no limit; the scan stops there), and
-    ``skeleton()`` (with ``keep``) is the text without its ``data`` arrays' contents."""
+    whether it nested deeper than ``limit`` (negative: no limit; the scan stops there),
+    ``skeleton()`` (with ``keep``) is the text without its ``data`` arrays' contents, and
+    ``spans`` where those contents were: per array, in order, its contents' start offset in the
+    text, the depth around the array, and the end offset (codec/jsonfast.py reads them in
+    place)."""
 
     def __init__(self, limit: int, keep: bool) -> None:
         self.limit = limit
@@ -84,6 +87,8 @@ class JsonScanner:
         self.str_carry = b""
         self.keep_from = 0  # where the skeleton's next piece of this chunk begins
         self.parts: list[bytes] = []
+        self.spans: list[int] = []
+        self.offset = 0  # the text's bytes fed before this chunk
         # The next position at or after the scan of each byte the data skip looks for
         # (len(chunk): none in this chunk).
         self.next_quote = 0
@@ -127,6 +132,7 @@ class JsonScanner:
                 return True
             if self.mode == _DATA:
                 window = _WINDOW_MIN
+        self.offset += n
         if self.mode == _STRUCTURE:
             if self.keep and self.keep_from < n:
                 self.parts.append(_piece(chunk, self.keep_from, n))
@@ -203,6 +209,8 @@ class JsonScanner:
                     # "data": [ — its contents are skipped, the brackets kept.
                     if self.keep:
                         self.parts.append(_piece(chunk, self.keep_from, i + 1))
+                        self.spans.append(self.offset + i + 1)
+                        self.spans.append(depth - 1)
                     mode = _DATA
                     self.data_base = depth - 1
                     key = 0
@@ -215,6 +223,8 @@ class JsonScanner:
                     if depth <= self.data_base:
                         mode = _STRUCTURE
                         self.keep_from = i
+                        if self.keep:
+                            self.spans.append(self.offset + i)
                 else:
                     key = 0
             elif mode == _STRUCTURE and not (c == 32 or c == 10 or c == 13 or c == 9):

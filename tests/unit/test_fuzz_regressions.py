@@ -230,3 +230,14 @@ def test_non_finite_parameters_keep_their_value_when_written_as_json(value, toke
     msg.parameters["p"].double_param = float("nan")
     chunks, _headers, _typed = convert.grpc_request_to_http(msg.SerializeToString(), binary=False)
     assert b'"p":NaN' in b"".join(chunks)
+
+
+# ------------------------------------------------------------------ JSON data read in place
+def test_a_data_array_nobody_reads_is_still_held_to_json():
+    """The fast reading (codec/jsonfast.py) parses the skeleton and reads each tensor's data in
+    place: a "data" array the decoder never reads (here "inputs" in a response) was not checked
+    at all, so a byte that is not UTF-8 in it passed where the plain reading refuses the body."""
+    body = (b'{"inputs": [{"name": "INPUT0", "shape": [2], "datatype": "BYTES", "data": ["hello",\xa0"w"]}],'
+            b' "parameters": {"sequence_id": 42}}')
+    with pytest.raises(InvalidRequest, match="malformed JSON inference response"):
+        httpdecode.decode_response(body, None)
