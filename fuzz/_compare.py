@@ -8,6 +8,7 @@ import numpy as np
 
 from gateway.codec.datatypes import bytes_values, to_numpy
 from gateway.codec.grpc import HTTP_ONLY_PARAMS
+from gateway.codec.jsonnum import bf16_to_float64
 from gateway.model import RequestedOutput, Tensor
 
 from ._support import check, same_value
@@ -32,6 +33,8 @@ def _values(t: Tensor) -> Any:
     arr = to_numpy(t, flat=True)
     if t.datatype == "BOOL":
         return arr.view(np.uint8) != 0  # any non-zero byte is true (Triton)
+    if t.datatype == "BF16":
+        return bf16_to_float64(arr)  # (its bit patterns: compared as numbers, NaN equal to NaN)
     return arr
 
 
