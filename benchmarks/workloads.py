@@ -56,6 +56,8 @@ WORKLOADS: dict[str, Workload] = {
         Workload("http_json_to_grpc_1m", "HTTP JSON → gRPC backend, 1 MiB FP32 (identity)", "http", "identity_FP32",
                  "grpc", False),
         Workload("http_json_1m", "HTTP JSON, 1 MiB FP32 (identity)", "http", "identity_FP32", "http", False),
+        Workload("http_json_to_grpc_small", "HTTP JSON → gRPC backend, 2×16 FP32 (add_sub)", "http", "add_sub",
+                 "grpc", True),
     )
 }
 
@@ -139,7 +141,7 @@ def write_bodies(names: list[str], directory: Path) -> dict[str, tuple[Path, tup
     out: dict[str, tuple[Path, tuple[tuple[str, str], ...]]] = {}
     for name in names:
         headers: tuple[tuple[str, str], ...] = (("content-type", "application/json"),)
-        if name == "http_json_small":
+        if name in ("http_json_small", "http_json_to_grpc_small"):
             body = _json_small()
         elif name in ("http_bin_1m", "http_bin_16m"):
             body, hlen = _binary(MiB if name == "http_bin_1m" else 16 * MiB)
@@ -180,7 +182,7 @@ def _verify_http(wl: Workload, host_port: str, body: bytes, headers: tuple[tuple
     outputs = {o["name"]: o for o in head.get("outputs", [])}
     if "OUTPUT0" not in outputs:
         return f"no OUTPUT0 in the answer: {str(head)[:300]}"
-    if wl.name == "http_json_small":
+    if wl.name in ("http_json_small", "http_json_to_grpc_small"):
         a, b = _small_inputs()
         got = np.asarray(outputs["OUTPUT0"]["data"], dtype="<f4")
         if not np.array_equal(got, a + b):
