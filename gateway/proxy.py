@@ -356,7 +356,7 @@ class Proxy(DataPlane):
             trace = pick_headers(metadata, self.context_headers) if metadata else ()
             if match.mirror is not None:
                 if not isinstance(message, bytes):
-                    message = await message.read()  # (a mirror needs the message whole)
+                    message = bytes(await message.read())  # (a mirror needs the message whole)
                 self.mirrors.grpc(match, model, version, message, trace)
             # timed(), inlined: one coroutine less on every gRPC inference (see GrpcBackend._unary).
             start = time.perf_counter()

@@ -104,7 +104,7 @@ class GrpcBackend(Backend[GrpcEndpoint]):
                 answer = await relay(request, tmo, metadata or None, sink)
             else:
                 if sink is not None and type(request) is not bytes:
-                    request = await request.read()  # (a streamed request, for grpcio's whole-message call)
+                    request = bytes(await request.read())  # (a streamed request: grpcio's call takes bytes)
                 elif relay is None and type(request) is list:
                     request = b"".join(request)  # (a converted request's pieces: grpcio takes one buffer)
                 answer = await pick(ep)(request, timeout=tmo, metadata=metadata or None)

@@ -358,12 +358,11 @@ class HttpBackend(HttpExchange):
                          affinity: str | None, metadata: tuple[tuple[str, str], ...],
                          sink: AnswerSink | None = None) -> bytes:
         """A gRPC client's request, converted: binary extension (or JSON) out, raw back."""
-        if not isinstance(message, bytes):
-            message = await message.read()
+        whole = message if isinstance(message, bytes) else await message.read()
         self.on_event("grpc_to_http")
-        chunks, headers, typed = grpc_request_to_http(message, binary=self.spec.binary_extension,
+        chunks, headers, typed = grpc_request_to_http(whole, binary=self.spec.binary_extension,
                                                            base64_bytes=self._base64_bytes)
-        del message
+        del message, whole
         reply = await self.request("POST", model_path(model, version) + "/infer", model, version, body=chunks,
                                    headers={**headers, **dict(metadata)}, timeout=timeout, affinity=affinity)
         del chunks

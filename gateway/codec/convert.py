@@ -69,7 +69,7 @@ def grpc_answer_to_http(answer: bytes, form: AnswerForm, backend: str) -> tuple[
     return chunks, reply_headers(json_length, coding)
 
 
-def grpc_request_to_http(message: bytes, *, binary: bool,
+def grpc_request_to_http(message: bytes | bytearray | memoryview, *, binary: bool,
                          base64_bytes: bool = False) -> tuple[Chunks, dict[str, str], bool]:
     """A ModelInferRequest → (HTTP body parts, headers, whether its data came typed — then
     so goes its answer): binary extension, or JSON only (``base64_bytes``: BYTES that are

@@ -76,7 +76,7 @@ _TYPED: dict[str, tuple[str, str]] = {
 _SMALL_RAW = 64 * 1024
 
 
-def _split(message: bytes | memoryview, raw_field: int, cls: Any) -> tuple[Any, list[memoryview]]:
+def _split(message: bytes | bytearray | memoryview, raw_field: int, cls: Any) -> tuple[Any, list[memoryview]]:
     """Parse every field but ``raw_field`` with protobuf; return the raw entries as slices."""
     view = byte_view(message)
     raws: list[memoryview] = []
@@ -268,7 +268,7 @@ def _fill_tensor(target: Any, t: Tensor) -> None:
 
 
 # ------------------------------------------------------------------ public API
-def decode_request(message: bytes | memoryview) -> InferRequest:
+def decode_request(message: bytes | bytearray | memoryview) -> InferRequest:
     """Decode a serialized ModelInferRequest; input data are slices of ``message``."""
     msg, raws = _split(message, _REQUEST_RAW, pb.ModelInferRequest)
     inputs = _tensors(msg.inputs, raws, "ModelInferRequest", msg.model_name)
@@ -340,7 +340,7 @@ def encode_stream_response(answer: bytes | None = None, error: str | None = None
     return out
 
 
-def uses_typed_contents(message: bytes | memoryview) -> bool:
+def uses_typed_contents(message: bytes | bytearray | memoryview) -> bool:
     """A ModelInferRequest with inputs and no ``raw_input_contents``: its data came typed
     (``contents.fp32_contents``…), so its answer goes back typed (MLServer's own rule;
     tritonclient sends raw and reads raw). One walk over the top-level fields."""

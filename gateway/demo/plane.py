@@ -95,10 +95,9 @@ class DemoPlane(DataPlane):
         affinity: str | None = None, metadata: Sequence[tuple[str, str]] = (), sink: AnswerSink | None = None,
     ) -> bytes:
         # ``timeout`` is moot: the models answer in microseconds, inline.
-        if not isinstance(message, bytes):
-            message = await message.read()
+        whole = message if isinstance(message, bytes) else await message.read()
         target = self.repository.resolve(model, version)
-        request = grpc_codec.decode_request(message)
+        request = grpc_codec.decode_request(whole)
         return grpc_codec.encode_response(target.infer(request))
 
     async def infer_stream(self, first: bytes, rest: AsyncIterator[bytes], model: str, version: str,

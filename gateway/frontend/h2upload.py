@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from ..codec.grpcstream import TailWalker
 from ..dataplane import SINK_FULL, SINK_GONE, MessagePipe
 from ..errors import GatewayError, InvalidRequest, MalformedMessage
+from ..rawbody import new_buffer
 
 if TYPE_CHECKING:
     from .h2calls import Call
@@ -46,8 +47,8 @@ class Upload:
     """One call's streamed request message. ``first`` is its first DATA (length prefix
     included), ``at`` where the head ends in it, ``size`` the message's length."""
 
-    __slots__ = ("call", "chunks", "encoding", "error", "full", "head", "kept", "pipe", "pushed", "reading",
-                 "received", "resendable", "size", "waiter", "walker", "whole")
+    __slots__ = ("call", "chunks", "encoding", "error", "filled", "full", "head", "into", "kept", "pipe", "pushed",
+                 "reading", "received", "resendable", "size", "waiter", "walker", "whole")
 
     def __init__(self, call: Call, first: bytes, at: int, size: int) -> None:
         self.call = call
@@ -65,6 +66,8 @@ class Upload:
         self.error: GatewayError | None = None
         self.full = False  # the pipe has enough for now: the client waits for resume()
         self.reading = False  # read(): the whole message is wanted, the window reopens as it comes
+        self.into: memoryview | None = None  # read(): the message's buffer, filled as DATA comes
+        self.filled = 0
         self.waiter: asyncio.Future[None] | None = None
         self.add(first, at)
 
@@ -89,7 +92,13 @@ class Upload:
             self.fail(InvalidRequest(problem))
             return
         self.received += len(data)
-        self.chunks.append(data)
+        into = self.into
+        if into is not None:  # (read whole: each piece goes where it belongs, and is let go)
+            n = len(data)
+            into[self.filled:self.filled + n] = data
+            self.filled += n
+        else:
+            self.chunks.append(data)
         if self.resendable and (self.received > REWIND_MAX or (self.pipe is not None and not self._keep(len(data)))):
             self._forget()
         if self.pipe is not None:
@@ -111,6 +120,7 @@ class Upload:
             return
         self.error = error
         self.chunks.clear()
+        self.into = None
         self.pushed = 0
         self._forget()
         self._ack()
@@ -142,21 +152,31 @@ class Upload:
         self.full = False
         self._ack()
 
-    async def read(self) -> bytes:
+    async def read(self) -> bytes | memoryview:
+        """The whole message, gathered into one buffer of its size as it arrives: what came
+        before is copied in now, the rest piece by piece as it comes, each piece let go at once
+        (joined at the end, the pieces and the message were both held: twice the message)."""
         if self.pipe is not None:
             raise RuntimeError("a streamed request went on already")
+        if self.error is not None:
+            raise self.error
         self.reading = True
+        into = self.into = new_buffer(self.size)  # (not zero-filled: every byte is written)
+        filled = 0
+        for i, chunk in enumerate(self.chunks):
+            piece = memoryview(chunk)[5:] if i == 0 else chunk  # (the first carries the length prefix)
+            into[filled:filled + len(piece)] = piece
+            filled += len(piece)
+        self.filled = filled
+        self.chunks.clear()
         self._ack()
         while not self.complete and self.error is None:
             self.waiter = asyncio.get_running_loop().create_future()
             await self.waiter
         if self.error is not None:
             raise self.error
-        chunks = self.chunks
-        chunks[0] = chunks[0][5:]  # (the length prefix: a copy of the first chunk, not of the message)
-        whole = b"".join(chunks)
-        chunks.clear()
-        return whole
+        self.into = None
+        return into
 
     # -- inside -------------------------------------------------------------------------------
     def _keep(self, n: int) -> bool:
