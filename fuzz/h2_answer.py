@@ -12,7 +12,8 @@ Input layout:
   read, 2 reads of byte 1's size (+1), 3 reads of the sizes in bytes 1-3 (+1 each), cycled; at
   most 256 reads, the last taking what is left. Bit 2: the server's preface (an empty SETTINGS,
   and the ACK of the client's) goes first. Bit 3: ``max_message_bytes`` 64 instead of the
-  default (256 MiB). Bit 4: two calls instead of one. Bit 5: the calls have a 2 s deadline.
+  default (256 MiB). Bit 4: two calls instead of one (the second gathers its answer, as a
+  converting caller does). Bit 5: the calls have a 2 s deadline.
   Bit 6: the clock moves 1 s after each read. Bit 7: after the bytes, the clock jumps past the
   keepalive (a PING), then past its timeout, and past any deadline.
 - bytes 1-3: the read sizes (see bits 0-1).
@@ -88,11 +89,11 @@ READ_SPINS = 2
 END_SPINS = 10
 
 
-async def _call(channel: Channel, request: bytes, timeout: float | None) -> bytes:
-    return await channel.unary(METHOD, request, timeout)
+async def _call(channel: Channel, request: bytes, timeout: float | None, gather: int) -> bytes | memoryview:
+    return await channel.unary(METHOD, request, timeout, gather=gather)
 
 
-def _outcome(task: asyncio.Task[bytes], limit: int, where: str) -> bytes | CallError | None:
+def _outcome(task: asyncio.Task[bytes | memoryview], limit: int, where: str) -> bytes | CallError | None:
     """A call's end (None: not yet), checked."""
     if not task.done():
         return None
@@ -103,7 +104,8 @@ def _outcome(task: asyncio.Task[bytes], limit: int, where: str) -> bytes | CallE
             raise FuzzBug(f"{where}: the call raised {exc!r}") from exc
         return exc
     answer = task.result()
-    check(isinstance(answer, bytes), f"{where}: the answer is a {type(answer).__name__}")
+    check(isinstance(answer, (bytes, memoryview)), f"{where}: the answer is a {type(answer).__name__}")
+    answer = bytes(answer)
     check(len(answer) <= limit, f"{where}: an answer of {len(answer)} bytes, over max_message_bytes {limit}")
     return answer
 
@@ -245,7 +247,9 @@ def drive(flags: int, stream: bytes, sizes: list[int] | None) -> None:
         transport.protocol = conn
         conn.connection_made(cast(asyncio.Transport, transport))
         channel.conns.append(conn)
-        calls = [loop.create_task(_call(channel, r, timeout)) for r in requests]
+        # The second call reads its answer as a converting caller does, gathered into one
+        # buffer (h2stream.Gathered) from its first byte on.
+        calls = [loop.create_task(_call(channel, r, timeout, i)) for i, r in enumerate(requests)]
         loop.spin(READ_SPINS)
         sids = sorted(conn.calls)
         check(len(sids) == len(calls), f"{len(calls)} calls made {len(sids)} streams")

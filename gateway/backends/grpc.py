@@ -51,7 +51,7 @@ from ..errors import (
 )
 from ..routing.table import STATEFUL
 from .base import TRITON_GRPC_PREFIX, Backend, Refused, is_not_ready_message
-from .grpc_endpoint import _INFER, GrpcEndpoint, _Rpc, channel_options
+from .grpc_endpoint import _CONVERT, _INFER, GrpcEndpoint, _Rpc, channel_options
 from .grpcfault import Fault, fault, never_sent, own_status, seconds
 from .h2frames import CallError
 
@@ -324,7 +324,7 @@ class GrpcBackend(Backend[GrpcEndpoint]):
         trace = tuple((k, v) for k in forwarded if k not in _FRAMING and (v := headers.get(k)) is not None)
         try:
             answer, ep = await self.attempt(model, version, affinity, self._call_from,
-                                            (_INFER, message, None, trace, model, version, True,
+                                            (_CONVERT, message, None, trace, model, version, True,
                                              affinity is not None or STATEFUL.get()))
         except UpstreamError as err:
             if err.grpc_code == "INVALID_ARGUMENT" and err.message == version_refusal(version):

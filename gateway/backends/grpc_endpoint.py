@@ -40,6 +40,8 @@ _Rpc = Callable[..., Awaitable[Any]]
 
 # An endpoint's ModelInfer callable: attrgetter is C, where a lambda is a Python frame per call.
 _INFER: Callable[[GrpcEndpoint], _Rpc] = attrgetter("infer")
+# ModelInfer whose answer is read whole to be converted (see GrpcEndpoint.convert).
+_CONVERT: Callable[[GrpcEndpoint], _Rpc] = attrgetter("convert")
 
 
 # Unary RPCs other than ModelInfer: (request type, response type).
@@ -89,7 +91,8 @@ class _Typed:
 
     __slots__ = ("method", "parse", "unary")
 
-    def __init__(self, unary: Callable[..., Awaitable[bytes]], method: str, parse: Callable[[bytes], Any]) -> None:
+    def __init__(self, unary: Callable[..., Awaitable[bytes | memoryview]], method: str,
+                 parse: Callable[[bytes | memoryview], Any]) -> None:
         self.unary = unary
         self.method = method
         self.parse = parse
@@ -99,12 +102,15 @@ class _Typed:
 
 
 class GrpcEndpoint(Endpoint):
-    __slots__ = ("_drained", "_grace", "_inflight", "channel", "infer", "raw", "relay", "stream", "typed")
+    __slots__ = ("_drained", "_grace", "_inflight", "channel", "convert", "infer", "raw", "relay", "stream", "typed")
     channel: Any  # an h2channel.Channel or a grpc.aio.Channel: both have ``async close()``
     infer: _Rpc
+    # ModelInfer for an answer read whole (converted): the gateway's own client gathers a large
+    # one into one buffer as it arrives (a memoryview; h2stream.Gathered); grpc.aio's is ``infer``.
+    convert: _Rpc
     # ModelInfer with its answer streamed to a sink (request, timeout, metadata, sink): the
     # gateway's own client only; None on grpc.aio, which hands a message over only whole.
-    relay: Callable[[Any, float | None, Any, AnswerSink], Awaitable[bytes]] | None
+    relay: Callable[[Any, float | None, Any, AnswerSink], Awaitable[bytes | memoryview]] | None
     stream: Callable[..., Any]  # (requests, timeout=, metadata=) -> an async iterator with cancel()
     typed: dict[str, _Rpc]
     raw: dict[str, _Rpc]
@@ -130,6 +136,7 @@ class GrpcEndpoint(Endpoint):
         # object awaited in the caller's own task saved ~32 k instructions per call, but only
         # through grpcio's private modules: not an interface any release keeps.)
         self.infer = ch.unary_unary(METHOD_PREFIX + "ModelInfer")
+        self.convert = self.infer
         self.stream = ch.stream_stream(METHOD_PREFIX + "ModelStreamInfer")
         self.typed = {
             name: ch.unary_unary(METHOD_PREFIX + name, request_serializer=req.SerializeToString,
@@ -140,12 +147,14 @@ class GrpcEndpoint(Endpoint):
 
     def _native(self, address: HostPort, spec: BackendSpec) -> None:
         from .h2channel import Channel, ChannelLimits  # (built only where libnghttp2 is)
+        from .h2stream import GATHER_MIN
 
         ch = Channel(address, spec.tls, spec.max_message_bytes, ChannelLimits(connect_timeout_s=spec.connect_timeout_s))
         self.channel = ch
         # partial is C: the call goes straight to Channel.unary, no Python frame between.
         self.infer = partial(ch.unary, METHOD_PREFIX + "ModelInfer")
         self.relay = self.infer  # (Channel.unary takes the sink as its fifth argument)
+        self.convert = partial(ch.unary, METHOD_PREFIX + "ModelInfer", gather=GATHER_MIN)
         self.stream = partial(ch.stream, METHOD_PREFIX + "ModelStreamInfer")
         self.typed = {name: _Typed(ch.unary, METHOD_PREFIX + name, resp.FromString)
                       for name, (_, resp) in _TYPED.items()}

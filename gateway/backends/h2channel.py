@@ -30,7 +30,7 @@ from ..dataplane import AnswerSink, StreamedMessage
 from ..h2 import _h2
 from .grpcfault import H2_ERRORS, Fault, stream_reset, went_away
 from .h2frames import ACCEPT_ENCODING, CallError, fault_error, metadata_headers, prefix, timeout_value
-from .h2stream import SMALL_BODY, Call, Metadata, Relay, StreamCall, Unary
+from .h2stream import SMALL_BODY, Call, Gathered, Metadata, Relay, StreamCall, Unary
 
 __all__ = ["CallError", "Channel", "ChannelLimits", "Metadata", "StreamCall"]
 
@@ -325,11 +325,14 @@ class Channel:
     async def unary(self, method: str,
                     request: bytes | bytearray | memoryview | list[bytes | memoryview] | StreamedMessage,
                     timeout: float | None = None, metadata: Metadata | None = None,
-                    sink: AnswerSink | None = None) -> bytes:
+                    sink: AnswerSink | None = None, gather: int = 0) -> bytes | memoryview:
         """One unary call: ``request`` is the request message (sent without a copy), the result
         the answer's message — or, with a ``sink``, a large answer streamed there and b"" (h2stream
-        ``Relay``), and a StreamedMessage request sent on as it arrives. Raises CallError (or a
-        streamed request's own error); CancelledError resets the stream (CANCEL)."""
+        ``Relay``), and a StreamedMessage request sent on as it arrives. ``gather``: an answer of at
+        least that many bytes (0: none) is gathered into one buffer as it arrives and comes as a
+        memoryview of it (h2stream ``Gathered``, for an answer read whole to be converted); else
+        the answer is bytes. Raises
+        CallError (or a streamed request's own error); CancelledError resets the stream (CANCEL)."""
         parts: list[bytes | memoryview] | None = None
         if isinstance(request, list):  # a message in pieces (grpc.encode_request_parts): each sent as it is
             parts = request
@@ -354,8 +357,13 @@ class Channel:
         retry = True
         while True:
             conn = self.usable() or await self.acquire(loop, deadline)
-            call = Unary(self.max_message_bytes, loop.create_future()) if sink is None else \
-                Relay(self.max_message_bytes, loop.create_future(), sink)
+            call: Unary
+            if sink is not None:
+                call = Relay(self.max_message_bytes, loop.create_future(), sink)
+            elif gather:
+                call = Gathered(self.max_message_bytes, loop.create_future(), gather)
+            else:
+                call = Unary(self.max_message_bytes, loop.create_future())
             head = self.head(method, None if deadline is None else deadline - loop.time(), metadata)
             h2 = conn.h2
             if streamed is not None and streamed.encoding:

@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING
 
 from ..dataplane import SINK_FULL, SINK_GONE, SINK_ROOM, AnswerSink, StreamedMessage
 from ..h2 import _h2
+from ..rawbody import new_buffer
 from .grpcfault import Fault
 from .h2frames import AnswerFault, CallError, MessageReader, Status, answer_head, answer_status, fault_error, prefix
 
 if TYPE_CHECKING:
     from .h2channel import Channel, _Conn
 
-__all__ = ["RELAY_MIN", "Call", "Metadata", "Relay", "StreamCall", "Unary"]
+__all__ = ["GATHER_MIN", "RELAY_MIN", "Call", "Gathered", "Metadata", "Relay", "StreamCall", "Unary"]
 
 Metadata = Sequence[tuple[str, str | bytes]]
 
@@ -27,6 +28,9 @@ _WRITE_MARK = 64 * 1024  # a stream's unsent bytes past which its writer waits f
 # An answer message at least this large goes to the client as it arrives (Relay), when the
 # client's side offers a sink; a smaller one is received whole (one hand-over, no per-piece work).
 RELAY_MIN = 256 * 1024
+# An answer message at least this large that is read whole (to be converted) is gathered into one
+# buffer of its size as it arrives (Gathered) rather than kept in pieces and joined at the end.
+GATHER_MIN = 64 * 1024
 _NO_STATUS = "ended its answer without a grpc-status (the gRPC protocol requires one in trailers)"
 # Faults that would send the request again; once part of the answer has gone on, they are resets.
 _RETRIED = frozenset({Fault.TRANSPORT, Fault.UNPROCESSED, Fault.REFUSED_STREAM})
@@ -132,10 +136,10 @@ class Unary(Call):
     __slots__ = ("answer", "future")
     TRUNCATED = "answered OK without a complete response message (a unary call has exactly one)"
 
-    def __init__(self, limit: int, future: asyncio.Future[bytes]) -> None:
+    def __init__(self, limit: int, future: asyncio.Future[bytes | memoryview]) -> None:
         super().__init__(limit)
         self.future = future
-        self.answer: bytes | None = None
+        self.answer: bytes | memoryview | None = None
 
     def deliver(self, messages: list[bytes]) -> None:
         if self.answer is not None or len(messages) > 1:
@@ -161,6 +165,65 @@ class Unary(Call):
             future.cancel()  # (the caller's own cancel)
 
 
+class Gathered(Unary):
+    """A unary call whose answer is read whole: once its length prefix shows an uncompressed
+    message of ``least`` bytes or more (within the limit; GATHER_MIN for a converted answer), the message is copied into one
+    buffer of that size as its DATA arrives and each piece is let go — one copy of the message
+    held, not its pieces and then their join (twice the message). The buffer is uninitialised
+    (``rawbody.new_buffer``): its pages are taken as bytes arrive, so a backend that announces a
+    large message and sends little of it makes the gateway hold only what it sent. The answer is
+    a memoryview of it. The unary call's rules stay: anything after the message is a second
+    message (refused), an end inside it is a truncated answer."""
+
+    __slots__ = ("filled", "into", "least")
+
+    def __init__(self, limit: int, future: asyncio.Future[bytes | memoryview], least: int) -> None:
+        super().__init__(limit, future)
+        self.least = least
+        self.into: memoryview | None = None
+        self.filled = 0
+
+    def on_data(self, data: bytes, end: bool) -> None:
+        into = self.into
+        skip = 0
+        if into is None:
+            reader = self.reader
+            if reader is None or self.answer is not None or reader.pending or not self._begin(data):
+                Unary.on_data(self, data, end)
+                return
+            into = self.into
+            assert into is not None
+            skip = 5
+        self.taken(len(data))
+        n = len(data) - skip
+        at = self.filled
+        if n > len(into) - at:
+            self.abort(Fault.FRAMING, "answered with more than one message (a unary call has exactly one)")
+            return
+        if n:
+            into[at:at + n] = memoryview(data)[skip:] if skip else data
+            self.filled = at + n
+            if at + n == len(into):
+                self.answer = into
+                self.into = None
+        if end and not self.done:
+            self.close(fault_error(Fault.FRAMING, _NO_STATUS), NO_ERROR)
+
+    def _begin(self, data: bytes) -> bool:
+        """Whether the answer is gathered from ``data``, the start of its message."""
+        if len(data) < 5 or data[0] != 0:
+            return False
+        n = int.from_bytes(data[1:5], "big")
+        if n < self.least or n > self.limit:
+            return False  # (a message over the limit is the reader's to refuse)
+        self.into = new_buffer(n)
+        self.filled = 0
+        return True
+
+    def partial(self) -> bool:
+        return self.into is not None or Unary.partial(self)
+
+
 class Relay(Unary):
     """A unary call whose answer, once its length prefix shows a message of RELAY_MIN bytes or
     more, goes to the client's sink (dataplane.AnswerSink) as it arrives, bytes as the backend
@@ -172,7 +235,7 @@ class Relay(Unary):
 
     __slots__ = ("held", "left", "sink", "upload")
 
-    def __init__(self, limit: int, future: asyncio.Future[bytes], sink: AnswerSink) -> None:
+    def __init__(self, limit: int, future: asyncio.Future[bytes | memoryview], sink: AnswerSink) -> None:
         super().__init__(limit, future)
         self.sink = sink
         self.left = -1  # bytes of the relayed message (prefix included) still to come; -1: not relaying

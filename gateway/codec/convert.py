@@ -57,7 +57,7 @@ def http_request_to_grpc(body: bytes | bytearray, headers: Mapping[str, str], mo
     return message, sequence_key(request.parameters.get("sequence_id")), form
 
 
-def grpc_answer_to_http(answer: bytes, form: AnswerForm, backend: str) -> tuple[Chunks, dict[str, str]]:
+def grpc_answer_to_http(answer: bytes | memoryview, form: AnswerForm, backend: str) -> tuple[Chunks, dict[str, str]]:
     """A ModelInferResponse → (HTTP body parts, headers) in the form the client asked for."""
     try:
         response = grpc_codec.decode_response(answer)
