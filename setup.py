@@ -6,8 +6,9 @@ compiler; without one — or with OIP_GATEWAY_COMPILE=0 — the package installs
 which behaves the same, only slower. docs/design-notes.md ("Compiled hot path") says which
 modules and what it saves.
 
-gateway/codec/_jsonskip.c (one byte loop of codec/jsonscan.py) and gateway/codec/_jsondata.c (JSON
-data arrays read into tensor bytes, codec/jsonfast.py) are built with them.
+gateway/codec/_jsonskip.c (one byte loop of codec/jsonscan.py), gateway/codec/_jsondata.c (JSON
+data arrays read into tensor bytes, codec/jsonfast.py) and gateway/_fill.c (the HTTP/1.1 client's
+whole-answer buffer, backends/h1/reader.py) are built with them.
 
 Apart from those, gateway/h2/_h2.c (HTTP/2 on libnghttp2, docs/h2-design.md) is built whenever a C
 compiler and the header nghttp2/nghttp2.h are there (Debian: libnghttp2-dev), whatever
@@ -111,14 +112,17 @@ def _h2_modules() -> list:
 
 JSONSKIP_EXTENSION = "gateway.codec._jsonskip"
 JSONDATA_EXTENSION = "gateway.codec._jsondata"
+FILL_EXTENSION = "gateway._fill"
 
 
 def _jsonskip_modules() -> list:
-    """codec/jsonscan.py's byte loop in C (without it: the same scan on a copy of each chunk)."""
+    """codec/jsonscan.py's byte loop and codec/jsonfast.py's data reader in C, and the HTTP/1.1
+    client's whole-answer buffer (gateway/_fill.c); without them, the same in Python, slower."""
     if os.environ.get("OIP_GATEWAY_COMPILE", "1") == "0" or not _compiler():
         return []
     return [Extension(JSONSKIP_EXTENSION, ["gateway/codec/_jsonskip.c"], extra_compile_args=["-O2"]),
-            Extension(JSONDATA_EXTENSION, ["gateway/codec/_jsondata.c"], extra_compile_args=["-O2"])]
+            Extension(JSONDATA_EXTENSION, ["gateway/codec/_jsondata.c"], extra_compile_args=["-O2"]),
+            Extension(FILL_EXTENSION, ["gateway/_fill.c"], extra_compile_args=["-O2"])]
 
 
 def ext_modules() -> list:
@@ -154,7 +158,8 @@ class BuildExt(build_ext):
         if ext.name == H2_EXTENSION:
             ext.define_macros = [(macro, "1") for macro, symbol in H2_FEATURES.items()
                                  if _links(self.compiler, ext, symbol)]
-        if ext.name in (H2_EXTENSION, JSONSKIP_EXTENSION, JSONDATA_EXTENSION) and self.compiler.compiler_type == "unix":
+        if ext.name in (H2_EXTENSION, JSONSKIP_EXTENSION, JSONDATA_EXTENSION, FILL_EXTENSION) and \
+                self.compiler.compiler_type == "unix":
             ext.extra_compile_args = [*ext.extra_compile_args, "-Wall", "-Wextra"]
         super().build_extension(ext)
 

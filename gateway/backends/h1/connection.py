@@ -119,6 +119,7 @@ class Connection(AnswerReader):
         self._headers = {}
         self._body = []
         self._buf = None
+        self._whole = None
         self._body_len = 0
         self._last_body = b""
         self._max_body = self._limits.max_body_bytes if max_body is None else min(max_body, self._limits.max_body_bytes)

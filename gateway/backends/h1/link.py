@@ -76,6 +76,7 @@ class Link(asyncio.BufferedProtocol):
         "_stream_unsized",
         "_tail_fed",
         "_transport",
+        "_whole",
         "closed",
         "idle_since",
         "keep_alive",
@@ -102,6 +103,7 @@ class Link(asyncio.BufferedProtocol):
         self._body: list[bytes] = []
         self._buf: bytearray | None = None
         self._claim = 0  # the Content-Length of a whole body read into _buf
+        self._whole: bytes | None = None  # a whole body's final bytes, filled as they come (_fill.c)
         self._pos = 0
         self._body_len = 0  # body bytes of the answer so far (the body limit)
         self._last_body = b""  # the last piece of it the parser handed over

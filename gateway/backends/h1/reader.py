@@ -14,10 +14,15 @@ section 6, RFC 9110 section 15.2):
 - conflicting or invalid framing (two Content-Lengths, Content-Length with Transfer-Encoding, a
   Transfer-Encoding other than chunked, a bad chunk) is refused (llhttp's strict mode does most
   of it), as is a head or body over ``AnswerLimits``. A Content-Length is a claim, not an
-  allocation: the buffer of a whole body grows with the bytes that arrive.
+  allocation: the memory of a whole body is taken as its bytes arrive (``gateway/_fill.c``: the
+  answer's bytes object made at the claimed size, uninitialised, its pages taken as they are
+  written; without the C helper, a buffer grown with what arrives).
 Every refusal is a :class:`BadAnswer` and closes the connection.
 """
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
 
 import httptools
 
@@ -30,10 +35,24 @@ from .link import Link
 
 __all__ = ["AnswerReader"]
 
-# A whole body of unknown truth (its Content-Length is only a claim) goes into a buffer that
-# starts this large and grows 4-fold as bytes arrive, never past the claim: a backend that
-# lies makes the gateway hold at most ~4 x what it really sent; an honest 16 MB answer costs
-# two extra copies of 1 and 4 MiB.
+# A whole body above this size is written, piece by piece as it arrives, into its final bytes
+# object, made at the claimed size and left uninitialised (gateway/_fill.c): one copy of each
+# byte, the answer held once, and a backend that lies about its length makes the gateway hold
+# only what it sent (pages become memory as they are written). Below it the pieces are joined
+# (a small answer usually comes in one piece: no copy at all).
+_WHOLE_MIN: Final = 64 * 1024
+_reserve: Callable[[int], bytes] | None
+_put: Callable[[bytes, int, bytes], int] | None
+try:
+    from ..._fill import put as _put
+    from ..._fill import reserve as _reserve
+except ImportError:  # built without a C compiler (setup.py): the growing buffer below
+    _reserve = _put = None
+# Without the C helper: a buffer that starts this large and grows 4-fold as bytes arrive, never
+# past the claim (bytearray(n) writes all n bytes, so it cannot be sized by the claim): a backend
+# that lies makes the gateway hold at most ~4 x what it really sent; an honest 16 MB answer costs
+# two extra copies of 1 and 4 MiB. (Also the size past which an answer counts as large for the
+# allocator's idle trim, malloc.large_answer.)
 _FIRST_BUF = 1 << 20
 _GROWTH = 4
 
@@ -194,6 +213,7 @@ class AnswerReader(Link):
         """The answer is refused: the exchange fails with ``exc`` and the connection closes.
         What was gathered of it goes at once (no reference to it stays here)."""
         self._buf = None
+        self._whole = None
         self._body = []
         if self._body_len >= _FIRST_BUF:
             large_answer()
@@ -228,6 +248,7 @@ class AnswerReader(Link):
         )
         # What was gathered of an unfinished answer goes now, not when this object does.
         self._buf = None
+        self._whole = None
         self._body = []
         if self._body_len >= _FIRST_BUF:
             large_answer()
@@ -304,12 +325,26 @@ class AnswerReader(Link):
             if fut is not None and not fut.done():
                 fut.set_result(H1Response(status, headers, self._stream))
             return
-        if claim > _FIRST_BUF:
+        if claim > _WHOLE_MIN and _reserve is not None and status not in (204, 304) and self._reserve_whole(claim):
+            pass
+        elif claim > _FIRST_BUF:
             # One buffer filled as chunks arrive: no chunk list beside a joined copy (2x the
             # answer). It grows with what arrives (_grow), up to the claim at most.
             self._buf = bytearray(_FIRST_BUF)
             self._claim = claim
             self._pos = 0
+
+    def _reserve_whole(self, claim: int) -> bool:
+        """The answer's bytes object at its claimed size, to be filled as bytes arrive; False
+        where the address space is refused (strict overcommit): then the growing buffer."""
+        assert _reserve is not None
+        try:
+            self._whole = _reserve(claim)
+        except MemoryError:
+            return False
+        self._claim = claim
+        self._pos = 0
+        return True
 
     def _limit_name(self) -> str:
         key = "max_check_answer_bytes" if self._max_body < self._limits.max_body_bytes else "max_message_bytes"
@@ -323,6 +358,11 @@ class AnswerReader(Link):
         if self._stream is not None:
             self._body_got += len(body)
             self._stream._push(body)
+        elif self._whole is not None:
+            if self._pos + len(body) > self._claim or _put is None:  # (llhttp stops at Content-Length)
+                raise self._held(BadAnswer(f"answer body past its Content-Length ({self._claim})",
+                                           kind=BadAnswer.FRAMING))
+            self._pos = _put(self._whole, self._pos, body)
         elif self._buf is not None:
             end = self._pos + len(body)
             if end > len(self._buf):
@@ -353,9 +393,17 @@ class AnswerReader(Link):
             self._stream._finish()
             self._end_stream()
             return
-        if self._buf is not None:
+        whole = self._whole
+        body: bytes | bytearray
+        if whole is not None:
+            self._whole = None
+            # (Complete means Content-Length bytes came: every byte of it is written.)
+            body = whole if self._pos == len(whole) else whole[: self._pos]
+            if self._pos >= _FIRST_BUF:
+                large_answer()
+        elif self._buf is not None:
             buf = self._buf
-            body: bytes | bytearray = buf[: self._pos] if self._pos != len(buf) else buf
+            body = buf[: self._pos] if self._pos != len(buf) else buf
             self._buf = None
             large_answer()
         else:
