@@ -66,6 +66,11 @@ class IncomingBody(Protocol):
 
     async def read(self) -> bytes | bytearray: ...
 
+    async def read_view(self) -> bytes | bytearray | memoryview:
+        """The whole body, a view of the listener's buffer where it was read whole (no copy):
+        for a reader that only converts it."""
+        ...
+
     async def prefix(self, n: int) -> bytes:
         """The first ``n`` bytes (fewer if the body is shorter), kept for the iteration."""
         ...

@@ -316,11 +316,10 @@ class GrpcBackend(Backend[GrpcEndpoint]):
                          headers: Mapping[str, str],
                          forwarded: Sequence[str], limit: int) -> HttpReply:
         """An HTTP client's request, converted: raw contents out, JSON or binary back."""
-        if not isinstance(body, (bytes, bytearray)):
-            body = await body.read()
+        whole = body if isinstance(body, (bytes, bytearray)) else await body.read_view()
         self.on_event("http_to_grpc")
         # The message's tensors are views of the body (sent as they are by the gateway's own client).
-        message, affinity, form = http_request_to_grpc(body, headers, model, version, limit)
+        message, affinity, form = http_request_to_grpc(whole, headers, model, version, limit)
         trace = tuple((k, v) for k in forwarded if k not in _FRAMING and (v := headers.get(k)) is not None)
         try:
             answer, ep = await self.attempt(model, version, affinity, self._call_from,

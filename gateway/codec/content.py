@@ -58,7 +58,8 @@ def header_length(value: str | None, body_length: int) -> int | None:
     return n
 
 
-def decode_content(body: bytes | bytearray, encoding: str | None, limit: int) -> bytes | bytearray:
+def decode_content(body: bytes | bytearray | memoryview, encoding: str | None,
+                   limit: int) -> bytes | bytearray | memoryview:
     """Undo a gzip or deflate Content-Encoding, never inflating past ``limit`` bytes."""
     coding = (encoding or "").strip().lower()
     if coding in ("", "identity"):
@@ -97,7 +98,7 @@ def sequence_of_compressed(raw: bytes | bytearray, header_length_value: str | No
     return sequence_of_json(out, header_length_value) if out else None
 
 
-def _inflate(body: bytes | bytearray, wbits: int, coding: str, limit: int) -> bytes:
+def _inflate(body: bytes | bytearray | memoryview, wbits: int, coding: str, limit: int) -> bytes:
     inflater = zlib.decompressobj(wbits)
     out = inflater.decompress(body, limit + 1)
     if len(out) > limit:

@@ -45,7 +45,7 @@ class AnswerForm:
     accept_encoding: str | None
 
 
-def http_request_to_grpc(body: bytes | bytearray, headers: Mapping[str, str], model: str, version: str,
+def http_request_to_grpc(body: bytes | bytearray | memoryview, headers: Mapping[str, str], model: str, version: str,
                          limit: int) -> tuple[list[bytes | memoryview], str | None, AnswerForm]:
     """An HTTP inference body → (ModelInferRequest as its pieces, sequence affinity, answer
     form): binary tensors are views of ``body``, not copies (grpc.encode_request_parts)."""
@@ -90,7 +90,7 @@ def http_answer_to_grpc_parts(body: bytes | bytearray, headers: Mapping[str, str
                               *, typed: bool = False, final_flag: bool = False) -> list[bytes | memoryview]:
     """:func:`http_answer_to_grpc` as the message's pieces: raw outputs are views of ``body``."""
     try:
-        body = decode_content(body, headers.get("content-encoding"), limit)
+        plain = decode_content(body, headers.get("content-encoding"), limit)
     except UnsupportedEncoding as exc:
         raise UpstreamEncoding(f"backend '{backend}' answered in a Content-Encoding the gateway cannot read: "
                                f"{headers.get('content-encoding')!r}") from exc
@@ -99,7 +99,7 @@ def http_answer_to_grpc_parts(body: bytes | bytearray, headers: Mapping[str, str
     try:
         # Read by Inference-Header-Content-Length, never by content type: OVMS sends
         # binary answers as application/json with that header.
-        response = httpdecode.decode_response(body, header_length(headers.get(HEADER_LENGTH), len(body)))
+        response = httpdecode.decode_response(plain, header_length(headers.get(HEADER_LENGTH), len(plain)))
     except InvalidRequest as exc:
         raise BadUpstreamResponse(f"backend '{backend}' sent an unreadable response: {exc.message}") from exc
     if final_flag:

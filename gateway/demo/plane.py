@@ -77,11 +77,10 @@ class DemoPlane(DataPlane):
         plan: Plan | None = None,
     ) -> HttpReply:
         target = self.repository.resolve(model, version)
-        if not isinstance(body, (bytes, bytearray)):
-            body = await body.read()
-        body = decode_content(body, headers.get("content-encoding"), self.max_message_bytes)
-        json_length = header_length(headers.get(HEADER_LENGTH), len(body))
-        request = http_codec.decode_request(body, json_length, model, version)
+        whole = body if isinstance(body, (bytes, bytearray)) else await body.read_view()
+        plain = decode_content(whole, headers.get("content-encoding"), self.max_message_bytes)
+        json_length = header_length(headers.get(HEADER_LENGTH), len(plain))
+        request = http_codec.decode_request(plain, json_length, model, version)
         response = target.infer(request)
         default_binary, overrides = http_codec.binary_policy(request)
         chunks, json_length = http_codec.encode_response(

@@ -14,6 +14,7 @@ from ..budget import ByteBudget
 from ..codec.jsondepth import InflatingScanner
 from ..codec.jsonscan import JsonScanner
 from ..errors import InvalidRequest
+from ..rawbody import new_buffer
 
 __all__ = ["Chunks", "IncomingBody", "too_deep_message"]
 
@@ -54,6 +55,33 @@ class IncomingBody:
             view[pos : pos + len(chunk)] = chunk
             pos += len(chunk)
         return buf
+
+    async def read_view(self) -> bytes | bytearray | memoryview:
+        """The whole body, as :meth:`read`, for a reader that only converts it (a view is
+        enough): a body read whole past the parser (one chunk: h1conn.go_raw) is handed on as it
+        is, not copied into one more; one that comes in pieces is copied into one buffer of the
+        declared size left uninitialised (rawbody.new_buffer), so its pages are taken as the
+        pieces are copied in and let go — a zero-filled one takes them all at once, beside the
+        pieces still queued. (A chunk past the declared length is refused by the iteration, so a
+        whole first chunk is the body.)"""
+        if not self._budget.take(self.length):
+            return await self.read()  # (past the budget: the pieces, joined)
+        self._taken = self.length
+        whole: bytes | memoryview | None = None
+        view: memoryview | None = None
+        pos = 0
+        async for chunk in self:
+            n = len(chunk)
+            if pos == 0 and n == self.length:
+                whole = chunk
+            else:
+                if view is None:
+                    view = new_buffer(self.length)
+                view[pos : pos + n] = chunk
+            pos += n
+        if whole is not None:
+            return whole
+        return view if view is not None else b""
 
     def release(self) -> None:
         """The request is over: its preallocation no longer counts against the budget."""

@@ -53,3 +53,26 @@ async def test_short_body_and_disconnect():
         await _IncomingBody(channel(b"abc"), 7, _Budget(100)).read()
     with pytest.raises(ClientDisconnected):
         await _IncomingBody(channel(b"abc", disconnect=True), 7, _Budget(100)).read()
+
+
+async def test_read_view_hands_on_a_body_read_whole_as_it_is():
+    """One chunk of the declared length (a body read whole past the parser) is the body: no copy."""
+    whole = memoryview(bytearray(b"abcdefg"))
+    budget = _Budget(100)
+    body = _IncomingBody(channel(whole), 7, budget)  # type: ignore[arg-type]
+    data = await body.read_view()
+    assert data is whole and budget.used == 7
+    body.release()
+    assert budget.used == 0
+    # In pieces: one buffer of the declared size, uninitialised until the pieces are copied in.
+    data = await _IncomingBody(channel(b"abc", b"defg"), 7, _Budget(100)).read_view()
+    assert data == b"abcdefg" and isinstance(data, memoryview) and data.nbytes == 7
+    assert await _IncomingBody(channel(), 0, _Budget(100)).read_view() == b""
+    # Past the budget: the pieces joined; and the iteration's checks hold either way.
+    tight = _Budget(10)
+    tight.take(8)
+    assert await _IncomingBody(channel(b"abc", b"defg"), 7, tight).read_view() == b"abcdefg"
+    with pytest.raises(InvalidRequest, match="longer"):
+        await _IncomingBody(channel(b"abcdefg", b"x"), 7, _Budget(100)).read_view()
+    with pytest.raises(InvalidRequest, match="shorter"):
+        await _IncomingBody(channel(b"abc"), 7, _Budget(100)).read_view()
