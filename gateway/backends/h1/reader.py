@@ -326,8 +326,8 @@ class AnswerReader(Link):
                 fut.set_result(H1Response(status, headers, self._stream))
             return
         if claim > _WHOLE_MIN and _reserve is not None and status not in (204, 304) and self._reserve_whole(claim):
-            pass
-        elif claim > _FIRST_BUF:
+            return
+        if claim > _FIRST_BUF:
             # One buffer filled as chunks arrive: no chunk list beside a joined copy (2x the
             # answer). It grows with what arrives (_grow), up to the claim at most.
             self._buf = bytearray(_FIRST_BUF)
