@@ -331,8 +331,8 @@ class Channel:
         ``Relay``), and a StreamedMessage request sent on as it arrives. ``gather``: an answer of at
         least that many bytes (0: none) is gathered into one buffer as it arrives and comes as a
         memoryview of it (h2stream ``Gathered``, for an answer read whole to be converted); else
-        the answer is bytes. Raises
-        CallError (or a streamed request's own error); CancelledError resets the stream (CANCEL)."""
+        the answer is bytes. Raises CallError (or a streamed request's own error); CancelledError
+        resets the stream (CANCEL)."""
         parts: list[bytes | memoryview] | None = None
         if isinstance(request, list):  # a message in pieces (grpc.encode_request_parts): each sent as it is
             parts = request

@@ -167,9 +167,9 @@ class Unary(Call):
 
 class Gathered(Unary):
     """A unary call whose answer is read whole: once its length prefix shows an uncompressed
-    message of ``least`` bytes or more (within the limit; GATHER_MIN for a converted answer), the message is copied into one
-    buffer of that size as its DATA arrives and each piece is let go — one copy of the message
-    held, not its pieces and then their join (twice the message). The buffer is uninitialised
+    message of ``least`` bytes or more (within the limit; GATHER_MIN for a converted answer),
+    the message is copied into one buffer of that size as its DATA arrives and each piece is let
+    go — one copy of the message held, not its pieces and then their join (twice the message). The buffer is uninitialised
     (``rawbody.new_buffer``): its pages are taken as bytes arrive, so a backend that announces a
     large message and sends little of it makes the gateway hold only what it sent. The answer is
     a memoryview of it. The unary call's rules stay: anything after the message is a second
