@@ -35,7 +35,7 @@ from .backends.base import Backend
 from .backends.dns import DnsFailure, DnsResolver
 from .backends.h1 import BodyStream, H1ConnectionPool
 from .backends.h1.errors import BadAnswer, ConnectFailed, ConnectionDropped
-from .backends.placement import not_ready
+from .backends.holds import not_ready
 from .config.schema import Dns, HostPort, Peers
 from .errors import GRPC_TO_HTTP, BadUpstreamResponse, GatewayError, UpstreamError
 from .routing.rendezvous import rank

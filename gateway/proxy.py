@@ -159,7 +159,7 @@ class Proxy(DataPlane):
 
     async def _hold(self, backend: Backend[Any], match: Match, model: str, version: str) -> None:
         """A model ready nowhere yet: wait for it (the route's ``hold_s``), loading it first in a
-        placement pool (backends/placement.py). Returns at once when it is ready somewhere."""
+        placement pool (backends/holds.py, backends/placement.py). Returns at once when it is ready somewhere."""
         holds = backend.holds
         if holds is None or holds.ready(model, version):
             return

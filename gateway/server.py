@@ -43,7 +43,8 @@ from .routing.table import RouteTable
 from .backends.base import Backend
 from .backends.discovery import Discovery
 from .backends.health import HealthChecker
-from .backends.placement import Holds, Placer
+from .backends.holds import Holds
+from .backends.placement import Placer
 from .peers import PeerSet, peers_app
 from .backends.queue import QueueScraper
 

@@ -43,7 +43,8 @@ from ..routing.retry import RetryBudget
 from .endpoints import E, EndpointSet
 
 if TYPE_CHECKING:
-    from .placement import Holds, Placer
+    from .holds import Holds
+    from .placement import Placer
 
 __all__ = ["TRITON_GRPC_PREFIX", "Backend", "Refused", "is_not_ready_message"]
 
@@ -128,7 +129,7 @@ class Backend(EndpointSet[E]):
         # and conversions ("http_to_grpc", "grpc_to_http").
         self.on_event: Callable[[str], None] = lambda kind: None
         # Requests held for a model ready nowhere yet (routes' hold_s), and the placement that
-        # loads it (config ``placement``): set by the gateway (backends/placement.py).
+        # loads it (config ``placement``): set by the gateway (backends/holds.py, placement.py).
         self.holds: Holds | None = None
         self.placer: Placer | None = None
 

@@ -32,14 +32,15 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from ..codec.tritonstats import stats_from_json, stats_from_pb
 from ..config.schema import Placement
-from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable, UpstreamError, UpstreamTimeout
+from ..errors import GatewayError, ModelNotReady, UpstreamError, UpstreamTimeout
 from ..routing.readiness import Ready
 from ..routing.rendezvous import rank
 from .base import Backend, Refused
+from .capacity import Room, Usage
+from .holds import Holds, NoRoom, PlacementEvents, not_ready
 
-__all__ = ["Decider", "Holds", "NoRoom", "PlacementEvents", "Placer", "Usage", "not_ready"]
+__all__ = ["Decider", "Placer"]
 
 log = logging.getLogger("oip_gateway.placement")
 
@@ -68,179 +69,6 @@ class Decider(Protocol):
     def ask(self, pool: str, model: str, copies: int, timeout: float) -> Awaitable[list[str] | None]: ...
 
 
-class PlacementEvents(Protocol):
-    """What placement reports (observability/metrics.py implements it)."""
-
-    def loaded(self, backend: str, outcome: str, seconds: float) -> None: ...
-    def unloaded(self, backend: str, reason: str) -> None: ...
-    def held(self, route: str, backend: str, seconds: float) -> None: ...
-    def hold_refused(self, route: str, backend: str, reason: str) -> None: ...
-
-
-class Usage:
-    """One endpoint's models as its Triton statistics tell them: name -> (last inference in ms
-    since the epoch, 0 when never; bytes of memory reported)."""
-
-    __slots__ = ("models",)
-
-    def __init__(self, models: dict[str, tuple[int, int]]) -> None:
-        self.models = models
-
-    @classmethod
-    def read(cls, answer: bytes, form: str) -> Usage:
-        stats = stats_from_json(answer) if form == "json" else stats_from_pb(answer)
-        models: dict[str, tuple[int, int]] = {}
-        for m in stats.model_stats:
-            last, size = models.get(m.name, (0, 0))
-            models[m.name] = (max(last, int(m.last_inference)),
-                              size + sum(int(u.byte_size) for u in m.memory_usage))
-        return cls(models)
-
-    def bytes(self, names: frozenset[str] | set[str]) -> int:
-        return sum(self.models.get(n, (0, 0))[1] for n in names)
-
-
-class _Waiting:
-    """The requests held for one model: how many, and the future they wait on."""
-
-    __slots__ = ("count", "done", "since")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.count = 0
-        self.done: asyncio.Future[None] = loop.create_future()
-        self.since = time.monotonic()
-
-
-def _ready_somewhere(backend: Backend[Any], model: str, version: str) -> bool:
-    """Some endpoint may take the model now (a request would be sent, not refused)."""
-    try:
-        backend.eligible(model, version)  # (not candidates: a balancer's turn is a request's)
-    except NoEndpointAvailable:  # (ModelNotReady included)
-        return False
-    return True
-
-
-class Holds:
-    """Requests waiting for a model that is ready nowhere yet, per backend: at most ``queue`` per
-    model, each for at most its route's ``hold_s``; woken when a health round (or a load) finds
-    the model ready."""
-
-    def __init__(self, backend: Backend[Any], queue: int, events: PlacementEvents, *, placing: bool = False) -> None:
-        self.backend = backend
-        self.queue = queue
-        self.events = events
-        # A placement pool: "ready" means ready on a live endpoint — a model no endpoint has heard
-        # of is loaded too (its absence from the repository is the server's own answer).
-        self.placing = placing
-        self._ready: dict[tuple[str, str], tuple[int, bool]] = {}
-        self.waiting: dict[str, _Waiting] = {}
-        # Requests waiting now per route, and in flight (held ones included) per model and per
-        # route: a placement pool never evicts a model in use here; the demand gauges read them.
-        self.by_route: dict[str, int] = {}
-        self.inflight: dict[str, int] = {}
-        self.inflight_by_route: dict[str, int] = {}
-
-    def enter(self, model: str, route: str) -> None:
-        self.inflight[model] = self.inflight.get(model, 0) + 1
-        self.inflight_by_route[route] = self.inflight_by_route.get(route, 0) + 1
-
-    def leave(self, model: str, route: str) -> None:
-        n = self.inflight[model] - 1
-        if n:
-            self.inflight[model] = n
-        else:
-            del self.inflight[model]
-        n = self.inflight_by_route[route] - 1
-        if n:
-            self.inflight_by_route[route] = n
-        else:
-            del self.inflight_by_route[route]
-
-    def ready(self, model: str, version: str) -> bool:
-        if not self.placing:
-            return _ready_somewhere(self.backend, model, version)
-        gen = self.backend.generation
-        hit = self._ready.get((model, version))
-        if hit is not None and hit[0] == gen:
-            return hit[1]
-        ok = False
-        for ep in self.backend.endpoints.values():
-            health = ep.health
-            # (a version the endpoint lacks while it has the model: the server answers for it)
-            if health.usable() and (health.ready_for(model, version) == Ready.YES
-                                    or (version and health.lacks_version(model, version))):
-                ok = True
-                break
-        if len(self._ready) >= 4096:  # clients choose model names: keep it bounded
-            self._ready.clear()
-        self._ready[(model, version)] = (gen, ok)
-        return ok
-
-    async def wait(self, model: str, version: str, route: str, timeout: float, why: str = "") -> None:
-        """Wait until ``model`` is ready somewhere or ``timeout`` passes (ModelNotReady with
-        Retry-After), holding a place of the model's bounded queue."""
-        backend = self.backend
-        entry = self.waiting.get(model)
-        if entry is None:
-            entry = self.waiting[model] = _Waiting(asyncio.get_running_loop())
-        if entry.count >= self.queue:
-            self.events.hold_refused(route, backend.name, "queue_full")
-            raise not_ready(f"model '{model}' is not ready on backend '{backend.name}' and {entry.count} requests "
-                             f"already wait for it (the queue's bound){why}; retry later", 2)
-        entry.count += 1
-        self.by_route[route] = self.by_route.get(route, 0) + 1
-        start = time.monotonic()
-        try:
-            await asyncio.wait_for(asyncio.shield(entry.done), timeout)
-        except NoRoom:
-            self.events.hold_refused(route, backend.name, "no_room")
-            raise
-        except TimeoutError:
-            self.events.hold_refused(route, backend.name, "timeout")
-            raise not_ready(f"model '{model}' was not ready on any endpoint of backend '{backend.name}' within "
-                             f"{timeout:g} s{why}; retry later", max(1, round(timeout))) from None
-        finally:
-            entry.count -= 1
-            left = self.by_route[route] - 1
-            if left:
-                self.by_route[route] = left
-            else:
-                del self.by_route[route]
-            if entry.count == 0 and self.waiting.get(model) is entry:
-                del self.waiting[model]
-            self.events.held(route, backend.name, time.monotonic() - start)
-
-    def wake(self, model: str, error: BaseException | None = None) -> None:
-        """``model`` is ready (or cannot be: ``error``): its waiting requests go on."""
-        entry = self.waiting.pop(model, None)
-        if entry is not None and not entry.done.done():
-            if error is None:
-                entry.done.set_result(None)
-            else:
-                entry.done.set_exception(error)
-                entry.done.exception()  # (retrieved: no "never retrieved" warning with no waiter left)
-
-    def recheck(self) -> None:
-        """After a health round: wake the models now ready somewhere."""
-        for model in [m for m in self.waiting if self.ready(m, "")]:
-            self.wake(model)
-
-
-class NoRoom(ModelNotReady):
-    """Every endpoint that may take a model is full of models it may not evict (yet)."""
-
-    def __init__(self, message: str, retry_after: int = 1) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-def not_ready(message: str, retry_after: int) -> ModelNotReady:
-    """ModelNotReady with a Retry-After: a wait that may end well if tried again later."""
-    err = ModelNotReady(message)
-    err.retry_after = retry_after
-    return err
-
-
 class _Endpoint:
     """What this process did on one endpoint that its index may not show yet."""
 
@@ -265,6 +93,7 @@ class Placer:
         # Whether a route sends ``model`` to this backend: only such models are ever unloaded.
         self.owns = owns
         self.pinned = frozenset(spec.pinned)
+        self.room = Room(spec.capacity_models, spec.capacity_bytes)
         self.inflight = holds.inflight
         self.loaded_at: dict[tuple[str, str], float] = {}  # (endpoint, model) -> wall time of our load
         self._eps: dict[str, _Endpoint] = {}
@@ -383,7 +212,9 @@ class Placer:
     async def _usage(self, ep: Any) -> Usage | None:
         try:
             answer, form = await self.backend.endpoint_stats(ep, "", "", _STATS_TIMEOUT_S)
-            return Usage.read(answer, form)
+            usage = Usage.read(answer, form)
+            self.room.learn(usage)
+            return usage
         except Refused as exc:
             why = exc.error.message
         except GatewayError as exc:
@@ -425,15 +256,18 @@ class Placer:
                 st.unloading.pop(model, None)
                 return True  # loading there already (a load to a LOADING model joins it)
             occupied.discard(model)  # (unloading there: its place is leaving; this load needs one of its own)
-            cap = self.spec
+            room = self.room
             usage: Usage | None = None
-            full = len(occupied) >= cap.capacity_models
-            if not full and cap.capacity_bytes:
+            if room.limit:
                 usage = await self._usage(ep)
-                full = usage is None or usage.bytes(occupied) >= cap.capacity_bytes
-            if full:
-                if not evict:
-                    return False
+                if usage is None:
+                    return False  # (memory that cannot be counted is not taken)
+            # The victims are all chosen before any is unloaded: nothing is given up for a load
+            # that would not fit after all.
+            victims: list[str] = []
+            while not room.fits(model, occupied, usage):
+                if not evict or (victims and not room.limit):
+                    return False  # (over by more than one model: someone else's loads; one eviction frees nothing)
                 if usage is None:
                     usage = await self._usage(ep)
                     if usage is None:
@@ -441,15 +275,42 @@ class Placer:
                 victim = self._evictable(ep, occupied, usage, time.time())
                 if victim is None:
                     return False
-                if len(occupied) - 1 >= cap.capacity_models and not cap.capacity_bytes:
-                    return False  # over by more than one (someone else's loads): evicting one frees nothing
-                if not await self._unload(ep, victim, "evict"):
+                victims.append(victim)
+                occupied.discard(victim)
+            for victim in victims:
+                if not await self._evict(ep, st, victim):
                     return False
-                st.unloading[victim] = time.monotonic()
-                st.loading.pop(victim, None)  # (a load of it lately must not count it back)
             st.loading[model] = None
             st.unloading.pop(model, None)  # (loaded again where it was being unloaded)
             return True
+
+    async def _evict(self, ep: Any, st: _Endpoint, model: str) -> bool:
+        if not await self._unload(ep, model, "evict"):
+            return False
+        st.unloading[model] = time.monotonic()
+        st.loading.pop(model, None)  # (a load of it lately must not count it back)
+        return True
+
+    async def _settle(self, ep: Any, model: str) -> None:
+        """After ``model``'s first load anywhere revealed its size: evict from ``ep`` (never
+        ``model``: it is fresh) until the memory its models report is within ``capacity_bytes``
+        again (``Room``)."""
+        st = self._state(str(ep.address))
+        async with st.lock:
+            usage = await self._usage(ep)
+            if usage is None:
+                return
+            occupied = self._occupied(ep, st, time.monotonic())
+            while self.room.over(occupied, usage):
+                victim = self._evictable(ep, occupied, usage, time.time())
+                if victim is None:
+                    log.warning("backend '%s': %s holds %d bytes of models against capacity_bytes %d since "
+                                "'%s' loaded, and none may be evicted yet", self.backend.name, ep.address,
+                                self.room.used(occupied, usage), self.room.limit, model)
+                    return
+                if not await self._evict(ep, st, victim):
+                    return
+                occupied.discard(victim)
 
     async def _unload(self, ep: Any, model: str, reason: str) -> bool:
         try:
@@ -463,6 +324,10 @@ class Placer:
         ep.health.not_ready(model, "")
         self.events.unloaded(self.backend.name, reason)
         return True
+
+    def _capacity(self) -> str:
+        room = self.room
+        return f"{room.models} models" + (f", {room.limit} bytes" if room.limit else "")
 
     def _usable(self) -> list[Any]:
         return [ep for ep in self.backend.endpoints.values() if ep.health.usable()]
@@ -509,7 +374,7 @@ class Placer:
             # wait (bounded by load_timeout_s) until one may go, rather than failing at once.
             if time.monotonic() + _ROOM_POLL_S >= deadline:
                 raise NoRoom(f"model '{model}' cannot be loaded on backend '{self.backend.name}': every live "
-                             f"endpoint holds {self.spec.capacity_models} models in use or within "
+                             f"endpoint is full ({self._capacity()}) of models in use or within "
                              f"min_residency_s; retry later", max(1, round(self.spec.min_residency_s / 4)))
             await asyncio.sleep(_ROOM_POLL_S)
         if not chosen:
@@ -534,6 +399,7 @@ class Placer:
             ep.health.placed(model, time.monotonic())
             self.holds.wake(model)
             return
+        unknown = bool(self.room.limit) and model not in self.room.sizes
         try:
             # Bounded by the backend's timeout_s: a request stops waiting after load_timeout_s, the
             # load goes on (the next request finds the model ready, or loading).
@@ -551,6 +417,8 @@ class Placer:
         self.events.loaded(self.backend.name, "ok", seconds)
         log.info("backend '%s': loaded '%s' on %s in %.2f s", self.backend.name, model, address, seconds)
         self.holds.wake(model)
+        if unknown:
+            await self._settle(ep, model)
 
     # -- once per health round -------------------------------------------------------------
     def maintain(self) -> None:

@@ -198,7 +198,7 @@ class Metrics:
             "hold_s: what an autoscaler (KEDA) scales the servers on.", ["route", "backend"], registry=r,
             multiprocess_mode="livesum")
 
-    # -- placement (backends/placement.py PlacementEvents) --------------------------------------
+    # -- placement (backends/holds.py PlacementEvents) -------------------------------------------
     def loaded(self, backend: str, outcome: str, seconds: float) -> None:
         self.placement_loads.labels(backend, outcome).inc()
         if outcome == "ok":

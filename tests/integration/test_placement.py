@@ -8,7 +8,8 @@ already under way completes; READY + LOADING never over it at all) and each Trit
 "successfully loaded '<model>'" line: how many loads, and no load of a model that was still loaded
 there — a reload). One module-scoped fleet of three Tritons; every test starts from all of them
 empty (``Fleet.reset``). Models: ``m00`` .. ``m11`` (add_sub, 0.3 s to load), ``slow_a`` /
-``slow_b`` (5 s to load), ``busy`` (20 ms per execution: requests pile up).
+``slow_b`` (5 s to load), ``busy`` (20 ms per execution: requests pile up), ``mem0`` .. ``mem5``
+(add_sub on a C backend that reports 100 MB of memory each to Triton's statistics).
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from tests.support.placement import (
     grpc_infer,
     http_infer,
     lru_loads,
+    memory_held,
     metric,
     optimal_loads,
     shared_repository,
@@ -56,6 +58,8 @@ BUSY_EXEC_S = 0.02
 CAPACITY = 3
 HOT = "m00"
 PINNED = "m11"
+MEM = 100_000_000
+MEM_MODELS = [f"mem{i}" for i in range(6)]
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +76,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         pytest.skip(f"Triton unavailable: {reason}")
     root = tmp_path_factory.mktemp("placement")
     repo = shared_repository(root, 12, LOAD_DELAY_S, slow={"slow_a": SLOW_S, "slow_b": SLOW_S},
-                             busy={"busy": BUSY_EXEC_S})
+                             busy={"busy": BUSY_EXEC_S}, memory=dict.fromkeys(MEM_MODELS, MEM))
     with Fleet(repo, root / "fleet", 3) as f:
         yield f
 
@@ -290,6 +294,55 @@ def test_cycling_twelve_models_over_three_tritons(clean: Fleet, tmp_path: Path) 
     assert 0 < evictions == sent, (evictions, sent)
     assert unloaded <= sent + unloading_now, (unloaded, sent, unloading_now)
     assert held_count > 0
+
+
+# -------------------------------------------------------------------------------------- capacity_bytes
+
+
+def test_capacity_bytes_holds_by_tritons_own_memory_reports(clean: Fleet, tmp_path: Path) -> None:
+    """Six models that report 100 MB each to Triton's statistics, three Tritons of capacity_models 3
+    and capacity_bytes 250 MB — two models each by memory:
+
+    - first pass, every model once: a model's size is known only once it has loaded somewhere, so
+      a first load may take an endpoint to 300 MB; the placer then evicts until the memory Triton
+      reports is within 250 MB again (never more than capacity_models meanwhile);
+    - then 30 requests in a seeded random order, sizes known: no Triton holds more than two models
+      (polled every 0.2 s) beyond one unload time, and none reports more than 250 MB at the end;
+    - every answer right.
+    """
+    fleet = clean
+    backends = {"pool": pool(fleet, "grpc", min_residency_s=0, load_timeout_s=60, capacity_bytes=250_000_000)}
+    rng = random.Random(250)
+    seq = [*MEM_MODELS, *(rng.choice(MEM_MODELS) for _ in range(30))]
+    wrong: list[str] = []
+
+    def within() -> bool:
+        held = [memory_held(t) for t in fleet]
+        return all(h is not None and sum(h.values()) <= 250_000_000 for h in held)
+
+    with CapacityWatch(fleet, CAPACITY) as by_models, gateway(tmp_path, backends) as gw:
+        for i, model in enumerate(seq[:len(MEM_MODELS)]):
+            a = http_infer(gw.http_url, model, seed=i) if i % 2 else grpc_infer(gw.grpc_url, model, seed=i)
+            if not a.right:
+                wrong.append(f"#{i} {model}: {a}")
+        wait_for(within, timeout=30, what="every Triton within 250 MB after the first loads")
+        with CapacityWatch(fleet, 2) as by_bytes:
+            for i, model in enumerate(seq[len(MEM_MODELS):], len(MEM_MODELS)):
+                a = http_infer(gw.http_url, model, seed=i) if i % 2 else grpc_infer(gw.grpc_url, model, seed=i)
+                if not a.right:
+                    wrong.append(f"#{i} {model}: {a}")
+        settle(fleet)
+        final = {fleet.name_of(t): memory_held(t) for t in fleet}
+        evictions = gw.log_path.read_text(errors="replace").count("(evict)")
+    assert not wrong, "\n".join(wrong)
+    by_models.assert_capacity()
+    by_bytes.assert_capacity()
+    # Triton itself reports the memory the gateway counted: 100 MB for every model it holds.
+    for name, held in final.items():
+        assert held is not None and all(n == MEM for n in held.values()), (name, held)
+        assert sum(held.values()) <= 250_000_000, final
+    assert any(h for h in final.values()), final
+    assert evictions > 0  # (capacity_models alone would have let three stay)
 
 
 # --------------------------------------------------------------------------------------------- burst

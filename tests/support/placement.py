@@ -4,8 +4,10 @@ them do.
 
 * ``shared_repository(root, n=12, load_delay_s=0.3)``: one repository of add_sub models ``m00`` ..
   ``m11`` (tests/support/fleet.py's ``slow_repository``), plus optional extra models: ``slow``
-  (another load delay, e.g. 5 s, for queue and timeout tests) and ``busy`` (add_sub whose every
-  execution also sleeps, so requests pile up in Triton: demand for a copy).
+  (another load delay, e.g. 5 s, for queue and timeout tests), ``busy`` (add_sub whose every
+  execution also sleeps, so requests pile up in Triton: demand for a copy) and ``memory`` (add_sub
+  on a small C backend, tests/support/memusage_backend.c, that reports the given bytes to Triton
+  as the model's memory: its statistics carry ``memory_usage``, the Python backend's do not).
 * ``Fleet``: N ``TritonServer`` s on that one repository, started with no model loaded
   (``--model-control-mode=explicit``, no ``--load-model``), context-managed. ``reset()`` unloads
   every model everywhere and waits until nothing is LOADING/UNLOADING (restarting a killed server
@@ -41,6 +43,8 @@ import http.client
 import json
 import re
 import shutil
+import subprocess
+import sysconfig
 import threading
 import time
 import urllib.request
@@ -72,6 +76,7 @@ __all__ = [
     "http_infer",
     "index_states",
     "lru_loads",
+    "memory_held",
     "metric",
     "model_names",
     "optimal_loads",
@@ -125,15 +130,18 @@ def shared_repository(
     *,
     slow: Mapping[str, float] | None = None,
     busy: Mapping[str, float] | None = None,
+    memory: Mapping[str, int] | None = None,
 ) -> Path:
     """One model repository (a new directory under ``root``) for every Triton of a fleet.
 
     ``m00`` .. ``m{n-1}``: add_sub, each taking ``load_delay_s`` to load. ``slow``: more add_sub models,
     name -> their own load delay. ``busy``: add_sub models (loading in ``load_delay_s``) whose every
-    execution sleeps name -> seconds, so that concurrent requests queue in Triton.
+    execution sleeps name -> seconds, so that concurrent requests queue in Triton. ``memory``: add_sub
+    models on the memusage backend (loading in ``load_delay_s``), name -> the bytes each reports as
+    its memory.
     """
     names = model_names(n)
-    extra = [*(slow or {}), *(busy or {})]
+    extra = [*(slow or {}), *(busy or {}), *(memory or {})]
     if len(set(names + extra)) != len(names) + len(extra):
         raise ValueError(f"duplicate model names: {names + extra}")
     repo = slow_repository(root, names, load_delay_s)
@@ -151,7 +159,38 @@ def shared_repository(
         model_py = repo / name / "1" / "model.py"
         model_py.unlink()
         model_py.write_text(_BUSY_MODEL)
+    if memory:
+        backend = build_memusage_backend(root)
+        for name, size in memory.items():
+            (repo / name / "1").mkdir(parents=True)
+            # Triton looks for a model's backend library in the model's own directory first.
+            shutil.copy2(backend, repo / name / backend.name)
+            (repo / name / "config.pbtxt").write_text(_MEMUSAGE_CONFIG.format(name=name, size=int(size),
+                                                                                     delay=float(load_delay_s)))
     return repo
+
+
+_MEMUSAGE_SOURCE = Path(__file__).with_name("memusage_backend.c")
+_MEMUSAGE_CONFIG = """name: "{name}"
+backend: "memusage"
+max_batch_size: 0
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }}, {{ name: "INPUT1" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }}, {{ name: "OUTPUT1" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+instance_group [ {{ kind: KIND_CPU, count: 1 }} ]
+parameters: {{ key: "memory_bytes" value: {{ string_value: "{size}" }} }}
+parameters: {{ key: "load_delay_s" value: {{ string_value: "{delay!r}" }} }}
+"""
+
+
+def build_memusage_backend(root: Path) -> Path:
+    """``root/libtriton_memusage.so``, compiled from memusage_backend.c with the C compiler Python
+    was built with (the one that builds the gateway's own extensions)."""
+    out = Path(root) / "libtriton_memusage.so"
+    if not out.exists():
+        cc = (sysconfig.get_config_var("CC") or "cc").split()
+        subprocess.run([*cc, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(out), str(_MEMUSAGE_SOURCE)],
+                       check=True, capture_output=True, timeout=120)
+    return out
 
 
 # ------------------------------------------------------------------------------------------- polling
@@ -195,6 +234,23 @@ def triton_stats(server: TritonServer, model: str, timeout: float = 2.0) -> dict
         return None
     stats = json.loads(body).get("model_stats") or []
     return stats[0] if stats else None
+
+
+def memory_held(server: TritonServer, timeout: float = 2.0) -> dict[str, int] | None:
+    """The memory each loaded model of ``server`` reports in Triton's own statistics (bytes, summed
+    over versions and devices); ``None`` when not answering."""
+    if server.http_port is None:
+        return None
+    try:
+        status, body = _request(server.http_port, "GET", "/v2/models/stats", None, timeout)
+    except (OSError, http.client.HTTPException):
+        return None
+    if status != 200:
+        return None
+    held: dict[str, int] = {}
+    for m in json.loads(body).get("model_stats") or []:
+        held[m["name"]] = held.get(m["name"], 0) + sum(int(u["byte_size"]) for u in m.get("memory_usage") or [])
+    return held
 
 
 # -------------------------------------------------------------------------------------------- logs

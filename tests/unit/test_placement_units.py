@@ -1,6 +1,7 @@
-"""Placement below the network (gateway/backends/placement.py, gateway/routing/readiness.py):
-the index's ``held`` / ``changing`` / ``with_ready`` / ``without``, ``EndpointHealth.placed``,
-``Holds`` (the bounded per-model queue), ``Usage`` (Triton's statistics) and the ``Placer``'s
+"""Placement below the network (gateway/backends/{placement,holds,capacity}.py,
+gateway/routing/readiness.py): the index's ``held`` / ``changing`` / ``with_ready`` / ``without``,
+``EndpointHealth.placed``, ``Holds`` (the bounded per-model queue), ``Usage`` (Triton's
+statistics), ``Room`` (capacity in models and bytes) and the ``Placer``'s
 decisions against ``Pool``, an in-memory stand-in for a pool of Tritons in explicit mode: its
 ``control`` loads and unloads models in a per-endpoint state (LOADING, READY, UNLOADING),
 publishes each endpoint's repository index as the health checker would, answers statistics as
@@ -21,7 +22,9 @@ from gateway._pb import triton_extensions_pb2 as tx
 from gateway.backends import placement as placement_mod
 from gateway.backends.base import Backend, Refused
 from gateway.backends.endpoints import Endpoint
-from gateway.backends.placement import Holds, Placer, Usage
+from gateway.backends.capacity import Room, Usage
+from gateway.backends.holds import Holds
+from gateway.backends.placement import Placer
 from gateway.codec.repository import IndexEntry
 from gateway.config.backends import BackendSpec, Placement
 from gateway.config.network import HostPort
@@ -90,6 +93,7 @@ class Pool(Backend[Ep]):
         self.state: dict[str, dict[str, str]] = {}
         self.last: dict[tuple[str, str], float] = {}  # (endpoint, model) -> ms since the epoch
         self.size: dict[str, int] = {}
+        self.capacity_bytes = 0  # when not 0: READY + LOADING bytes checked at every load, as capacity
         self.refuse = {"broken"}
         self.calls: list[tuple[str, str, str]] = []
         self.over_capacity: list[str] = []
@@ -146,6 +150,9 @@ class Pool(Backend[Ep]):
             taking = {m for m, s in st.items() if s in ("READY", "LOADING")} | {model}
             if len(taking) > self.capacity:
                 self.over_capacity.append(f"{addr}: {sorted(taking)} at the load of '{model}'")
+            if self.capacity_bytes and sum(self.size.get(m, 0) for m in taking) > self.capacity_bytes:
+                self.over_capacity.append(f"{addr}: {sorted(taking)} of {sum(self.size.get(m, 0) for m in taking)} "
+                                          f"bytes at the load of '{model}'")
             if model not in self.repo or model in self.refuse:
                 raise UpstreamError(f"failed to load '{model}', failed to poll from model repository",
                                     http_status=400, grpc_code="INVALID_ARGUMENT")
@@ -397,8 +404,9 @@ def _stats_doc() -> dict[str, Any]:
 def test_usage_from_triton_stats_json():
     usage = Usage.read(orjson.dumps(_stats_doc()), "json")
     assert usage.models == {"a": (3000, 155), "b": (0, 0), "c": (1_700_000_000_000, 0)}
-    assert usage.bytes({"a", "b"}) == 155
-    assert usage.bytes(frozenset({"nothing", "c"})) == 0
+    room = Room(10, 1000)
+    assert room.used({"a", "b"}, usage) == 155
+    assert room.used({"nothing", "c"}, usage) == 0
     assert Usage.read(b'{"model_stats": []}', "json").models == {}
     assert Usage.read(b"{}", "json").models == {}
 
@@ -423,6 +431,32 @@ def test_usage_of_garbage_is_a_bad_upstream_response(answer: bytes):
 def test_usage_of_a_garbage_protobuf_is_a_bad_upstream_response():
     with pytest.raises(BadUpstreamResponse):
         Usage.read(b"\x0a\xff\xff\xff", "pb")
+
+
+# ------------------------------------------------------------------------------------ Room
+
+
+def test_room_counts_models_and_nothing_else_without_a_byte_limit():
+    room = Room(2, 0)
+    assert room.fits("x", {"a"}, None) and not room.fits("x", {"a", "b"}, None)
+    assert not room.over({"a", "b", "c"}, None)  # (over by models is the index's business, not over())
+
+
+def test_room_by_bytes_reported_or_remembered():
+    room = Room(10, 300)
+    usage = Usage({"a": (0, 100), "b": (0, 100), "loading": (0, 0)})
+    room.learn(usage)
+    room.learn(Usage({"loading": (0, 50), "new": (0, 100), "big": (0, 900)}))  # seen on another endpoint
+    assert room.used({"a", "b", "loading"}, usage) == 250  # a LOADING model reports nothing yet: remembered
+    assert room.fits("tiny", {"a", "b", "loading"}, usage)  # size unknown: fits while any room is left
+    assert not room.fits("new", {"a", "b", "loading"}, usage)  # 250 + 100 > 300
+    assert room.fits("new", {"a", "b"}, usage)  # exactly 300
+    assert not room.fits("tiny", {"a", "b", "c"}, Usage({"a": (0, 100), "b": (0, 100), "c": (0, 100)}))
+    # Larger than the limit alone: only on an empty endpoint.
+    assert not room.fits("big", {"a"}, usage) and room.fits("big", set(), usage)
+    assert room.over({"a", "b", "new", "loading"}, usage) and not room.over({"a", "b", "new"}, usage)
+    assert Room(1, 300).fits("new", set(), None) and not Room(1, 300).fits("new", {"a"}, None)
+
 
 
 # ------------------------------------------------------------------------------------ Holds
@@ -678,6 +712,83 @@ async def test_a_model_never_used_is_evicted_first():
     pool.used(A, "m01", 1000)  # m02: last_inference 0, loaded by someone long ago
     await request(placer, "m03")
     assert pool.unloads() == [(str(A), "m02")]
+
+
+async def test_capacity_bytes_evicts_the_least_recently_used_until_the_model_fits():
+    """capacity_bytes 300 (10 models): three of 100 held; m04 is known (from an earlier load) to
+    take 200, so the two least recently used go before it loads — decided before either goes."""
+    pool, placer, holds, events = await make(1, capacity=10, min_residency_s=60, capacity_bytes=300)
+    pool.capacity_bytes = 300
+    pool.size.update({"m01": 100, "m02": 100, "m03": 100, "m04": 200})
+    pool.set_loaded(A, "m01", "m02", "m03")
+    pool.used(A, "m01", 300)
+    pool.used(A, "m02", 100)
+    pool.used(A, "m03", 200)
+    placer.room.learn(Usage({"m04": (0, 200)}))
+    await request(placer, "m04")
+    assert pool.calls == [("unload", str(A), "m01"), ("unload", str(A), "m03"), ("load", str(A), "m04")]
+    assert events.unloads == ["evict", "evict"]
+    assert not pool.over_capacity, pool.over_capacity
+    idle(holds)
+
+
+async def test_a_first_load_that_reveals_its_size_is_followed_by_evictions():
+    """capacity_bytes 250: m01 and m02 (100 each) held; m03 was never loaded, so its 200 bytes are
+    unknown and it is loaded (150 bytes were free). Its statistics then show the endpoint at 400:
+    the least recently used go until it is within 250 again, never m03 itself."""
+    pool, placer, holds, _ = await make(1, capacity=10, min_residency_s=60, capacity_bytes=250)
+    pool.size.update({"m01": 100, "m02": 100, "m03": 200})
+    pool.set_loaded(A, "m01", "m02")
+    pool.used(A, "m01", 300)
+    pool.used(A, "m02", 200)
+    await request(placer, "m03")
+    assert pool.calls == [("load", str(A), "m03"), ("unload", str(A), "m01"), ("unload", str(A), "m02")]
+    assert pool.state[str(A)] == {"m03": "READY"}
+    assert placer.room.sizes["m03"] == 200
+    # Known now: the next model of unknown size finds 50 bytes free and loads; m03 stays (fresh).
+    pool.size["m05"] = 40
+    await request(placer, "m05")
+    assert pool.state[str(A)] == {"m03": "READY", "m05": "READY"}
+    idle(holds)
+
+
+async def test_a_model_larger_than_capacity_bytes_takes_an_endpoint_of_its_own():
+    pool, placer, holds, _ = await make(1, capacity=10, min_residency_s=0, capacity_bytes=100)
+    pool.size.update({"m01": 30, "m02": 30, "m03": 500})
+    pool.set_loaded(A, "m01", "m02")
+    placer.room.learn(Usage({"m03": (0, 500)}))
+    await request(placer, "m03")
+    assert pool.calls[-1] == ("load", str(A), "m03")
+    assert sorted(pool.unloads()) == [(str(A), "m01"), (str(A), "m02")]
+    idle(holds)
+
+
+async def test_capacity_bytes_never_exceeded_under_concurrent_churn():
+    """12 models of 50–150 bytes over 3 endpoints of 300 bytes, sizes known: at every load no
+    endpoint holds (READY + LOADING) more than 300."""
+    pool, placer, holds, _ = await make(3, capacity=12, load_s=0.01, load_timeout_s=3, capacity_bytes=300)
+    rng = random.Random(41)
+    pool.capacity_bytes = 300
+    pool.size.update({m: rng.choice((50, 100, 150)) for m in REPO[:12]})
+    placer.room.learn(Usage({m: (0, n) for m, n in pool.size.items()}))
+    sem = asyncio.Semaphore(8)
+    answered = 0
+
+    async def one(model: str) -> None:
+        nonlocal answered
+        async with sem:
+            with contextlib.suppress(ModelNotReady):
+                await request(placer, model)
+                for addr in (A, B, C):
+                    if pool.state.get(str(addr), {}).get(model) == "READY":
+                        pool.used(addr, model, 0)
+                answered += 1
+
+    await asyncio.gather(*(one(rng.choice(REPO[:12])) for _ in range(200)))
+    assert not pool.over_capacity, pool.over_capacity[:5]
+    assert not pool.reloads, pool.reloads[:5]
+    assert answered >= 160 and pool.unloads()
+    idle(holds)
 
 
 @pytest.mark.parametrize("protect", ["pinned", "in_flight", "not_owned", "waiting", "loaded_here_lately",
