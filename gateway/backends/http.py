@@ -8,6 +8,7 @@ error tree once, where an exchange is made (``http_exchange.py``: ``raise ... fr
 """
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -30,6 +31,7 @@ from ..codec.triton import (
     version_refusal,
 )
 from ..codec.wire import scan_infer_routing
+from ..config.schema import BackendSpec
 from ..dataplane import AnswerSink, HttpReply, IncomingBody, StreamedMessage
 from ..errors import GatewayError, InvalidRequest, ModelNotReady
 from ..observability.access import AccessRecord
@@ -37,6 +39,9 @@ from ..routing.table import STATEFUL
 from .base import TRITON_GRPC_PREFIX, Refused
 from .h1 import BodyStream, H1Response
 from .http_affinity import http_affinity
+from .grpc_control import GrpcControl
+from .endpoints import Endpoint
+from .grpc_endpoint import GrpcEndpoint
 from .http_endpoint import (
     _NOT_READY_STATUS,
     HttpEndpoint,
@@ -66,6 +71,11 @@ _SINK_MIN = 256 * 1024
 class HttpBackend(HttpExchange):
     protocol = "http"
     serves_now = True
+
+    def __init__(self, spec: BackendSpec) -> None:
+        super().__init__(spec)
+        port = spec.placement.grpc_port if spec.placement is not None else 0
+        self._grpc_control = GrpcControl(spec, port) if port else None
 
     def http_cost(self, binary: bool) -> int:
         return COST_PASS_HTTP
@@ -209,6 +219,16 @@ class HttpBackend(HttpExchange):
         return b""  # an empty RepositoryModel{Load,Unload}Response
 
     async def control(self, ep: HttpEndpoint, action: str, model: str, timeout: float) -> None:
+        grpc = self._grpc_control
+        if grpc is not None:  # (placement.grpc_port: Triton's HTTP traffic does not wait for it)
+            other = ep.control
+            if other is None or other.address.port != grpc.port:  # (a reload may move the port)
+                if other is not None:
+                    self._closing_control(other)
+                other = ep.control = grpc.endpoint(ep.address)
+            assert isinstance(other, GrpcEndpoint)
+            await grpc.send(other, action, model, timeout)
+            return
         path = f"/v2/repository/models/{quote(model, safe='')}/{action}"
         try:
             reply = await self._send(ep, "POST", path, body=b"{}", timeout=timeout,
@@ -218,6 +238,11 @@ class HttpBackend(HttpExchange):
             raise exc.error from exc
         if reply.status != 200:
             raise error_from_reply(reply)
+
+    def _closing_control(self, ep: Endpoint) -> None:
+        task = asyncio.ensure_future(ep.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def repository_http(self, action: str, model: str, body: bytes, headers: Mapping[str, str]) -> HttpReply:
         # The client's own credentials for a restricted repository API are passed on (the

@@ -47,13 +47,16 @@ def _relayed(headers: Mapping[str, str]) -> dict[str, str]:
 
 
 class HttpEndpoint(Endpoint):
-    __slots__ = ("connections", "family")
+    __slots__ = ("connections", "control", "family")
 
     def __init__(self, address: HostPort, connections: H1ConnectionPool) -> None:
         super().__init__(address)
         self.connections = connections
         # The server family (config FAMILIES) from its metadata's name, once read (check_live).
         self.family: str | None = None
+        # Where a placement backend's loads and unloads go instead (its servers' gRPC port,
+        # backends/grpc_control.py): made at the first one, closed with this endpoint.
+        self.control: Endpoint | None = None
 
     @property
     def inflight(self) -> int:
@@ -62,6 +65,8 @@ class HttpEndpoint(Endpoint):
 
     async def close(self) -> None:
         self.connections.close()  # idle connections now; busy ones when their exchange ends
+        if self.control is not None:
+            await self.control.close()
 
 
 # Not frozen: made for every answer, and a frozen dataclass's __init__ sets each field through

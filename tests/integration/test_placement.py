@@ -40,6 +40,7 @@ from tests.support.placement import (
     HttpAnswer,
     grpc_infer,
     http_infer,
+    index_states,
     lru_loads,
     memory_held,
     metric,
@@ -48,7 +49,7 @@ from tests.support.placement import (
     triton_stats,
 )
 from tests.support.procs import wait_for
-from tests.support.triton import TritonRepositoryError, triton_available
+from tests.support.triton import TritonRepositoryError, TritonServer, triton_available
 
 pytestmark = pytest.mark.triton
 
@@ -343,6 +344,34 @@ def test_capacity_bytes_holds_by_tritons_own_memory_reports(clean: Fleet, tmp_pa
         assert sum(held.values()) <= 250_000_000, final
     assert any(h for h in final.values()), final
     assert evictions > 0  # (capacity_models alone would have let three stay)
+
+
+def test_an_http_pool_sends_its_loads_to_the_grpc_port(clean: Fleet, tmp_path: Path) -> None:
+    """``placement.grpc_port``: an http backend's loads and unloads go to its servers' gRPC port
+    (Triton holds its other HTTP traffic while an HTTP repository call runs). Read from the Triton's
+    own verbose log, which names every HTTP request and every gRPC call: with grpc_port three
+    models are loaded (the third evicting the first: an unload too) by RepositoryModelLoad /
+    Unload and no HTTP repository request; without it, the load is an HTTP request. Every
+    answer right."""
+    with TritonServer(clean.repository, startup_models=(), log_verbose=1) as triton:
+        assert triton.log_path is not None
+        placement = {"capacity_models": 2, "min_residency_s": 0, "load_timeout_s": 30}
+        over_grpc = {"pool": {"protocol": "http", "endpoints": [triton.http_url],
+                              "placement": {**placement, "grpc_port": triton.grpc_port}}}
+        with gateway(tmp_path, over_grpc) as gw:
+            answers = [http_infer(gw.http_url, model, seed=i) for i, model in enumerate(("m01", "m02", "m03"))]
+            wait_for(lambda: (index_states(triton) or {}).get("m01") not in ("READY", "UNLOADING"), timeout=15,
+                     what="m01 unloaded")
+        log = triton.log_path.read_text(errors="replace")
+        over_http = {"pool": {"protocol": "http", "endpoints": [triton.http_url], "placement": placement}}
+        with gateway(tmp_path, over_http, name="gw-http") as gw:
+            answers.append(http_infer(gw.http_url, "m04", seed=4))
+        log_after = triton.log_path.read_text(errors="replace")[len(log):]
+    assert all(a.right for a in answers), answers
+    assert log.count("Done for RepositoryModelLoad") == 3, log
+    assert log.count("Done for RepositoryModelUnload") >= 1, log
+    assert "/v2/repository/models/" not in log, log
+    assert "HTTP request: 2 /v2/repository/models/m04/load" in log_after, log_after
 
 
 # --------------------------------------------------------------------------------------------- burst

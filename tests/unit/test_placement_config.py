@@ -51,6 +51,7 @@ def test_placement_defaults():
     assert (spec.capacity_bytes, spec.copies, spec.max_copies) == (0, 1, 1)
     assert (spec.scale_up_per_copy, spec.scale_up_after_s, spec.copy_idle_s) == (4.0, 5.0, 300.0)
     assert (spec.min_residency_s, spec.pinned, spec.queue, spec.load_timeout_s) == (60.0, (), 64, 120.0)
+    assert spec.grpc_port == 0
 
 
 def test_no_placement_section_is_no_placement():
@@ -122,6 +123,9 @@ def test_placement_in_the_dataclass_directly():
     ({"capacity_models": 3, "load_timeout_s": 0}, KEY, ("load_timeout_s",)),
     ({"capacity_models": 3, "load_timeout_s": 3600.5}, KEY, ("load_timeout_s",)),
     ({"capacity_models": 3, "pinned": ["a", "a"]}, KEY, ("pinned must list distinct",)),
+    ({"capacity_models": 3, "grpc_port": "8001"}, f"{KEY}.grpc_port", ("integer",)),
+    ({"capacity_models": 3, "grpc_port": 65536}, KEY, ("grpc_port must be a TCP port",)),
+    ({"capacity_models": 3, "grpc_port": -1}, KEY, ("grpc_port",)),
 ])
 def test_each_bad_placement_value_names_its_key(raw: dict[str, Any], key: str, words: tuple[str, ...]):
     found = problems(config(raw))
@@ -152,6 +156,14 @@ def test_copies_more_than_the_static_endpoints_refused():
     assert has(found, "backends.pool", "placement.copies"), found
     # As many as there are: fine.
     assert placement_of(config({"capacity_models": 3, "copies": 3})).copies == 3
+
+
+def test_grpc_port_is_for_an_http_backend():
+    raw = config({"capacity_models": 3, "grpc_port": 8001})
+    found = problems(raw)
+    assert has(found, "backends.pool", "placement.grpc_port is for an http backend"), found
+    raw["backends"]["pool"]["protocol"] = "http"
+    assert placement_of(raw).grpc_port == 8001
 
 
 def test_copies_with_dns_endpoints_are_not_counted_at_load():
