@@ -18,7 +18,14 @@ Pinned (unless ``--no-pin``, or on one CPU): the gateway's threads on the first 
 this harness on the second. Unpinned, a slow request is as often the scheduler's doing as the
 gateway's — a write to loopback wakes the fake, which takes the gateway's core for a few ms while
 it answers a burst of index or metrics calls (strace: 1–4 ms loopback writes) — and the fleet's
-fake is the busier one. Pinned, what is left is the gateway's own loop.
+fake is the busier one. Pinned, what is left is the gateway's own loop — and the client's: a
+window's slowest requests were those the client itself sent late (its send lag, up to 14–22 ms,
+with either fleet: the open loop counts from the scheduled time, so the client's own stall is
+counted as the gateway's latency — the pooled max was the client's worst stall). The client,
+which stands for a machine of its own, therefore runs its windows under SCHED_FIFO on its CPU
+(``--no-client-fifo`` to leave it; where the kernel refuses, it runs as before and the report
+says so), with its own garbage collector paused. Each window reports the client's send lag (how
+late it sent against the schedule); the summary the median of the window maxima and the largest.
 
 Reported per size: p50 / p99 / max of all windows' requests pooled, the median of the windows'
 p99s, the gateway's cores under the load, and each of those ÷ the first size's (the baseline).
@@ -30,6 +37,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import gc
 import json
 import os
 import random
@@ -75,6 +83,19 @@ def _pin(pid: int, cpus: set[int]) -> None:
             os.sched_setaffinity(int(tid), cpus)
 
 
+def _fifo(on: bool) -> bool:
+    """This thread (the client's event loop) under SCHED_FIFO, or back to the default policy;
+    False when the kernel refuses."""
+    try:
+        if on:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+        else:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
 def _cpus(args: argparse.Namespace) -> tuple[set[int], set[int]] | None:
     """(the gateway's CPU, everyone else's), or None: not pinned. Asked once, before this
     process is pinned (its own affinity is one CPU after that)."""
@@ -103,7 +124,19 @@ async def _window(fleet: FakeFleet, n: int, m: int, balance: str, args: argparse
             return await load.request("POST", paths[i], _BODY, timeout=timeout)
 
         cpu = CpuWindow(gw.proc.pid, fleet.pid).start()
-        out = await open_loop(send, args.rate, args.window_seconds, timeout=10, keep=True)
+        # The client's own collector stays out of the window (a full collection of this process
+        # is a pause of milliseconds, counted as the gateway's latency by the open loop).
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+        fifo = args.client_fifo and _fifo(True)
+        try:
+            out = await open_loop(send, args.rate, args.window_seconds, timeout=10, keep=True)
+        finally:
+            if fifo:
+                _fifo(False)
+            gc.enable()
+            gc.unfreeze()
         out["cpu"] = cpu.stop()
         load.close()
         return out
@@ -119,6 +152,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if pins is not None:
         for pid in [os.getpid(), *(fleet.pid for fleet in fleets)]:
             _pin(pid, pins[1])
+    fifo = args.client_fifo and _fifo(True)
+    if fifo:
+        _fifo(False)
     runs: dict[str, dict[str, Any]] = {f"{n}x{m}": {"windows": [], "lat_ms": []} for n, m in sizes}
     started = time.monotonic()
     try:
@@ -147,10 +183,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "max_ms": float(lat.max()), "window_p99_median_ms": float(np.median([x["p99_ms"] for x in wins])),
             "window_max_median_ms": float(np.median([x["max_ms"] for x in wins])),
             "gateway_cores": float(np.median([x["cpu"]["gateway_cores"] for x in wins])),
+            "send_lag_max_median_ms": float(np.median([x["send_lag_max_ms"] for x in wins])),
+            "send_lag_max_ms": float(max(x["send_lag_max_ms"] for x in wins)),
             "other_cores": float(np.median([x["cpu"]["other_cores"] for x in wins]))}
     return {"meta": {"date": datetime.date.today().isoformat(), "command": "python -m benchmarks.tail " +
                      " ".join(sys.argv[1:]), "commit": _commit(), "balance": args.balance, "rate": args.rate,
-                     "windows": args.windows, "window_seconds": args.window_seconds,
+                     "windows": args.windows, "window_seconds": args.window_seconds, "client_fifo": fifo,
                      "pinned": None if pins is None else [sorted(pins[0]), sorted(pins[1])],
                      "total_s": time.monotonic() - started},
             "summary": summary, "runs": runs}
@@ -176,10 +214,11 @@ def report(doc: dict[str, Any]) -> str:
            f"(balance `{meta['balance']}`, defaults) per window; "
            + (f"gateway pinned to CPU {meta['pinned'][0]}, fakes and harness to {meta['pinned'][1]}; "
               if meta.get("pinned") else "not pinned; ")
+           + ("the client under SCHED_FIFO; " if meta.get("client_fifo") else "the client at the default priority; ")
            + f"{meta['total_s'] / 60:.1f} min. Ratios ÷ the first row. Method: benchmarks/tail.py.", "",
            "| endpoints × routes | requests (errors) | p50 ms | p99 ms (×) | max ms (×) | window p99 median ms (×) "
-           "| window max median ms (×) | gateway cores |",
-           "|---|--:|--:|--:|--:|--:|--:|--:|"]
+           "| window max median ms (×) | gateway cores | client send lag: window max median / max ms |",
+           "|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for key, s in summary.items():
         n, m = key.split("x")
 
@@ -188,7 +227,8 @@ def report(doc: dict[str, Any]) -> str:
 
         out.append(f"| {n} × {int(m):,} | {s['requests']} ({s['errors']}) | {s['p50_ms']:.2f} | {x('p99_ms')} | "
                    f"{x('max_ms')} | {x('window_p99_median_ms')} | {x('window_max_median_ms')} | "
-                   f"{s['gateway_cores']:.3f} |")
+                   f"{s['gateway_cores']:.3f} | {s.get('send_lag_max_median_ms', float('nan')):.1f} / "
+                   f"{s.get('send_lag_max_ms', float('nan')):.1f} |")
     return "\n".join(out) + "\n"
 
 
@@ -202,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--settle-seconds", type=float, default=3.0)
     p.add_argument("--rate", type=float, default=200.0)
     p.add_argument("--no-pin", dest="pin", action="store_false", help="leave every process on every CPU")
+    p.add_argument("--no-client-fifo", dest="client_fifo", action="store_false",
+                   help="leave the client at the default scheduling policy")
     p.add_argument("--out", default=None, help="default benchmarks/results/<date>-tail")
     args = p.parse_args(argv)
     try:
