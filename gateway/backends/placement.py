@@ -262,12 +262,14 @@ class Placer:
                 usage = await self._usage(ep)
                 if usage is None:
                     return False  # (memory that cannot be counted is not taken)
+            if len(occupied) > room.models:
+                return False  # over by more than one model (someone else's loads): one eviction frees nothing
             # The victims are all chosen before any is unloaded: nothing is given up for a load
             # that would not fit after all.
             victims: list[str] = []
             while not room.fits(model, occupied, usage):
                 if not evict or (victims and not room.limit):
-                    return False  # (over by more than one model: someone else's loads; one eviction frees nothing)
+                    return False  # (only memory may take more than one eviction)
                 if usage is None:
                     usage = await self._usage(ep)
                     if usage is None:

@@ -752,6 +752,21 @@ async def test_a_first_load_that_reveals_its_size_is_followed_by_evictions():
     idle(holds)
 
 
+@pytest.mark.parametrize("capacity_bytes", [0, 10_000])
+async def test_an_endpoint_over_by_more_than_one_model_evicts_nothing(capacity_bytes: int):
+    """Capacity 2, four models held there (loaded by someone else): one eviction would not make
+    room, so none is sent — with or without a byte limit — and the request waits, then 503."""
+    pool, placer, holds, _ = await make(1, capacity=2, min_residency_s=0, load_timeout_s=0.5,
+                                        capacity_bytes=capacity_bytes)
+    pool.set_loaded(A, "m01", "m02", "m03", "m04")
+    for m in ("m01", "m02", "m03", "m04"):
+        pool.used(A, m, 600)
+    with pytest.raises(ModelNotReady):
+        await request(placer, "m05")
+    assert pool.calls == []
+    idle(holds)
+
+
 async def test_a_model_larger_than_capacity_bytes_takes_an_endpoint_of_its_own():
     pool, placer, holds, _ = await make(1, capacity=10, min_residency_s=0, capacity_bytes=100)
     pool.size.update({"m01": 30, "m02": 30, "m03": 500})
