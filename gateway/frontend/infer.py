@@ -30,6 +30,7 @@ from ..errors import (
     UnsupportedEncoding,
     UpstreamError,
 )
+from ..gcpolicy import grown
 from ..observability.access import AccessLog, AccessRecord
 from ..observability.metrics import Metrics
 from ..security.guard import Gate
@@ -120,6 +121,7 @@ class HttpInference:
         if target is not None:
             model, version = target
             route = (lambda ex: self.infer(ex, model, version)), (lambda ex: self.infer_now(ex, model, version))
+            grown()  # (long-lived: frozen out of the collector's way with the rest, gcpolicy.py)
         if len(path) <= 1024:  # (bounded in count and size: clients choose paths)
             if len(claimed) >= 4096:
                 claimed.clear()

@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ..dataplane import UNROUTED, RouteLabel
+from ..gcpolicy import grown
 from .access import AccessLog, AccessRecord
 from .loopmetrics import LoopCounter, LoopHistogram
 
@@ -267,6 +268,7 @@ class Metrics:
             children = (counting(self.requests.labels(protocol, api, route[0], route[1], str(code))),
                         Observer(self.request_seconds.labels(protocol, api, route[0], route[1])))
             self._children[key] = children
+            grown()  # (long-lived: frozen out of the collector's way with the rest, gcpolicy.py)
         children[0]()
         children[1].observe(seconds)
         if record is not None and self.access is not None:

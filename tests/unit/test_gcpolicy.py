@@ -68,3 +68,57 @@ def test_off_switch_and_a_collector_switched_off_on_purpose():
     assert disabled["threshold"][0] == 0  # a threshold of 0 (collection off) is left so
     higher = probe("50000")["first"]
     assert higher["threshold"][0] == 50000  # a higher one chosen by the operator is kept
+
+
+GROWN_PROBE = r"""
+import gc, json, sys
+from gateway import gcpolicy
+
+class State:
+    pass
+
+kept = []
+
+def build(n):
+    for _ in range(n):
+        kept.append([State() for _ in range(3)])  # long-lived, as a model's handlers
+        gcpolicy.grown()
+
+build(gcpolicy.GROWN)  # before any settle: nothing frozen
+before = gc.get_freeze_count()
+on = gcpolicy.settle()
+after_settle = gc.get_freeze_count()
+build(gcpolicy.GROWN - 1)
+almost = gc.get_freeze_count()
+young_before = gc.get_count()[0]
+build(1)
+frozen_once = gc.get_freeze_count()
+young_after = gc.get_count()[0]
+freezes = 1
+for _ in range(gcpolicy.FREEZES + 5):
+    count = gc.get_freeze_count()
+    build(gcpolicy.GROWN)
+    freezes += gc.get_freeze_count() != count
+print(json.dumps({"before": before, "on": on, "after_settle": after_settle, "almost": almost,
+                  "frozen_once": frozen_once, "young_before": young_before, "young_after": young_after,
+                  "freezes": freezes}))
+"""
+
+
+def test_state_grown_after_start_up_is_frozen_in_batches_a_bounded_number_of_times():
+    from gateway.gcpolicy import FREEZES, GROWN
+
+    def run(env: dict[str, str] | None = None) -> dict:
+        out = subprocess.run([sys.executable, "-c", GROWN_PROBE], env=dict(os.environ, **(env or {})),
+                             capture_output=True, text=True, check=True, timeout=60)
+        return json.loads(out.stdout)
+
+    got = run()
+    assert got["before"] == 0  # nothing frozen before start-up is settled
+    assert got["on"] and got["after_settle"] > 0
+    assert got["almost"] == got["after_settle"]  # GROWN - 1 models' state: not yet
+    assert got["frozen_once"] >= got["almost"] + 3 * GROWN  # the batch, out of the young generation
+    assert got["young_before"] >= 3 * (GROWN - 1) and got["young_after"] < 10
+    assert got["freezes"] == FREEZES  # then no more until the next settle
+    off = run({"OIP_GATEWAY_GC_TUNING": "0"})
+    assert off["frozen_once"] == 0 and off["freezes"] == 1  # (the probe counts its first batch)
