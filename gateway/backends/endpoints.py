@@ -125,7 +125,7 @@ class EndpointSet(Generic[E]):
                 self.endpoints[addr] = self._own(old.endpoints.pop(addr))
                 old._gen.n += 1
 
-    def _retire(self, ep: E) -> None:
+    def _retire(self, ep: Endpoint) -> None:
         task = asyncio.ensure_future(ep.close())
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)

@@ -8,7 +8,6 @@ error tree once, where an exchange is made (``http_exchange.py``: ``raise ... fr
 """
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -40,7 +39,6 @@ from .base import TRITON_GRPC_PREFIX, Refused
 from .h1 import BodyStream, H1Response
 from .http_affinity import http_affinity
 from .grpc_control import GrpcControl
-from .endpoints import Endpoint
 from .grpc_endpoint import GrpcEndpoint
 from .http_endpoint import (
     _NOT_READY_STATUS,
@@ -224,7 +222,7 @@ class HttpBackend(HttpExchange):
             other = ep.control
             if other is None or other.address.port != grpc.port:  # (a reload may move the port)
                 if other is not None:
-                    self._closing_control(other)
+                    self._retire(other)
                 other = ep.control = grpc.endpoint(ep.address)
             assert isinstance(other, GrpcEndpoint)
             await grpc.send(other, action, model, timeout)
@@ -238,11 +236,6 @@ class HttpBackend(HttpExchange):
             raise exc.error from exc
         if reply.status != 200:
             raise error_from_reply(reply)
-
-    def _closing_control(self, ep: Endpoint) -> None:
-        task = asyncio.ensure_future(ep.close())
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
 
     async def repository_http(self, action: str, model: str, body: bytes, headers: Mapping[str, str]) -> HttpReply:
         # The client's own credentials for a restricted repository API are passed on (the
