@@ -38,6 +38,7 @@ COMPILED = [
     "gateway/backends/h1/connection.py",
     "gateway/backends/h1/pool.py",
     "gateway/frontend/h1direct.py",
+    "gateway/frontend/h1conn.py",
     "gateway/frontend/incoming.py",
     "gateway/rawbody.py",
     "gateway/frontend/infer.py",
@@ -113,16 +114,19 @@ def _h2_modules() -> list:
 JSONSKIP_EXTENSION = "gateway.codec._jsonskip"
 JSONDATA_EXTENSION = "gateway.codec._jsondata"
 FILL_EXTENSION = "gateway._fill"
+RAWIO_EXTENSION = "gateway._rawio"
 
 
 def _jsonskip_modules() -> list:
     """codec/jsonscan.py's byte loop and codec/jsonfast.py's data reader in C, and the HTTP/1.1
-    client's whole-answer buffer (gateway/_fill.c); without them, the same in Python, slower."""
+    client's whole-answer buffer (gateway/_fill.c), and rawbody.py's buffers and socket mark
+    (gateway/_rawio.c); without them, the same in Python, slower."""
     if os.environ.get("OIP_GATEWAY_COMPILE", "1") == "0" or not _compiler():
         return []
     return [Extension(JSONSKIP_EXTENSION, ["gateway/codec/_jsonskip.c"], extra_compile_args=["-O2"]),
             Extension(JSONDATA_EXTENSION, ["gateway/codec/_jsondata.c"], extra_compile_args=["-O2"]),
-            Extension(FILL_EXTENSION, ["gateway/_fill.c"], extra_compile_args=["-O2"])]
+            Extension(FILL_EXTENSION, ["gateway/_fill.c"], extra_compile_args=["-O2"]),
+            Extension(RAWIO_EXTENSION, ["gateway/_rawio.c"], extra_compile_args=["-O2"])]
 
 
 def ext_modules() -> list:

@@ -8,7 +8,7 @@ backend client for large answers (backends/h1/reader.py ``buffer_updated``). It 
 event loop asks for a buffer (``get_buffer``), reads into it and says how much it read
 (``buffer_updated``).
 
-Given the connection's socket (plain TCP only: :func:`plain_socket`), it also sets the socket's
+Given the connection's socket descriptor (plain TCP only: :func:`plain_socket`), it also sets the socket's
 low-water mark (``SO_RCVLOWAT``) while the body arrives: the loop is woken once ``LOWAT`` bytes (or
 all that is left) are waiting, not for every segment, so a 16 MB body is read in pieces of at least
 ``LOWAT`` instead of whatever trickled in since the last wake-up — under concurrency that was ~1.6 ×
@@ -30,6 +30,15 @@ import termios
 from typing import Any, Final
 
 import numpy as np
+
+try:  # gateway/_rawio.c: the same steps without a socket object or a numpy array per call
+    from ._rawio import buffer as _buffer
+    from ._rawio import lowat as _lowat
+    from ._rawio import unread as _unread
+except ImportError:  # built without a C compiler
+    _buffer = None  # type: ignore[assignment]
+    _lowat = None  # type: ignore[assignment]
+    _unread = None  # type: ignore[assignment]
 
 __all__ = ["HEAD_READ", "LARGE", "LOWAT", "RAW_MIN", "READ_SIZE", "RawBody", "new_buffer", "plain_socket"]
 
@@ -55,32 +64,56 @@ RAW_MIN: Final = 64 * 1024
 
 
 def new_buffer(size: int) -> memoryview:
-    """``size`` bytes to read into, uninitialised (numpy.empty: no page-filling)."""
+    """``size`` bytes to read into, uninitialised (no page-filling)."""
+    if _buffer is not None:
+        return _buffer(size)
     return np.empty(size, dtype=np.uint8).data.cast("B")
 
 
-def plain_socket(transport: Any) -> Any:
-    """The transport's socket for the low-water mark — None under TLS: there the mark would
-    count ciphertext while the TLS layer may already hold part of the body, decrypted or not,
-    and the last bytes would never wake the loop."""
+def plain_socket(transport: Any) -> int:
+    """The file descriptor of the transport's socket, for the low-water mark — -1 under TLS:
+    there the mark would count ciphertext while the TLS layer may already hold part of the body,
+    decrypted or not, and the last bytes would never wake the loop."""
     if transport is None or transport.get_extra_info("ssl_object") is not None:
-        return None
-    return transport.get_extra_info("socket")
+        return -1
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return -1
+    fd: int = sock.fileno()
+    return fd
+
+
+def _set_lowat(fd: int, n: int) -> None:
+    if _lowat is not None:
+        _lowat(fd, n)
+        return
+    sock = socket.socket(fileno=fd)  # (the connection's own descriptor: detached, never closed here)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
+    finally:
+        sock.detach()
+
+
+def _unread_bytes(fd: int) -> int:
+    if _unread is not None:
+        return _unread(fd)
+    queued: int = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    return queued
 
 
 class RawBody:
     """``left`` bytes of a body still to come. Each read's bytes become one chunk (a view) that
     nothing writes over again: the consumer may keep it as long as it likes."""
 
-    __slots__ = ("_fixed", "_free", "_lowat", "_queued", "_size", "_sock", "left")
+    __slots__ = ("_fd", "_fixed", "_free", "_lowat", "_queued", "_size", "left")
 
-    def __init__(self, left: int, sock: Any = None, into: memoryview | None = None) -> None:
+    def __init__(self, left: int, fd: int = -1, into: memoryview | None = None) -> None:
         self.left = left
         # ``into``: where the whole rest goes (at least ``left`` bytes), no buffer of its own.
         self._free: memoryview | None = into
         self._fixed = into is not None
         assert into is None or len(into) >= left
-        self._sock = sock
+        self._fd = fd  # the socket's descriptor (plain_socket), -1: no mark
         self._lowat = 1
         self._queued = 0  # unread bytes in the socket at the last arrived()
         large = left >= LARGE
@@ -88,26 +121,30 @@ class RawBody:
         self._wake_at(min(2 * LOWAT if large else LOWAT, left))
 
     def _wake_at(self, n: int) -> None:
-        if self._sock is not None and n != self._lowat:
+        if self._fd >= 0 and n != self._lowat:
             try:
-                self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
+                _set_lowat(self._fd, n)
                 self._lowat = n
             except OSError:
-                self._sock = None
+                self._fd = -1
 
     def done(self) -> None:
         """The body is over (or abandoned): the socket wakes on every byte again."""
         self._wake_at(1)
 
+    def closed(self) -> None:
+        """The connection is gone: its descriptor is closed and may already number another
+        socket, which must not be touched."""
+        self._fd = -1
+
     def arrived(self) -> bool:
         """Whether bytes have reached the socket, unread, since the last call: under the
         low-water mark a slow client's progress waits in the kernel, and a stall check
         (the listener's ``body_timeout_s``) must not take it for a pause."""
-        sock = self._sock
-        if sock is None or self._lowat <= 1:
+        if self._fd < 0 or self._lowat <= 1:
             return False
         try:
-            queued = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+            queued = _unread_bytes(self._fd)
         except OSError:
             return False
         grew = queued > self._queued

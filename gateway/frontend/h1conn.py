@@ -118,7 +118,7 @@ class Connection(asyncio.BufferedProtocol):
         if drained is not None and not drained.done():
             drained.set_result(None)
         if self.raw is not None:
-            self.raw.done()
+            self.raw.closed()
             self.raw = None
         self.parser = None
 

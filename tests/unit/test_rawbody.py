@@ -87,7 +87,7 @@ def test_the_socket_wakes_for_large_reads_then_for_every_byte_again():
         def lowat() -> int:
             return a.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT)
 
-        raw = RawBody(LOWAT + 1000, a)
+        raw = RawBody(LOWAT + 1000, a.fileno())
         assert lowat() == LOWAT
         assert not raw.arrived()
         b.sendall(b"x" * 500)
@@ -103,11 +103,11 @@ def test_the_socket_wakes_for_large_reads_then_for_every_byte_again():
         _read(raw, b"z" * raw.left)
         raw.done()
         assert lowat() == 1
-        small = RawBody(300, a)
+        small = RawBody(300, a.fileno())
         assert lowat() == 300
         small.done()
         assert lowat() == 1
-        large = RawBody(LARGE, a)  # a large body: twice the mark
+        large = RawBody(LARGE, a.fileno())  # a large body: twice the mark
         assert lowat() == 2 * LOWAT
         large.done()
         assert lowat() == 1
@@ -129,10 +129,14 @@ def test_no_low_water_mark_under_tls():
         def get_extra_info(self, name, default=None):
             return self.extra.get(name, default)
 
-    sock = object()
-    assert plain_socket(Transport(socket=sock)) is sock
-    assert plain_socket(Transport(socket=sock, ssl_object=object())) is None
-    assert plain_socket(None) is None
+    class Sock:
+        def fileno(self) -> int:
+            return 42
+
+    assert plain_socket(Transport(socket=Sock())) == 42
+    assert plain_socket(Transport(socket=Sock(), ssl_object=object())) == -1
+    assert plain_socket(Transport()) == -1
+    assert plain_socket(None) == -1
 
 
 def test_the_listener_reads_heads_in_small_reads_and_bodies_in_large_ones():
@@ -159,3 +163,76 @@ def test_the_listener_reads_heads_in_small_reads_and_bodies_in_large_ones():
         assert len(conn.get_buffer(-1)) == 1000
     finally:
         loop.close()
+
+
+def _pair():
+    import socket
+
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+
+
+def _mark(sock) -> int:
+    import socket
+
+    return sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT)
+
+
+def test_a_closed_connection_leaves_its_old_descriptor_alone():
+    """After ``closed()`` the number may belong to another socket: nothing is set on it."""
+    import socket
+
+    from gateway.rawbody import LOWAT
+
+    a, b = _pair()
+    with a, b:
+        raw = RawBody(LOWAT + 1000, a.fileno())
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 7)  # (now someone else's)
+        raw.closed()
+        raw.done()
+        assert _mark(a) == 7
+
+
+def test_a_descriptor_that_is_no_socket_turns_the_mark_off():
+    import os
+
+    r, w = os.pipe()
+    try:
+        raw = RawBody(1 << 20, r)  # setsockopt fails (ENOTSOCK): read on without a mark
+        assert not raw.arrived()
+        assert len(_read(raw, b"abc")) == 3
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_rawio_against_the_python_steps():
+    """gateway/_rawio.c does what the Python fallback does (socket.setsockopt, ioctl FIONREAD,
+    a writable buffer of the size asked)."""
+    import pytest
+
+    from gateway import rawbody
+
+    rawio = pytest.importorskip("gateway._rawio", reason="built without a C compiler")
+    view = rawio.buffer(4096)
+    assert len(view) == 4096 and not view.readonly and view.format == "B"
+    view[:3] = b"abc"
+    assert bytes(view[:3]) == b"abc"
+    with pytest.raises(ValueError):
+        rawio.buffer(0)
+    a, b = _pair()
+    with a, b:
+        rawio.lowat(a.fileno(), 12345)
+        assert _mark(a) == 12345
+        b.sendall(b"z" * 77)
+        assert rawio.unread(a.fileno()) == 77 == rawbody._unread_bytes(a.fileno())
+    import os
+
+    r, w = os.pipe()
+    try:
+        with pytest.raises(OSError):
+            rawio.lowat(r, 1)  # not a socket
+    finally:
+        os.close(r)
+        os.close(w)
+    with pytest.raises(ValueError):
+        rawio.lowat(-1, 1)

@@ -234,6 +234,8 @@ class AnswerReader(Link):
 
     def _lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._raw is not None:
+            self._raw.closed()
         self._wake_drain()
         if exc is None and self._eof_body and self._in_body and not self._complete:
             # A close-delimited answer (RFC 9112 section 6.3 rule 8) ends here.
