@@ -89,7 +89,7 @@ def timeout_value(seconds: float) -> bytes:
     for scale, unit in _UNITS:
         count = max(1, math.ceil(round(seconds * scale, 6)))
         if count < 100_000_000:
-            return b"%d%s" % (count, unit)
+            return str(count).encode("ascii") + unit
     return b"99999999H"
 
 

@@ -51,6 +51,7 @@ class Connection(asyncio.BufferedProtocol):
         self.listener = listener
         self.loop = loop
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.fd = -1
         self.parser: Any = httptools.HttpRequestParser(self)
         self.exchange: Exchange | None = None
         self.pipeline: deque[Exchange] = deque()  # waiting for the answers ahead of them
@@ -90,6 +91,7 @@ class Connection(asyncio.BufferedProtocol):
     # -- transport events ---------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
         self.transport = transport  # (uvloop's transports are not asyncio.Transport subclasses)
+        self.fd = plain_socket(transport)  # for a raw body's low-water mark (rawbody.py)
         listener = self.listener
         listener.opened(self, self.loop)
         if len(listener.connections) > listener.limits.max_connections:
@@ -384,7 +386,7 @@ class Connection(asyncio.BufferedProtocol):
                 if got:
                     whole[:got] = exchange.parsed()  # (what came with the head: at most HEAD_READ)
                 into = whole[got:]
-            self.raw = RawBody(left, plain_socket(self.transport), into)
+            self.raw = RawBody(left, self.fd, into)
 
     def raw_read(self, nbytes: int) -> None:
         raw = self.raw

@@ -68,6 +68,21 @@ async def bounded(awaitable, seconds: float = 20):
 # pure parts: h2frames
 
 
+def test_a_call_head_carries_its_own_timeout():
+    """The channel keeps the last timeout's field (most calls have the backend's timeout_s):
+    a call with another timeout, or none, still carries its own."""
+    ch = Channel(HostPort("127.0.0.1", 1), None, MIB)
+
+    def field(timeout: float | None) -> list[bytes]:
+        return [v for k, v in ch.head("/m", timeout, None) if k == b"grpc-timeout"]
+
+    assert field(300.0) == [b"300000m"]
+    assert field(300.0) == [b"300000m"]
+    assert field(1.5) == [b"1500m"]
+    assert field(None) == []
+    assert field(300.0) == [b"300000m"]
+
+
 def test_timeout_value_is_at_most_8_digits_and_a_unit():
     assert timeout_value(1.5) == b"1500m"
     assert timeout_value(0.0001) == b"1m"  # rounded up, never 0

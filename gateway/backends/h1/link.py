@@ -10,7 +10,7 @@ from typing import Protocol, Self
 
 import httptools
 
-from ...rawbody import HEAD_READ, RawBody
+from ...rawbody import HEAD_READ, RawBody, plain_socket
 from .answer import BodyStream, H1Response
 from .errors import BadAnswer
 from .limits import AnswerLimits
@@ -47,6 +47,7 @@ class Link(asyncio.BufferedProtocol):
         "_deadline",
         "_drain",
         "_eof_body",
+        "_fd",
         "_fut",
         "_got_bytes",
         "_hbuf",
@@ -97,6 +98,7 @@ class Link(asyncio.BufferedProtocol):
         self._in_body = False
         self._parser = httptools.HttpResponseParser(self)
         self._transport: asyncio.Transport | None = None
+        self._fd = -1  # the socket's descriptor for a raw body's low-water mark (rawbody.plain_socket)
         self._fut: Waiter | None = None
         self._answer: H1Response | None = None  # a complete answer not yet handed over (_deliver)
         self._headers: dict[str, str] = {}
@@ -147,6 +149,7 @@ class Link(asyncio.BufferedProtocol):
     # -- asyncio.Protocol -----------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
+        self._fd = plain_socket(transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:

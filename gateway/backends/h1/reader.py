@@ -27,7 +27,7 @@ from typing import Final
 import httptools
 
 from ...malloc import large_answer
-from ...rawbody import HEAD_READ, RawBody, plain_socket
+from ...rawbody import HEAD_READ, RawBody
 from .answer import BodyStream, H1Response
 from .errors import BadAnswer, ConnectionDropped
 from .limits import MAX_INTERIM
@@ -108,7 +108,7 @@ class AnswerReader(Link):
             # every byte read so far (it stops only at an error): the rest of the body is
             # counted, not parsed, from the next read on. This parser stops here; a new one
             # takes the next answer on this connection (_raw_done).
-            self._raw = RawBody(stream.length - self._body_got, plain_socket(self._transport))
+            self._raw = RawBody(stream.length - self._body_got, self._fd)
             self._raw_keep_alive = self._parser.should_keep_alive()
 
     # -- a streamed answer's body, read past the parser --------------------------------
