@@ -204,7 +204,8 @@ class DirectExchange:
             self._continue = False
             if not self.transport.is_closing():
                 self.transport.write(_CONTINUE)
-        self._waiter = asyncio.get_running_loop().create_future()
+        # (the connection's loop: get_running_loop() is a getpid() system call on 3.11)
+        self._waiter = self._protocol.loop.create_future()
         try:
             await self._waiter
         finally:

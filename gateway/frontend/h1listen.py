@@ -96,6 +96,7 @@ class HttpListener:
         self.head_limit = head_limit
         self.connections: set[Connection] = set()
         self.tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop its tasks run on
         self.targets: dict[tuple[bytes, bytes], Target] = {}
         self._on_refusal = on_refusal
         self._server: asyncio.Server | None = None
@@ -146,7 +147,10 @@ class HttpListener:
 
     def start_task(self, work: Any) -> asyncio.Task[None]:
         """Runs ``work`` as a task of this listener's (a graceful stop waits for it)."""
-        task = asyncio.get_running_loop().create_task(work)
+        loop = self._loop
+        if loop is None:  # (kept: get_running_loop() is a getpid() system call on 3.11)
+            loop = self._loop = asyncio.get_running_loop()
+        task = loop.create_task(work)
         self.tasks.add(task)
         task.add_done_callback(self._task_done)
         return task

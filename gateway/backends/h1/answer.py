@@ -39,10 +39,12 @@ class BodyStream:
     _HIGH: ClassVar[int] = 4 << 20  # (ClassVar: class constants, also when mypyc compiles this module)
     _LOW: ClassVar[int] = 1 << 20
 
-    __slots__ = ("_chunks", "_conn", "_error", "_finished", "_paused", "_queued", "_waiter", "length", "map_error")
+    __slots__ = ("_chunks", "_conn", "_error", "_finished", "_loop", "_paused", "_queued", "_waiter", "length",
+                 "map_error")
 
-    def __init__(self, conn: Reading, length: int | None) -> None:
+    def __init__(self, conn: Reading, length: int | None, loop: asyncio.AbstractEventLoop) -> None:
         self.length = length
+        self._loop = loop
         self.map_error: Callable[[Exception], Exception] = lambda exc: exc
         self._conn: Reading | None = conn
         # bytes from the parser, or (a body read raw) views of buffers nothing else writes to
@@ -93,7 +95,7 @@ class BodyStream:
                 raise self.map_error(self._error)
             if self._finished:
                 raise StopAsyncIteration
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._waiter = self._loop.create_future()  # (get_running_loop(): a getpid() on 3.11)
             try:
                 await self._waiter
             finally:

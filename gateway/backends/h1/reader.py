@@ -322,7 +322,7 @@ class AnswerReader(Link):
         self._eof_body = not sized and coding is None and status not in (204, 304)
         if (self._stream_min is not None and sized and claim >= self._stream_min) or \
                 (self._stream_unsized and not sized):
-            self._stream = BodyStream(self, claim if sized else None)
+            self._stream = BodyStream(self, claim if sized else None, self._loop)
             fut = self._fut
             if fut is not None and not fut.done():
                 fut.set_result(H1Response(status, headers, self._stream))
