@@ -103,12 +103,15 @@ class IdleTrimmer:
     MAX_PASSES = 30  # at quiet_s * 2 apart: about two minutes of a slow client's answer
 
     def __init__(self, activity: Callable[[], float], quiet_s: float = 2.0, period_s: float = 0.5,
-                 busy: Callable[[], bool] = lambda: False) -> None:
+                 busy: Callable[[], bool] = lambda: False, release: Callable[[], int] = lambda: 0) -> None:
         self.activity = activity
         # Large requests in flight (admission.Admission.large_inflight): one taking longer than
         # quiet_s (a 16 MB conversion under a burst takes seconds) is not quiet. Trimming then
         # gave back buffers the burst re-faulted at once (four trims inside one 16-client burst).
         self.busy = busy
+        # Buffers kept for reuse outside the allocator (rawbody.release_buffers): let go first,
+        # so the trim can give their pages back too.
+        self.release = release
         self.quiet_s = quiet_s
         self.period_s = period_s
         self.trims = 0
@@ -151,6 +154,7 @@ class IdleTrimmer:
         assert self._trim is not None
         before = _rss()
         gc.collect()  # buffers held only by reference cycles (tracebacks, futures) go first
+        self.release()
         await asyncio.get_running_loop().run_in_executor(None, self._trim, 0)
         self.trims += 1
         after = _rss()

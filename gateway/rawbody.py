@@ -34,13 +34,16 @@ import numpy as np
 try:  # gateway/_rawio.c: the same steps without a socket object or a numpy array per call
     from ._rawio import buffer as _buffer
     from ._rawio import lowat as _lowat
+    from ._rawio import release as _release
     from ._rawio import unread as _unread
 except ImportError:  # built without a C compiler
     _buffer = None  # type: ignore[assignment]
     _lowat = None  # type: ignore[assignment]
+    _release = None  # type: ignore[assignment]
     _unread = None  # type: ignore[assignment]
 
-__all__ = ["HEAD_READ", "LARGE", "LOWAT", "RAW_MIN", "READ_SIZE", "RawBody", "new_buffer", "plain_socket"]
+__all__ = ["HEAD_READ", "LARGE", "LOWAT", "RAW_MIN", "READ_SIZE", "RawBody", "new_buffer", "plain_socket",
+           "release_buffers"]
 
 # While a body is read past the parser, the socket wakes the loop only once this much of it
 # (or all that is left, or its end) has arrived (SO_RCVLOWAT).
@@ -64,10 +67,18 @@ RAW_MIN: Final = 64 * 1024
 
 
 def new_buffer(size: int) -> memoryview:
-    """``size`` bytes to read into, uninitialised (no page-filling)."""
+    """``size`` bytes to read into, uninitialised (no page-filling). From 64 KiB to 16 MiB, part of
+    a buffer that ``_rawio`` keeps and hands out again once every view of it is gone (a bounded
+    pool: a freed buffer left to the heap is split by small allocations before the next one of
+    its size is asked for, and the heap grows instead; gateway/_rawio.c)."""
     if _buffer is not None:
         return _buffer(size)
     return np.empty(size, dtype=np.uint8).data.cast("B")
+
+
+def release_buffers() -> int:
+    """The pool's free buffers let go (the idle trim, gateway/malloc.py); the bytes let go."""
+    return _release() if _release is not None else 0
 
 
 def plain_socket(transport: Any) -> int:

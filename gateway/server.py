@@ -36,6 +36,7 @@ from .frontend.v1_grpc import build_v1_grpc_handler
 from .h2 import native
 from .malloc import IdleTrimmer, large_answer_at
 from .memlimit import auto_inflight_limit
+from .rawbody import release_buffers
 from .observability.metrics import Metrics
 from .proxy import Proxy
 from .snapshot import Routing, build_backend
@@ -301,7 +302,7 @@ class Gateway:
         self.proxy = Proxy(routing, self.health, self.metrics, self.auto_inflight)
         # Freed large buffers go back to the system once large requests have gone quiet.
         self.trimmer = IdleTrimmer(lambda: max(self.proxy.admission.large_at, large_answer_at()),
-                                   busy=lambda: self.proxy.admission.large_inflight > 0)
+                                   busy=lambda: self.proxy.admission.large_inflight > 0, release=release_buffers)
         self._trimmer: asyncio.Task[None] | None = None
         self.listeners = Listeners(self.proxy, config.max_message_bytes, self.proxy.gate, self.metrics,
                                    reuse_port=reuse_port,

@@ -318,13 +318,17 @@ class GrpcBackend(Backend[GrpcEndpoint]):
         """An HTTP client's request, converted: raw contents out, JSON or binary back."""
         whole = body if isinstance(body, (bytes, bytearray)) else await body.read_view()
         self.on_event("http_to_grpc")
-        # The message's tensors are views of the body (sent as they are by the gateway's own client).
+        # The message's tensors are views of the body (sent as they are by the gateway's own client),
+        # which the gateway's own client lets go at the answer's first DATA (h2stream.Gathered):
+        # from then on the message list is empty and the request is not sent again.
         message, affinity, form = http_request_to_grpc(whole, headers, model, version, limit)
+        del whole
         trace = tuple((k, v) for k in forwarded if k not in _FRAMING and (v := headers.get(k)) is not None)
         try:
             answer, ep = await self.attempt(model, version, affinity, self._call_from,
                                             (_CONVERT, message, None, trace, model, version, True,
-                                             affinity is not None or STATEFUL.get()))
+                                             affinity is not None or STATEFUL.get()),
+                                            lambda: bool(message))  # (empty: the backend answered; no resend)
         except UpstreamError as err:
             if err.grpc_code == "INVALID_ARGUMENT" and err.message == version_refusal(version):
                 # Triton's HTTP route takes only digits: its answer to this version is a 404.

@@ -337,7 +337,8 @@ class Channel:
         the answer's message — or, with a ``sink``, a large answer streamed there and b"" (h2stream
         ``Relay``), and a StreamedMessage request sent on as it arrives. ``gather``: an answer of at
         least that many bytes (0: none) is gathered into one buffer as it arrives and comes as a
-        memoryview of it (h2stream ``Gathered``, for an answer read whole to be converted); else
+        memoryview of it (h2stream ``Gathered``, for an answer read whole to be converted; a
+        request in pieces is then emptied at the answer's first DATA: never sent again); else
         the answer is bytes. Raises CallError (or a streamed request's own error); CancelledError
         resets the stream (CANCEL)."""
         parts: list[bytes | memoryview] | None = None
@@ -368,7 +369,7 @@ class Channel:
             if sink is not None:
                 call = Relay(self.max_message_bytes, loop.create_future(), sink)
             elif gather:
-                call = Gathered(self.max_message_bytes, loop.create_future(), gather)
+                call = Gathered(self.max_message_bytes, loop.create_future(), gather, parts)
             else:
                 call = Unary(self.max_message_bytes, loop.create_future())
             head = self.head(method, None if deadline is None else deadline - loop.time(), metadata)
@@ -414,8 +415,8 @@ class Channel:
                 # call, a while after the client saw it end: a client that reuses the slot at once
                 # meets this refusal (grpc-core's servers do it).
                 if not retry or exc.fault is None or exc.fault[0] != Fault.REFUSED_STREAM or \
-                        (streamed is not None and not streamed.resendable):
-                    raise
+                        (streamed is not None and not streamed.resendable) or (parts is not None and not parts):
+                    raise  # (empty parts: an answer had begun, Gathered let the request go)
                 retry = False
 
     def stream(self, method: str, requests: AsyncIterator[bytes], timeout: float | None = None,

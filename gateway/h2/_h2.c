@@ -197,6 +197,14 @@ typedef struct {
   Py_ssize_t off; /* bytes of it already sent */
 } seg_t;
 
+/* One DATA chunk of the feed() under way, where it lies in the input (nghttp2 hands DATA over
+ * in place); `next`: the stream's next chunk (1-based, 0: none). */
+typedef struct {
+  const uint8_t *p;
+  size_t len;
+  uint32_t next;
+} inseg_t;
+
 typedef struct stream_s {
   int32_t id;
   unsigned announced : 1;       /* the app knows this sid (HEAD emitted, or request() made it) */
@@ -213,9 +221,13 @@ typedef struct stream_s {
   unsigned want_writable : 1;   /* the queue went over the low-water mark */
   uint64_t recv_total;          /* DATA payload received, for max_stream_data */
   uint64_t unconsumed;          /* delivered or pending bytes the app has not consume()d */
-  /* DATA received in the current feed(), coalesced into one bytes object */
+  /* DATA received in the current feed(), coalesced into one bytes object: noted where it lies
+   * in the input (Conn.inseg, 1-based, 0: none) and copied once, into an object of its exact
+   * size, when the stream's event is emitted (pend_gather); `pend` holds it instead when a chunk
+   * did not lie in the input */
   PyObject *pend;
   Py_ssize_t pend_len;
+  uint32_t in_head, in_tail;
   struct stream_s *pend_prev, *pend_next;
   int on_pend;
   /* outgoing queue */
@@ -345,6 +357,9 @@ typedef struct {
   int calm_pending;     /* 1 + bucket index tripped during mem_send */
   const char *dead;     /* the bucket that tripped, or NULL */
   uint64_t pending_consume; /* connection window to return after the library call */
+  const uint8_t *in_start, *in_end; /* the input of the feed() under way (NULL outside one) */
+  inseg_t *inseg;                   /* DATA chunks of this feed, where they lie in its input */
+  uint32_t inseg_n, inseg_cap;
   uint64_t header_resets;
   uint64_t data_resets;
 } Conn;
@@ -542,10 +557,11 @@ static void pend_unlink(Conn *c, stream_t *st) {
 /* Drops coalesced DATA nobody will see; its flow-control credit goes back to the peer. */
 static void pend_discard(Conn *c, stream_t *st) {
   pend_unlink(c, st);
-  if (st->pend) {
+  if (st->pend || st->in_head) {
     c->pending_consume += (uint64_t)st->pend_len;
     st->unconsumed -= (uint64_t)st->pend_len;
     Py_CLEAR(st->pend);
+    st->in_head = st->in_tail = 0;
     st->pend_len = 0;
   }
 }
@@ -758,6 +774,7 @@ static int cb_begin_headers(nghttp2_session *session, const nghttp2_frame *frame
 }
 
 static int pend_flush(Conn *c, stream_t *st, int end);
+static int pend_gather(Conn *c, stream_t *st, Py_ssize_t cap);
 
 /* A limit reset of a stream the app may know: RST_STREAM, CLOSE now, nothing more delivered.
  * DATA already received in this feed goes out first, as it would have had the input been split
@@ -854,7 +871,13 @@ static PyObject *hb_build(Conn *c) {
 
 /* Emits the stream's coalesced DATA (an empty one only when it carries the end). */
 static int pend_flush(Conn *c, stream_t *st, int end) {
-  PyObject *b = st->pend;
+  PyObject *b;
+  if (st->in_head && pend_gather(c, st, st->pend_len) < 0) {
+    pend_discard(c, st);
+    c->pyerr = 1;
+    return -1;
+  }
+  b = st->pend;
   pend_unlink(c, st);
   st->pend = NULL;
   if (b) {
@@ -952,10 +975,51 @@ static int cb_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, v
   }
 }
 
+/* The stream's noted chunks copied into st->pend, a new bytes object of `cap` bytes (at least
+ * pend_len): the exact size at pend_flush, room for one more chunk in pend_append. */
+static int pend_gather(Conn *c, stream_t *st, Py_ssize_t cap) {
+  PyObject *b = PyBytes_FromStringAndSize(NULL, cap);
+  char *at;
+  uint32_t i;
+  if (!b) return -1;
+  at = PyBytes_AS_STRING(b);
+  for (i = st->in_head; i; i = c->inseg[i - 1].next) {
+    memcpy(at, c->inseg[i - 1].p, c->inseg[i - 1].len);
+    at += c->inseg[i - 1].len;
+  }
+  st->in_head = st->in_tail = 0;
+  st->pend = b;
+  return 0;
+}
+
 static int pend_append(Conn *c, stream_t *st, const uint8_t *data, size_t len) {
   Py_ssize_t need = st->pend_len + (Py_ssize_t)len;
   if (len == 0) return 0;
-  if (!st->pend) {
+  if (!st->pend && c->in_start && data >= c->in_start && data + len <= c->in_end) {
+    /* Noted, not copied: a stream's DATA of one read (16 KiB frames of a 256 KiB read) becomes
+     * one object of its exact size at pend_flush, not a chain of doubling reallocs — blocks of
+     * five sizes per read, which fragmented the heap with large answers in flight. */
+    inseg_t *e;
+    if (c->inseg_n == c->inseg_cap) {
+      uint32_t ncap = c->inseg_cap ? c->inseg_cap * 2 : 64;
+      inseg_t *grown = PyMem_Realloc(c->inseg, ncap * sizeof(inseg_t));
+      if (!grown) return -1;
+      c->inseg = grown;
+      c->inseg_cap = ncap;
+    }
+    e = &c->inseg[c->inseg_n++];
+    e->p = data;
+    e->len = len;
+    e->next = 0;
+    if (st->in_tail)
+      c->inseg[st->in_tail - 1].next = c->inseg_n;
+    else
+      st->in_head = c->inseg_n;
+    st->in_tail = c->inseg_n;
+  } else if (st->in_head) {
+    if (pend_gather(c, st, need) < 0) return -1;
+    memcpy(PyBytes_AS_STRING(st->pend) + st->pend_len, data, len);
+  } else if (!st->pend) {
     /* NULL contents: a fresh object even for one byte (CPython shares 1-byte bytes objects,
      * and _PyBytes_Resize needs one nobody else holds) */
     st->pend = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)len);
@@ -1459,6 +1523,7 @@ static void Conn_dealloc(Conn *c) {
   PyMem_Free(c->hb_buf);
   PyMem_Free(c->hb_fields);
   PyMem_Free(c->obuf);
+  PyMem_Free(c->inseg);
   Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
@@ -1655,11 +1720,17 @@ static PyObject *Conn_feed(Conn *c, PyObject *const *args, Py_ssize_t nargs) {
   }
   c->now = 0;
   c->busy = 1;
+  c->in_start = view.buf;
+  c->in_end = (const uint8_t *)view.buf + n;
   rv = h2_mem_recv(c->session, view.buf, (size_t)n);
   c->busy = 0;
-  PyBuffer_Release(&view);
-  /* DATA of this feed not ended yet goes out now, one event per stream. */
+  /* DATA of this feed not ended yet goes out now, one event per stream (copied from the input,
+   * which is released only after). */
   while ((st = c->pend_head) && !c->pyerr) pend_flush(c, st, 0);
+  while ((st = c->pend_head)) pend_discard(c, st); /* (after an error: nothing points into it) */
+  c->inseg_n = 0;
+  c->in_start = c->in_end = NULL;
+  PyBuffer_Release(&view);
   if (c->pyerr) {
     c->fatal = 1;
     nghttp2_session_terminate_session(c->session, NGHTTP2_INTERNAL_ERROR);

@@ -128,6 +128,24 @@ def test_a_status_after_the_answer_is_the_backends_relayed_not_a_retry(gw, bads)
     assert _seen(bads, "big_unavailable") == before + 1
 
 
+def test_a_converted_request_is_not_sent_again_once_its_answer_began(gw, bads):
+    """An HTTP client's request, converted, is read back whole (h2stream.Gathered, not relayed),
+    yet once the answer's first bytes came the backend has run it: it is let go then, and a
+    status after them is the client's answer, not a retry on the other endpoint."""
+    before = _seen(bads, "big_unavailable")
+    x = httpclient.InferInput("INPUT0", [1, 2], "FP32")
+    x.set_data_from_numpy(np.ones((1, 2), np.float32))
+    with httpclient.InferenceServerClient(gw.http_url, network_timeout=30) as c:
+        with pytest.raises(InferenceServerException) as info:
+            c.infer("big_unavailable", [x])
+        assert "the backend is busy" in info.value.message()
+        assert _seen(bads, "big_unavailable") == before + 1
+        # Refused before any answer, the same request goes to the other endpoint, which takes it.
+        before = _seen(bads, "refused_stream")
+        assert c.infer("refused_stream", [x]).get_response()["model_name"] == "refused_stream"
+        assert _seen(bads, "refused_stream") >= before + 1
+
+
 def _raw_call(port: int, model: str) -> tuple[socket.socket, h2.connection.H2Connection, int]:
     """A ModelInfer on a raw HTTP/2 connection that acknowledges nothing yet: the client's
     window (65,535 bytes) is all the gateway may send."""

@@ -75,3 +75,17 @@ def test_passes_go_on_while_memory_is_still_being_freed(monkeypatch):
     trimmer._trim = lambda pad: 0  # type: ignore[assignment]
     asyncio.run(trimmer._passes(1.0))
     assert trimmer.trims == 6  # 3 giving back, 1 after RSS moved by itself, 2 calm
+
+
+def test_a_trim_pass_first_lets_go_of_the_pooled_buffers():
+    """Buffers kept for reuse outside the allocator (rawbody.release_buffers) are let go before
+    the trim, so their pages can go back too."""
+    import asyncio
+
+    import gateway.malloc as malloc
+
+    order: list[str] = []
+    trimmer = malloc.IdleTrimmer(lambda: 1.0, quiet_s=0.001, release=lambda: order.append("release") or 0)
+    trimmer._trim = lambda pad: order.append("trim") or 0  # type: ignore[assignment]
+    asyncio.run(trimmer._once())
+    assert order == ["release", "trim"]

@@ -1,6 +1,8 @@
 """gateway/rawbody.py: the buffers a large body is read into past the parser."""
 from __future__ import annotations
 
+from typing import Any
+
 from gateway.rawbody import LARGE, RAW_MIN, READ_SIZE, RawBody
 
 
@@ -236,3 +238,77 @@ def test_rawio_against_the_python_steps():
         os.close(w)
     with pytest.raises(ValueError):
         rawio.lowat(-1, 1)
+
+
+def _pool() -> tuple[Any, tuple[int, int, int]]:
+    """_rawio and a function giving its pool's stats less what earlier tests left in use."""
+    import gc
+
+    import pytest
+
+    rawio = pytest.importorskip("gateway._rawio", reason="built without a C compiler")
+    gc.collect()
+    rawio.release()
+    return rawio, rawio.pool_stats()
+
+
+def test_large_buffers_are_reused_only_once_every_view_is_gone():
+    """_rawio's pool: a large buffer comes back for a later one of about its size only when no
+    view of it is left — while one is, a new buffer is made and the old bytes stay as they were."""
+    rawio, (b0, _, h0) = _pool()
+
+    def stats() -> tuple[int, int, int]:
+        b, idle, h = rawio.pool_stats()
+        return b - b0, idle, h - h0
+
+    n = 1 << 20
+    first = rawio.buffer(n)
+    first[:4] = b"keep"
+    part = first[:4]  # a slice keeps the buffer as the view does
+    del first
+    second = rawio.buffer(n)
+    second[:4] = b"next"
+    assert bytes(part) == b"keep" and len(second) == n
+    assert stats() == (2, 0, 2 * n)
+    del part
+    assert stats()[1] == 1
+    third = rawio.buffer(n - 100)  # the freed one, cut to the size asked
+    assert len(third) == n - 100 and stats()[:2] == (2, 0)
+    small = rawio.buffer(4096)  # below 64 KiB: never pooled
+    assert stats()[0] == 2 and len(small) == 4096
+    del second
+    huge = rawio.buffer(n // 4)  # a free one over twice the size: not handed out
+    assert stats()[:2] == (3, 1)
+    del third, huge
+    assert rawio.release() == 2 * n + n // 4 and stats() == (0, 0, 0)
+
+
+def test_the_pool_stays_within_its_limit():
+    """Past pool_limit a buffer is made outside the pool (and goes back to the heap when freed);
+    free pooled buffers are let go to make room first."""
+    import pytest
+
+    rawio, (b0, _, h0) = _pool()
+
+    def stats() -> tuple[int, int, int]:
+        b, idle, h = rawio.pool_stats()
+        return b - b0, idle, h - h0
+
+    mib = 1 << 20
+    bigger = None
+    try:
+        rawio.pool_limit(h0 + 3 * mib)
+        held = [rawio.buffer(mib) for _ in range(5)]
+        assert stats() == (3, 0, 3 * mib)
+        del held
+        assert stats() == (3, 3, 3 * mib)
+        bigger = rawio.buffer(2 * mib)  # none fits: two free ones go for room
+        assert stats() == (2, 1, 3 * mib) and len(bigger) == 2 * mib
+        rawio.pool_limit(h0 + mib)  # lowered: free ones go at once
+        assert stats() == (1, 0, 2 * mib)
+        with pytest.raises(ValueError):
+            rawio.pool_limit(-1)
+    finally:
+        rawio.pool_limit(128 * mib)
+        del bigger
+        rawio.release()
