@@ -18,6 +18,10 @@
  *   and one-byte objects).
  * put(whole, at, data) -> int: data (any C-contiguous buffer) copied into whole at ``at``; the
  *   offset after it. ValueError when it would not fit.
+ * window(whole, at) -> memoryview: whole's bytes from ``at`` on, writable, for the socket to be
+ *   read into directly (the rest of a body of known length, read past the parser: rawbody.py).
+ *   It holds no reference to whole: the reader keeps whole for as long as it keeps the view,
+ *   and hands whole on only once every byte is written and the view dropped.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -63,9 +67,32 @@ static PyObject *put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return PyLong_FromSsize_t(end);
 }
 
+static PyObject *window(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "window(whole, at)");
+        return NULL;
+    }
+    PyObject *whole = args[0];
+    if (!PyBytes_CheckExact(whole)) {
+        PyErr_SetString(PyExc_TypeError, "window: whole must be bytes made by reserve()");
+        return NULL;
+    }
+    Py_ssize_t at = PyLong_AsSsize_t(args[1]);
+    if (at == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t size = PyBytes_GET_SIZE(whole);
+    if (at < 0 || at >= size) {
+        PyErr_SetString(PyExc_ValueError, "window: no reserved bytes left there");
+        return NULL;
+    }
+    return PyMemoryView_FromMemory(PyBytes_AS_STRING(whole) + at, size - at, PyBUF_WRITE);
+}
+
 static PyMethodDef methods[] = {
     {"reserve", reserve, METH_O, "An uninitialised bytes object of n bytes, to be filled with put()."},
     {"put", (PyCFunction)(void (*)(void))put, METH_FASTCALL, "Copy data into whole at an offset; the offset after."},
+    {"window", (PyCFunction)(void (*)(void))window, METH_FASTCALL, "whole's bytes from an offset on, writable."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -127,8 +127,17 @@ class HttpExchange(Backend[HttpEndpoint]):
         """One exchange on the backend for ``model``: chosen endpoint, safe retries. An error
         answer meaning "model not here" from an endpoint thought ready is retried too."""
         # (Not isinstance(body, IncomingBody): a runtime Protocol check costs ~20 µs.)
-        resendable = _always if body is None or isinstance(body, (bytes, bytearray, list)) \
-            else (lambda: not body.consumed)
+        resendable: Callable[[], bool]
+        if body is None or isinstance(body, (bytes, bytearray)):
+            resendable = _always
+        elif isinstance(body, list):
+            # The h1 client empties a body in pieces once a 2xx answer began (backends/h1/link.py
+            # ``_parts``): from then on it is not sent again.
+            parts = body
+            resendable = (lambda: len(parts) > 0) if parts else _always
+        else:
+            stream = body
+            resendable = lambda: not stream.consumed  # noqa: E731
 
         stateful = affinity is not None or STATEFUL.get()
 

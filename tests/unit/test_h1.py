@@ -902,6 +902,50 @@ async def test_raw_body_then_connection_close_or_extra_bytes_retires_the_connect
     server.close()
 
 
+async def test_a_whole_answer_is_read_into_its_bytes_past_the_parser_and_the_connection_kept_right():
+    """A whole (not streamed) answer's body past the head read goes from the socket straight into
+    the answer's bytes (reader.py ``_RAW_WHOLE``): every byte as sent, the connection reused after
+    it, retired after one saying Connection: close or followed by bytes nobody asked for."""
+    answers = [
+        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(RANDOM) + RANDOM,
+        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(RANDOM) + RANDOM,
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(RANDOM) + RANDOM,
+        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(RANDOM) + RANDOM
+        + b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+    ]
+    connections = 0
+
+    async def handler(reader, writer):
+        nonlocal connections
+        connections += 1
+        try:
+            while answers:
+                await read_request(reader)
+                answer = answers.pop(0)
+                for at in range(0, len(answer), 100_003):  # (pieces that are no frame of anything)
+                    writer.write(answer[at:at + 100_003])
+                    await writer.drain()
+                if b"close" in answer[:80] or answer.endswith(b"0\r\n\r\n"):
+                    break
+            await reader.read()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2, max_connections=1)
+    try:
+        for expected_connections in (1, 1, 1, 2):
+            r = await pool.request("POST", "/", body=b"x", timeout=10)
+            assert type(r.body) is bytes and r.body == RANDOM
+            assert connections == expected_connections
+            assert pool.busy == 0
+        await wait_until(lambda: not pool._idle or pool._idle[0].closed, "the connection to be retired")
+    finally:
+        pool.close()
+        server.close()
+
+
 async def test_chunked_answer_that_may_stream_goes_through_the_parser():
     body = RANDOM[: 1 << 20]
 

@@ -120,6 +120,7 @@ class Connection(AnswerReader):
         self._body = []
         self._buf = None
         self._whole = None
+        self._parts = None
         self._body_len = 0
         self._last_body = b""
         self._max_body = self._limits.max_body_bytes if max_body is None else min(max_body, self._limits.max_body_bytes)
@@ -181,6 +182,7 @@ class Connection(AnswerReader):
                 raise
         elif isinstance(body, list):
             self._transport.writelines([head, *body])  # each part as it is: no joined copy
+            self._parts = body
         elif body is not None and len(body) <= 65536:
             self._transport.write(head + body)  # one segment for small requests
         else:
@@ -191,8 +193,10 @@ class Connection(AnswerReader):
         try:
             response = await fut
         except BaseException:
+            self._parts = None
             self._broken()
             raise
+        self._parts = None
         self._answered(on_end)
         return response
 

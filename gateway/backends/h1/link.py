@@ -65,6 +65,7 @@ class Link(asyncio.BufferedProtocol):
         "_max_body",
         "_on_end",
         "_parser",
+        "_parts",
         "_pos",
         "_raw",
         "_raw_keep_alive",
@@ -106,6 +107,10 @@ class Link(asyncio.BufferedProtocol):
         self._buf: bytearray | None = None
         self._claim = 0  # the Content-Length of a whole body read into _buf
         self._whole: bytes | None = None  # a whole body's final bytes, filled as they come (_fill.c)
+        # A request body in pieces (a converted gRPC message's views), emptied once a 2xx answer's
+        # head comes: the backend ran the request, it is not sent again, and the client's message
+        # can go before the answer is read in beside it.
+        self._parts: list[bytes | memoryview] | None = None
         self._pos = 0
         self._body_len = 0  # body bytes of the answer so far (the body limit)
         self._last_body = b""  # the last piece of it the parser handed over

@@ -166,7 +166,9 @@ class H1ConnectionPool:
         again (the keep-alive race); False for a stateful request (a sequence's), which must
         never run twice."""
         if isinstance(body, list):
-            body = [b if isinstance(b, (bytes, bytearray)) else memoryview(b).cast("B") for b in body]
+            # In place: the caller's list is the one the connection empties once a 2xx answer
+            # began (link.py ``_parts``), letting the request's pieces go.
+            body[:] = [b if isinstance(b, (bytes, bytearray)) else memoryview(b).cast("B") for b in body]
             length: int | None = sum(len(b) for b in body)
         elif hasattr(body, "__aiter__"):
             length = body.length  # type: ignore[union-attr]

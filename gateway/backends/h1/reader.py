@@ -43,11 +43,18 @@ __all__ = ["AnswerReader"]
 _WHOLE_MIN: Final = 64 * 1024
 _reserve: Callable[[int], bytes] | None
 _put: Callable[[bytes, int, bytes], int] | None
+_window: Callable[[bytes, int], memoryview] | None
 try:
     from ..._fill import put as _put
     from ..._fill import reserve as _reserve
+    from ..._fill import window as _window
 except ImportError:  # built without a C compiler (setup.py): the growing buffer below
-    _reserve = _put = None
+    _reserve = _put = _window = None
+# The rest of a whole answer's body, once at least this much of it is still to come, is read
+# straight into its bytes object (_fill.window), past the parser, which hands each piece over as
+# a new bytes object to be copied in (a 1 MiB answer: 1 MiB more copied, two 512 KiB pieces held
+# beside it; benchmarks/conversion gRPC → HTTP).
+_RAW_WHOLE: Final = 64 * 1024
 # Without the C helper: a buffer that starts this large and grows 4-fold as bytes arrive, never
 # past the claim (bytearray(n) writes all n bytes, so it cannot be sized by the claim): a backend
 # that lies makes the gateway hold at most ~4 x what it really sent; an honest 16 MB answer costs
@@ -102,6 +109,15 @@ class AnswerReader(Link):
             self._raw_read(nbytes)
             return
         self.data_received(self._rbuf[:nbytes])
+        whole = self._whole
+        if whole is not None and _window is not None and self._claim - self._pos >= _RAW_WHOLE and \
+                not self._complete and not self.closed:
+            # As a streamed answer's below: the parser has taken every byte read so far, the rest
+            # of the body goes straight into the answer's bytes (their view lives as long as the
+            # RawBody, which goes before whole is handed on or dropped).
+            self._raw = RawBody(self._claim - self._pos, self._fd, _window(whole, self._pos))
+            self._raw_keep_alive = self._parser.should_keep_alive()
+            return
         stream = self._stream
         if stream is not None and stream.length is not None and not self._complete and not self.closed:
             # A streamed answer with a Content-Length is under way and the parser has taken
@@ -114,11 +130,38 @@ class AnswerReader(Link):
     # -- a streamed answer's body, read past the parser --------------------------------
     def _raw_read(self, nbytes: int) -> None:
         raw = self._raw
-        assert raw is not None and self._stream is not None
+        assert raw is not None
         self._got_bytes = True
-        self._stream._push(raw.take(nbytes))
+        stream = self._stream
+        if stream is None:  # a whole answer's bytes, read into them
+            raw.take(nbytes)
+            self._pos += nbytes
+            self._body_len += nbytes
+            if not raw.left:
+                self._raw_whole_done()
+            return
+        stream._push(raw.take(nbytes))
         if not raw.left:
             self._raw_done()
+
+    def _raw_whole_done(self) -> None:
+        """A whole answer's body is complete: handed over as ``on_message_complete`` hands it, and
+        the connection gets a new parser for its next answer (this one stopped mid-body)."""
+        assert self._raw is not None
+        self._raw.done()
+        self._raw = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._in_body = False
+        self._complete = True
+        self.keep_alive = self._raw_keep_alive
+        whole = self._whole
+        assert whole is not None
+        self._whole = None
+        self._last_body = b""
+        if self._pos >= _FIRST_BUF:
+            large_answer()
+        self._answer = H1Response(self._status, self._headers, whole)
+        self._deliver()
 
     def _raw_done(self) -> None:
         """The raw body is complete: the answer ends as ``on_message_complete`` ends it, and
@@ -213,6 +256,9 @@ class AnswerReader(Link):
         """The answer is refused: the exchange fails with ``exc`` and the connection closes.
         What was gathered of it goes at once (no reference to it stays here)."""
         self._buf = None
+        if self._raw is not None and self._stream is None:
+            self._raw.done()  # (its view is of whole's bytes: it goes first)
+            self._raw = None
         self._whole = None
         self._body = []
         if self._body_len >= _FIRST_BUF:
@@ -236,6 +282,8 @@ class AnswerReader(Link):
         self.closed = True
         if self._raw is not None:
             self._raw.closed()
+            if self._stream is None:
+                self._raw = None  # (a whole answer's: its view is of whole's bytes, which go below)
         self._wake_drain()
         if exc is None and self._eof_body and self._in_body and not self._complete:
             # A close-delimited answer (RFC 9112 section 6.3 rule 8) ends here.
@@ -305,6 +353,10 @@ class AnswerReader(Link):
             self._interim_now = True
             return
         self._in_body = True
+        parts = self._parts
+        if parts is not None and status < 300:
+            self._parts = None
+            parts.clear()  # (the request's pieces: see Link._parts)
         headers = self._headers
         length = headers.get("content-length", "")
         sized = length.isascii() and length.isdigit()  # not str.isdigit() alone: it takes "²"
