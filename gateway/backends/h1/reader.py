@@ -123,7 +123,7 @@ class AnswerReader(Link):
             # A streamed answer with a Content-Length is under way and the parser has taken
             # every byte read so far (it stops only at an error): the rest of the body is
             # counted, not parsed, from the next read on. This parser stops here; a new one
-            # takes the next answer on this connection (_raw_done).
+            # takes the next answer on this connection (_raw_end).
             self._raw = RawBody(stream.length - self._body_got, self._fd)
             self._raw_keep_alive = self._parser.should_keep_alive()
 
@@ -144,16 +144,21 @@ class AnswerReader(Link):
         if not raw.left:
             self._raw_done()
 
-    def _raw_whole_done(self) -> None:
-        """A whole answer's body is complete: handed over as ``on_message_complete`` hands it, and
-        the connection gets a new parser for its next answer (this one stopped mid-body)."""
-        assert self._raw is not None
-        self._raw.done()
+    def _raw_end(self) -> None:
+        """A body read past the parser is complete: the answer ends as ``on_message_complete``
+        ends it, and the connection gets a new parser for its next answer (this one stopped
+        mid-body)."""
+        if self._raw is not None:
+            self._raw.done()
         self._raw = None
         self._parser = httptools.HttpResponseParser(self)
         self._in_body = False
         self._complete = True
         self.keep_alive = self._raw_keep_alive
+
+    def _raw_whole_done(self) -> None:
+        """A whole answer's body is complete: handed over as ``on_message_complete`` hands it."""
+        self._raw_end()
         whole = self._whole
         assert whole is not None
         self._whole = None
@@ -164,15 +169,8 @@ class AnswerReader(Link):
         self._deliver()
 
     def _raw_done(self) -> None:
-        """The raw body is complete: the answer ends as ``on_message_complete`` ends it, and
-        the connection gets a new parser for its next answer (this one stopped mid-body)."""
-        if self._raw is not None:
-            self._raw.done()
-        self._raw = None
-        self._parser = httptools.HttpResponseParser(self)
-        self._in_body = False
-        self._complete = True
-        self.keep_alive = self._raw_keep_alive
+        """A streamed answer's body is complete: its stream ends."""
+        self._raw_end()
         stream = self._stream
         assert stream is not None
         if stream.length is not None and stream.length >= _FIRST_BUF:
