@@ -823,5 +823,7 @@ def test_workers_of_one_gateway_share_one_decider(clean: Fleet, tmp_path: Path) 
         assert not any(t.is_alive() for t in threads), "clients still waiting after 180 s"
     assert not wrong, wrong[:5]
     watch.assert_capacity()
-    assert fleet.reloads(mark, watch) == [], fleet.log_report(mark)
+    reloads = fleet.reloads(mark, watch)
+    assert reloads == [], fleet.log_report(mark) + "\n" + "\n".join(
+        f"{t.wall:.3f} {t.server} {t.model} {t.before}->{t.after}" for e in reloads for t in watch.transitions_of(e.model))
     assert sum(fleet.loads(mark).values()) >= len(names)

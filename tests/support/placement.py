@@ -585,6 +585,9 @@ class CapacityWatch:
         self.unload_durations: list[tuple[str, str, float]] = []
         self.residencies: list[tuple[str, str, float]] = []
         self.transitions: list[Transition] = []
+        # (server, model) -> [(wall clock of the poll, state)] for every poll that saw the model
+        # LOADING or UNLOADING (``saw``).
+        self.sightings: dict[tuple[str, str], list[tuple[float, str]]] = {}
         self.polls: dict[str, int] = dict.fromkeys(fleet.names, 0)
         self.down: dict[str, int] = dict.fromkeys(fleet.names, 0)
         self.started = 0.0
@@ -638,6 +641,9 @@ class CapacityWatch:
     def _record(self, name: str, t: float, states: dict[str, str] | None) -> None:
         wall = time.time() - (time.monotonic() - t)
         with self._lock:
+            for model, state in (states or {}).items():
+                if state in ("LOADING", "UNLOADING"):
+                    self.sightings.setdefault((name, model), []).append((wall, state))
             if states is None:
                 self.down[name] += 1
                 now: dict[str, str] = {}
@@ -728,12 +734,14 @@ class CapacityWatch:
 
     def saw(self, server: str, model: str, states: Iterable[str], after_wall: float, before_wall: float,
             slack: float = 0.3) -> bool:
-        """Whether a poll saw ``model`` enter one of ``states`` on ``server`` after ``after_wall`` and
-        before ``before_wall`` + ``slack`` (wall clock, as Triton's log stamps)."""
+        """Whether a poll after ``after_wall`` and before ``before_wall`` + ``slack`` (wall clock, as
+        Triton's log stamps) saw ``model`` in one of ``states`` (LOADING or UNLOADING) on ``server`` —
+        entered then or held since before: an evicted copy unloading while the next one loads shows
+        LOADING throughout, and the polls may miss the READY between."""
         wanted = set(states)
         with self._lock:
-            return any(tr.server == server and tr.model == model and tr.after in wanted
-                       and after_wall < tr.wall <= before_wall + slack for tr in self.transitions)
+            return any(state in wanted and after_wall < wall <= before_wall + slack
+                       for wall, state in self.sightings.get((server, model), ()))
 
     def ever(self, model: str, state: str) -> list[str]:
         """Servers where ``model`` was ever seen in ``state``."""
