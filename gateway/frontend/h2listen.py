@@ -396,6 +396,9 @@ class H2Connection(asyncio.Protocol):
         if call.timer is not None:
             call.timer.cancel()
             call.timer = None
+        # The task's coroutine holds the call: let go of the task so the pair is not a cycle
+        # left to the collector (one per call, ~13 objects; measured 7 µs a call at c=16).
+        call.task = None
         self.later()
 
     # -- writing --------------------------------------------------------------------------
