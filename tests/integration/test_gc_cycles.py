@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 from pathlib import Path
 
 import numpy as np
@@ -32,18 +33,32 @@ def garbage(directory: Path) -> dict:
     return json.loads(out.read_text())
 
 
+A = np.arange(16, dtype=np.float32)
+B = np.full(16, 0.5, dtype=np.float32)
+
+
+def inputs(module) -> list:
+    out = [module.InferInput("INPUT0", [16], "FP32"), module.InferInput("INPUT1", [16], "FP32")]
+    for tensor, values in zip(out, (A, B)):
+        if module is httpclient:
+            tensor.set_data_from_numpy(values, binary_data=False)
+        else:
+            tensor.set_data_from_numpy(values)
+    return out
+
+
 def add_sub(client, module) -> None:
-    a = np.arange(16, dtype=np.float32)
-    b = np.full(16, 0.5, dtype=np.float32)
-    inputs = [module.InferInput("INPUT0", [16], "FP32"), module.InferInput("INPUT1", [16], "FP32")]
-    if module is httpclient:
-        inputs[0].set_data_from_numpy(a, binary_data=False)
-        inputs[1].set_data_from_numpy(b, binary_data=False)
-    else:
-        inputs[0].set_data_from_numpy(a)
-        inputs[1].set_data_from_numpy(b)
-    result = client.infer("add_sub", inputs)
-    assert np.array_equal(result.as_numpy("OUTPUT0"), a + b)
+    result = client.infer("add_sub", inputs(module))
+    assert np.array_equal(result.as_numpy("OUTPUT0"), A + B)
+
+
+def streamed(client, answers: queue.Queue, n: int) -> None:
+    """``n`` requests on the client's open ModelStreamInfer stream, each answered in turn."""
+    for _ in range(n):
+        client.async_stream_infer("add_sub", inputs(grpcclient))
+        result, error = answers.get(timeout=30)
+        assert error is None, error
+        assert np.array_equal(result.as_numpy("OUTPUT0"), A + B)
 
 
 @pytest.mark.parametrize("pool", ["grpc", "http"])
@@ -59,14 +74,23 @@ def test_requests_leave_no_cyclic_garbage(reference, tmp_path: Path, pool: str) 
     with gw, grpcclient.InferenceServerClient(gw.grpc_url) as g, \
             httpclient.InferenceServerClient(gw.http_url) as h:
         wait_for(lambda: h.is_model_ready("add_sub"), timeout=30, what="add_sub ready through the gateway")
+        answers: queue.Queue = queue.Queue()
+        if pool == "grpc":  # (ModelStreamInfer is passed through to gRPC pools)
+            g.start_stream(callback=lambda result, error: answers.put((result, error)))
         for _ in range(20):  # first requests build what stays (handlers, metric children, pools)
             add_sub(g, grpcclient)
             add_sub(h, httpclient)
+        if pool == "grpc":
+            streamed(g, answers, 20)
         garbage(probe)  # from here on the probe's collections are the only ones
         for _ in range(CALLS):
             add_sub(g, grpcclient)
             add_sub(h, httpclient)
+        if pool == "grpc":
+            streamed(g, answers, CALLS)
         left = garbage(probe)
+        if pool == "grpc":
+            g.stop_stream()
     # A few dozen objects are built once (lazily, by the first requests); a cycle per request
     # would leave 2 × CALLS at least.
     assert left["count"] < CALLS // 2, left
