@@ -570,7 +570,8 @@ class CapacityWatch:
     (more than ``capacity``), ``strict`` samples (READY + LOADING alone over ``capacity``: over
     capacity not explained by an unload already under way), ``unload_durations`` (UNLOADING first
     seen -> gone: one unload time as this machine takes it), ``residencies`` (READY first seen ->
-    UNLOADING first seen), ``transitions``, ``polls`` and ``down`` counts.
+    UNLOADING first seen), ``transitions``, ``sightings`` (every poll that saw a model LOADING or
+    UNLOADING: ``saw``), ``polls`` and ``down`` counts.
     """
 
     def __init__(self, fleet: Fleet, capacity: int, *, interval: float = 0.2, timeout: float = 0.5) -> None:
