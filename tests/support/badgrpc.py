@@ -99,6 +99,7 @@ class _Conn(asyncio.Protocol):
         self.requests: dict[int, tuple[dict[str, str], bytearray]] = {}
         self.pending: dict[int, list[tuple[str, object]]] = {}  # per stream: actions waiting for window
         self.held: list[tuple[int, int]] = []  # request bytes received and not acknowledged (holding)
+        self.gone = False  # a GOAWAY went out: what still comes is read and dropped (_go_away)
         server.conns.add(self)
 
     def release(self) -> None:
@@ -117,6 +118,8 @@ class _Conn(asyncio.Protocol):
         self._flush()
 
     def data_received(self, data: bytes) -> None:
+        if self.gone:
+            return
         try:
             events = self.h2.receive_data(data)
         except h2.exceptions.ProtocolError:
@@ -156,6 +159,21 @@ class _Conn(asyncio.Protocol):
     def _close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+    def _go_away(self) -> None:
+        """Close after a GOAWAY as a server does: the end of the stream right behind it, what the
+        peer still sends read and dropped, the socket let go a second later. Closed at once with
+        the peer's bytes unread, the socket would send a reset instead, and a reset may cost the
+        peer the GOAWAY still unread in its buffer (then it sees only a reset connection)."""
+        self.gone = True
+        transport = self.transport
+        if transport is None:
+            return
+        if transport.can_write_eof():
+            transport.write_eof()
+            asyncio.get_running_loop().call_later(1.0, transport.abort)
+        else:
+            transport.close()
 
     def _headers(self, sid: int, extra: tuple[tuple[str, str], ...] = ()) -> None:
         self.h2.send_headers(sid, [(":status", "200"), ("content-type", "application/grpc"), *extra])
@@ -264,11 +282,11 @@ class _Conn(asyncio.Protocol):
             # RFC 9113 6.8: streams above last_stream_id were not processed and may be retried.
             h.close_connection(h2.errors.ErrorCodes.NO_ERROR, last_stream_id=max(sid - 2, 0))
             self._flush()
-            self._close()
+            self._go_away()
         elif model == "goaway_processed":
             h.close_connection(h2.errors.ErrorCodes.INTERNAL_ERROR, last_stream_id=sid)
             self._flush()
-            self._close()
+            self._go_away()
         elif model == "close":
             self._close()
         elif model == "too_large":
