@@ -1,6 +1,7 @@
 """Requests leave no garbage in reference cycles: what one request builds is freed by reference
 counting when it ends. Every cycle left per request would be walked and freed by the cyclic
-collector instead — at 13 objects a gRPC call that was 7 µs of a 180 µs call (docs/performance.md).
+collector instead — at 13 objects a gRPC call that was 7 µs of a 180 µs call (docs/design-notes.md,
+"No reference cycle per gRPC call").
 
 The gateway runs with tests/support/gcprobe on its PYTHONPATH, which counts what one collection
 finds unreachable; the clients keep their connections open, so a connection's own objects are
