@@ -361,7 +361,8 @@ class Channel:
         else:
             streamed = request
         loop = self.loop or self.bind()
-        deadline = None if timeout is None else loop.time() + timeout
+        began = loop.time()
+        deadline = None if timeout is None else began + timeout
         retry = True
         while True:
             conn = self.usable() or await self.acquire(loop, deadline)
@@ -372,7 +373,11 @@ class Channel:
                 call = Gathered(self.max_message_bytes, loop.create_future(), gather, parts)
             else:
                 call = Unary(self.max_message_bytes, loop.create_future())
-            head = self.head(method, None if deadline is None else deadline - loop.time(), metadata)
+            # (the loop's clock stands still within one pass of the loop: a call sent in the pass
+            # it was made in has all of ``timeout`` left, and the same float keeps head()'s cache)
+            now = loop.time()
+            head = self.head(method, None if deadline is None else timeout if now == began else deadline - now,
+                             metadata)
             h2 = conn.h2
             if streamed is not None and streamed.encoding:
                 head.append((b"grpc-encoding", streamed.encoding))  # (relayed compressed, as it came)

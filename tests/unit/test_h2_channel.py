@@ -807,6 +807,26 @@ async def test_request_head_and_metadata_on_the_wire():
             await ch.close()
 
 
+async def test_a_call_sent_at_once_carries_its_whole_timeout():
+    """On a connection already up, a call goes out in the pass of the loop it was made in: its
+    grpc-timeout is the whole timeout (the same field for every such call: head() keeps it)."""
+    async with RawServer() as server:
+        ch = server.channel()
+        try:
+            first = asyncio.ensure_future(ch.unary(UNARY, b"0", 2.5))
+            peer, sid = await server.request()
+            peer.answer(sid, b"ok")
+            assert await bounded(first) == b"ok"
+            for i in range(2):
+                task = asyncio.ensure_future(ch.unary(UNARY, b"%d" % i, 2.5))
+                peer, sid = await server.request()
+                assert dict(peer.heads[sid])[b"grpc-timeout"] == b"2500m"
+                peer.answer(sid, b"ok")
+                assert await bounded(task) == b"ok"
+        finally:
+            await ch.close()
+
+
 async def test_timeout_and_cancel_reset_the_stream_with_cancel():
     async with RawServer() as server:
         ch = server.channel()

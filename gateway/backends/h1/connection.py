@@ -174,9 +174,17 @@ class Connection(AnswerReader):
         self._reset(fut, stream_min, stream_unsized, max_body)
         if hasattr(body, "__aiter__"):
             self._transport.write(head)
+            # The pump is a task of its own: each of its waits (the client's next chunk, the
+            # backend taking what was written) then resumes only the pump, not the caller's
+            # chain of coroutines (front end, proxy, retries, pool), which is resumed once,
+            # when the body is sent. Awaiting the task passes a cancellation of the caller on
+            # to it.
+            pump = self._loop.create_task(self._pump(body, timeout))
             try:
-                await self._pump(body, timeout)
+                await pump
             except BaseException:
+                if not pump.done():
+                    pump.cancel()
                 self._fut = None
                 self.close()
                 raise
