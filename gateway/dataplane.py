@@ -158,6 +158,11 @@ class StreamedBody(Protocol):
 
     def __aiter__(self) -> AsyncIterator[bytes | memoryview]: ...
 
+    def ready(self) -> list[bytes | memoryview]:
+        """The chunks already here after the one just taken (taken too): sent with it in one
+        write."""
+        ...
+
     def close(self) -> None: ...
 
 

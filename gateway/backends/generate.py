@@ -232,6 +232,9 @@ class _Events:
         except GatewayError as err:
             yield gen.sse_event(gen.error_json(err.message))
 
+    def ready(self) -> list[bytes | memoryview]:
+        return []  # (each event goes out as it comes)
+
     def close(self) -> None:
         """Stop the backend's stream (a no-op once it ended): the client is done with it."""
         if self._closing is None:

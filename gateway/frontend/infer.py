@@ -68,8 +68,11 @@ async def _send_streamed(ex: DirectExchange, status: int, headers: list[tuple[by
     sent = 0
     try:
         async for chunk in body:
-            await ex.send(chunk, True)
-            sent += len(chunk)
+            # With what else came in the same pass of the loop: one write for all of it.
+            parts = [chunk, *body.ready()]
+            await ex.send_parts(parts, True)
+            for part in parts:
+                sent += len(part)
     except GatewayError as err:
         log.warning("answer cut off after its head was sent: %s", err.message)
         ex.abort()

@@ -328,6 +328,33 @@ async def test_slow_reader_pauses_the_backend():
     server.close()
 
 
+async def test_ready_takes_every_queued_chunk_and_resumes_a_paused_stream():
+    """``ready()``: what is queued now, in order, all of it — the stream that paused reading at
+    the high mark reads again; chunks still to come arrive through the iteration."""
+    big = BIG * 4
+
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(big))
+        for i in range(0, len(big), 1 << 20):
+            writer.write(big[i:i + (1 << 20)])
+            await writer.drain()
+
+    server, port = await serve(handler)
+    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2)
+    r = await pool.request("GET", "/", timeout=20, stream_min=1 << 20)
+    stream = r.body
+    await wait_until(lambda: stream._paused, "the stream to pause reading")
+    got = [bytes(await stream.__anext__())]
+    queued = stream.ready()
+    assert queued and not stream._paused and stream._queued == 0 and stream.ready() == []
+    got += [bytes(c) for c in queued]
+    got.append(await collect(stream))
+    assert b"".join(got) == big
+    pool.close()
+    server.close()
+
+
 async def test_backend_dies_mid_stream():
     async def handler(reader, writer):
         await read_request(reader)

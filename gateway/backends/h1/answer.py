@@ -102,11 +102,23 @@ class BodyStream:
                 self._waiter = None
         chunk = self._chunks.popleft()
         self._queued -= len(chunk)
+        self._taken()
+        return chunk
+
+    def ready(self) -> list[bytes | memoryview]:
+        """Every chunk queued now, taken: the reads of one pass of the loop (a large answer
+        comes in a few reads at once), to be sent on in one write."""
+        chunks = list(self._chunks)
+        self._chunks.clear()
+        self._queued = 0
+        self._taken()
+        return chunks
+
+    def _taken(self) -> None:
         if self._paused and self._queued < self._LOW:
             self._paused = False
             if self._conn is not None:
                 self._conn.resume_reading()
-        return chunk
 
     def close(self) -> None:
         """Stop reading: an unfinished body closes its connection (it cannot be reused)."""
