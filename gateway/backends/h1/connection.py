@@ -62,10 +62,12 @@ class Connection(AnswerReader):
             self.close()
             self._end_stream()
 
-    async def _pump(self, source: Any, idle_s: float) -> None:
+    async def _pump(self, head: bytes, source: Any, idle_s: float) -> None:
         """Write a streamed request body as it arrives, pausing while the socket's
         write buffer is full. Stops early if the answer (or a failure) comes first:
         the connection then cannot carry another request.
+
+        The request's ``head`` goes out with the first chunk (one write).
 
         Each wait — for the client's next chunk, or for the backend to take what was
         written — is bounded by ``idle_s`` (nginx's client_body_timeout, by analogy):
@@ -85,12 +87,18 @@ class Connection(AnswerReader):
                 try:
                     chunk = await chunks.__anext__()
                 except StopAsyncIteration:
+                    if head and not (self.closed or self._transport.is_closing()):
+                        self._transport.write(head)  # (an empty body)
                     return
                 clock.progress = loop.time()
                 if fut.done() or self.closed or self._transport.is_closing():
                     self.sent_all = False
                     return
-                self._transport.write(chunk)
+                if head:
+                    self._transport.writelines([head, chunk])
+                    head = b""
+                else:
+                    self._transport.write(chunk)
                 if self.write_paused:
                     clock.waiting = "backend"
                     try:
@@ -173,13 +181,12 @@ class Connection(AnswerReader):
         fut: asyncio.Future[H1Response] = self._loop.create_future()
         self._reset(fut, stream_min, stream_unsized, max_body)
         if hasattr(body, "__aiter__"):
-            self._transport.write(head)
             # The pump is a task of its own: each of its waits (the client's next chunk, the
             # backend taking what was written) then resumes only the pump, not the caller's
             # chain of coroutines (front end, proxy, retries, pool), which is resumed once,
             # when the body is sent. Awaiting the task passes a cancellation of the caller on
             # to it.
-            pump = self._loop.create_task(self._pump(body, timeout))
+            pump = self._loop.create_task(self._pump(head, body, timeout))
             try:
                 await pump
             except BaseException:
