@@ -305,11 +305,9 @@ async def test_small_answer_is_not_streamed():
     server.close()
 
 
-async def test_slow_reader_pauses_the_backend():
-    """Nobody reads the stream: the client stops reading the socket at the high mark
-    instead of queueing the whole 32 MiB answer, and resumes when it is drained."""
-    big = BIG * 4
-
+async def paused_stream(big: bytes):
+    """A server answering ``big`` in 1 MiB writes to a request nobody reads the answer of, until
+    the stream has paused reading at its high mark: (server, pool, stream)."""
     async def handler(reader, writer):
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(big))
@@ -322,6 +320,14 @@ async def test_slow_reader_pauses_the_backend():
     r = await pool.request("GET", "/", timeout=20, stream_min=1 << 20)
     stream = r.body
     await wait_until(lambda: stream._paused, "the stream to pause reading")
+    return server, pool, stream
+
+
+async def test_slow_reader_pauses_the_backend():
+    """Nobody reads the stream: the client stops reading the socket at the high mark
+    instead of queueing the whole 32 MiB answer, and resumes when it is drained."""
+    big = BIG * 4
+    server, pool, stream = await paused_stream(big)
     assert stream._queued <= BodyStream._HIGH + (1 << 20)
     assert await collect(stream) == big
     pool.close()
@@ -332,19 +338,7 @@ async def test_ready_takes_every_queued_chunk_and_resumes_a_paused_stream():
     """``ready()``: what is queued now, in order, all of it — the stream that paused reading at
     the high mark reads again; chunks still to come arrive through the iteration."""
     big = BIG * 4
-
-    async def handler(reader, writer):
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(big))
-        for i in range(0, len(big), 1 << 20):
-            writer.write(big[i:i + (1 << 20)])
-            await writer.drain()
-
-    server, port = await serve(handler)
-    pool = H1ConnectionPool("127.0.0.1", port, connect_timeout=2)
-    r = await pool.request("GET", "/", timeout=20, stream_min=1 << 20)
-    stream = r.body
-    await wait_until(lambda: stream._paused, "the stream to pause reading")
+    server, pool, stream = await paused_stream(big)
     got = [bytes(await stream.__anext__())]
     queued = stream.ready()
     assert queued and not stream._paused and stream._queued == 0 and stream.ready() == []
