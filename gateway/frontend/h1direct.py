@@ -302,11 +302,7 @@ class DirectExchange:
         self._head_out = self._head(status, [*headers, (b"transfer-encoding", b"chunked")] if length is None
                                     else headers, length, False)
 
-    async def send(self, chunk: bytes | bytearray | memoryview, more: bool) -> None:
-        """A piece of a started answer; waits while the client is not reading."""
-        await self.send_parts([chunk] if chunk else [], more)
-
-    async def send_parts(self, parts: Sequence[bytes | bytearray | memoryview], more: bool) -> None:
+    async def send(self, parts: Sequence[bytes | bytearray | memoryview], more: bool) -> None:
         """Pieces of a started answer, in one write (uvloop: one writev, no joined copy); waits
         while the client is not reading."""
         conn = self._protocol

@@ -70,7 +70,7 @@ async def _send_streamed(ex: DirectExchange, status: int, headers: list[tuple[by
         async for chunk in body:
             # With what else came in the same pass of the loop: one write for all of it.
             parts = [chunk, *body.ready()]
-            await ex.send_parts(parts, True)
+            await ex.send(parts, True)
             for part in parts:
                 sent += len(part)
     except GatewayError as err:
@@ -79,7 +79,7 @@ async def _send_streamed(ex: DirectExchange, status: int, headers: list[tuple[by
         return sent
     finally:
         body.close()
-    await ex.send(b"", False)
+    await ex.send((), False)
     return sent
 
 
