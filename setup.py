@@ -55,6 +55,17 @@ COMPILED = [
     "gateway/backends/h2frames.py",
     "gateway/backends/h2stream.py",
     "gateway/backends/h2channel.py",
+    "gateway/proxy.py",
+    "gateway/backends/base.py",
+    "gateway/backends/grpc.py",
+    "gateway/backends/http.py",
+    "gateway/backends/http_exchange.py",
+    "gateway/snapshot.py",
+    "gateway/admission.py",
+    "gateway/observability/loopmetrics.py",
+    "gateway/observability/metrics.py",
+    "gateway/budget.py",
+    "gateway/frontend/h1listen.py",
 ]
 
 

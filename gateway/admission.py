@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from .budget import ByteBudget
 from .errors import Overloaded
@@ -24,7 +24,7 @@ class Admission:
 
     # A request this large marks "large-tensor activity" (when it enters and leaves): the
     # allocator's freed pages go back to the system once it has been quiet (``idle_trim``).
-    LARGE = 1 << 20
+    LARGE: Final = 1 << 20
 
     def __init__(self, limit: int | None, gauge: Any, auto: int = 0,
                  track: Callable[[Any, Callable[[], float]], bool] | None = None) -> None:

@@ -28,6 +28,11 @@ __all__ = ["CLIENTS_FAULT", "SINK_FULL", "SINK_GONE", "SINK_ROOM", "TRACE_HEADER
 TRACE_HEADERS = ("traceparent", "tracestate", "x-request-id")
 
 
+def metadata_map(metadata: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """gRPC metadata as a header mapping for header routes (text entries only)."""
+    return {k: v for k, v in metadata if isinstance(v, str)}
+
+
 def pick_headers(pairs: Mapping[str, str] | Sequence[tuple[str, str]],
                  names: frozenset[str]) -> tuple[tuple[str, str], ...]:
     """The entries of ``pairs`` (a lower-cased header mapping or gRPC metadata) named in ``names``."""

@@ -13,13 +13,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from typing import Any, TypeVar
 
 from . import __version__
-from .admission import Admission, StreamHeld
+from .admission import Admission
 from .backends.base import Backend
 from .backends.health import HealthChecker
 from .backends.http import http_affinity
 from .backends.mirror import Mirrors
 from .codec.repository import BackendIndexEntry
-from .codec.wire import scan_infer_routing
 from .dataplane import (
     CLIENTS_FAULT,
     TRACE_HEADERS,
@@ -29,11 +28,13 @@ from .dataplane import (
     IncomingBody,
     Plan,
     StreamedMessage,
+    metadata_map,
     pick_headers,
 )
-from .errors import GatewayError, InvalidRequest, ModelNotFound, NoEndpointAvailable
+from .errors import ModelNotFound, NoEndpointAvailable
 from .fleet import Fleet
 from .observability.access import AccessRecord
+from .proxystream import proxy_stream
 from .observability.metrics import UNROUTED, Metrics, RouteLabel
 from .routing.table import STATEFUL, Match
 from .security.guard import Gate, guard_for
@@ -57,11 +58,6 @@ EXTENSIONS = ["binary_tensor_data", "parameters", "sequence", "model_repository"
 # Request headers that matter to a V2 backend; everything else (host,
 # content-length, connection) belongs to the hop and is not forwarded.
 _FORWARDED = ("content-type", "inference-header-content-length", "content-encoding", "accept-encoding")
-
-
-def _metadata_map(metadata: Sequence[tuple[str, str]]) -> dict[str, str]:
-    """gRPC metadata as a header mapping for header routes (text entries only)."""
-    return {k: v for k, v in metadata if isinstance(v, str)}
 
 
 class Proxy(DataPlane):
@@ -234,7 +230,7 @@ class Proxy(DataPlane):
                 self.mirrors.http(match, model, version, bytes(body), headers, self._http_forwarded, self.limit)
             if match.split is None or not isinstance(body, (bytes, bytearray)):
                 call = backend.infer_http(model, version, body, headers, self._http_forwarded, self.limit)
-                del body  # the backend owns it: freed there as soon as it is sent or encoded
+                body = b""  # the backend owns it: freed there as soon as it is sent or encoded
                 # timed(), inlined: one coroutine less, resumed at every wait of a streamed body
                 start = time.perf_counter()
                 try:
@@ -349,7 +345,7 @@ class Proxy(DataPlane):
                          affinity: str | None = None, metadata: Sequence[tuple[str, str]] = (),
                          sink: AnswerSink | None = None) -> bytes:
         routing = self.routing
-        headers = _metadata_map(metadata) if routing.table.by_headers else None
+        headers = metadata_map(metadata) if routing.table.by_headers else None
         backend, match = routing.pick(model, version, headers, affinity)
         # Requests of a placement pool or a route with hold_s wait for their model and count as
         # its demand (one coroutine for both kinds: every gRPC inference passes here).
@@ -370,8 +366,8 @@ class Proxy(DataPlane):
             start = time.perf_counter()
             try:
                 return await backend.infer_grpc(message, model, version, timeout, affinity, trace, sink)
-            except NoEndpointAvailable as exc:
-                self._failed(backend, exc)
+            except NoEndpointAvailable as none:
+                self._failed(backend, none)
                 if not isinstance(message, bytes) and not message.resendable:
                     raise  # (streamed on past what is kept of it: it cannot go anywhere again)
                 other: Backend[Any] | None = backend
@@ -394,9 +390,9 @@ class Proxy(DataPlane):
             if holds is not None:
                 holds.leave(model, match.label)
 
-    async def infer_stream(self, first: bytes, rest: AsyncIterator[bytes], model: str, version: str,
-                           timeout: float | None, affinity: str | None = None,
-                           metadata: Sequence[tuple[str, str]] = ()) -> AsyncIterator[bytes]:
+    def infer_stream(self, first: bytes, rest: AsyncIterator[bytes], model: str, version: str,
+                     timeout: float | None, affinity: str | None = None,
+                     metadata: Sequence[tuple[str, str]] = ()) -> AsyncIterator[bytes]:
         """ModelStreamInfer pass-through to the gRPC backend of the first request's route.
         Every later request must route to the same backend (one stream, one backend
         connection); one that does not ends the stream with INVALID_ARGUMENT after the
@@ -404,48 +400,7 @@ class Proxy(DataPlane):
         while the gateway holds it (:class:`StreamHeld`): a first one past it is refused with
         UNAVAILABLE before the backend's stream opens, a later one ends the stream with
         UNAVAILABLE after the answers before it."""
-        routing = self.routing
-        headers = _metadata_map(metadata)
-        backend, match = routing.pick(model, version, headers, affinity)
-        holds = backend.holds if self._holding(backend, match) else None
-        if holds is not None:
-            await self._hold(backend, match, model, version)
-        refused: list[GatewayError] = []
-        held = StreamHeld(self.admission, backend.grpc_cost())
-        held.take(len(first))  # over max_inflight_bytes: UNAVAILABLE before a backend stream opens
-
-        async def requests() -> AsyncIterator[bytes]:
-            yield first
-            held.give()
-            async for message in rest:
-                m, v, _ = scan_infer_routing(message)
-                try:
-                    if not m:
-                        raise InvalidRequest("ModelInferRequest.model_name is required")
-                    match = routing.table.resolve(m, v, headers)
-                    if backend.name not in (match.split.names if match.split is not None else (match.backend,)):
-                        raise InvalidRequest(
-                            f"model '{m}' routes to another backend than this stream's ('{backend.name}'): "
-                            "open one stream per backend")
-                    held.take(len(message))
-                except GatewayError as err:
-                    refused.append(err)
-                    return  # half-close: the backend answers what it has, then the stream ends
-                yield message
-                held.give()
-
-        if holds is not None:
-            holds.enter(model, match.label)  # an open stream keeps its model in use
-        try:
-            trace = pick_headers(metadata, self.context_headers)
-            async for answer in backend.infer_stream(requests(), model, version, timeout, affinity, trace):
-                yield answer
-        finally:
-            held.close()
-            if holds is not None:
-                holds.leave(model, match.label)
-        if refused:
-            raise refused[0]
+        return proxy_stream(self, first, rest, model, version, timeout, affinity, metadata)
 
     # -- Triton's generate extension: through on HTTP backends, converted on gRPC backends ----
     async def generate(self, model: str, version: str, body: bytes, headers: Mapping[str, str],

@@ -30,7 +30,9 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from mypy_extensions import mypyc_attr
 
 from ..codec.repository import IndexEntry
 from ..config.schema import BackendSpec
@@ -79,7 +81,9 @@ class Refused(Exception):
     NOT_READY (the model is not there: none of its traffic until a check sees it), or
     BUSY (the server refused it for now, e.g. Triton's queue is full)."""
 
-    TRANSPORT, NOT_READY, BUSY = "transport", "not_ready", "busy"
+    TRANSPORT: Final = "transport"
+    NOT_READY: Final = "not_ready"
+    BUSY: Final = "busy"
 
     def __init__(self, error: GatewayError, *, kind: str) -> None:
         super().__init__(error.message)
@@ -87,6 +91,8 @@ class Refused(Exception):
         self.kind = kind
 
 
+# Compiled (setup.py), and still open to subclasses in Python (the unit tests' fake backends).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Backend(EndpointSet[E]):
     """The endpoints of one backend (config ``backends``) and what the gateway can ask of them.
     What differs between the backend kinds is said here, not asked with isinstance: the
@@ -376,8 +382,8 @@ class Backend(EndpointSet[E]):
         async def one(ep: E) -> tuple[E, T | None, GatewayError | None]:
             try:
                 return ep, await call(ep), None
-            except Refused as exc:
-                return ep, None, exc.error
+            except Refused as refused:
+                return ep, None, refused.error
             except GatewayError as exc:
                 return ep, None, exc
 

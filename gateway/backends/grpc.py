@@ -54,6 +54,7 @@ from .base import TRITON_GRPC_PREFIX, Backend, Refused, is_not_ready_message
 from .grpc_endpoint import _CONVERT, _INFER, GrpcEndpoint, _Rpc, channel_options
 from .grpcfault import Fault, fault, never_sent, own_status, seconds
 from .h2frames import CallError
+from .streams import grpc_stream
 
 # (channel_options is grpc_endpoint.py's; benchmarks/ import it from here.)
 __all__ = ["Fault", "GrpcBackend", "channel_options", "fault"]
@@ -322,7 +323,7 @@ class GrpcBackend(Backend[GrpcEndpoint]):
         # which the gateway's own client lets go at the answer's first DATA (h2stream.Gathered):
         # from then on the message list is empty and the request is not sent again.
         message, affinity, form = http_request_to_grpc(whole, headers, model, version, limit)
-        del whole
+        whole = b""  # (mypyc compiles no del of a local)
         trace = tuple((k, v) for k in forwarded if k not in _FRAMING and (v := headers.get(k)) is not None)
         try:
             answer, ep = await self.attempt(model, version, affinity, self._call_from,
@@ -335,7 +336,7 @@ class GrpcBackend(Backend[GrpcEndpoint]):
                 raise UpstreamError("Not Found", http_status=404, body=b'{"error":"Not Found"}',
                                     content_type="application/json") from err
             raise
-        del message
+        message = []
         try:
             chunks, out_headers = grpc_answer_to_http(answer, form, self.name)
         except BadUpstreamResponse as exc:
@@ -349,30 +350,15 @@ class GrpcBackend(Backend[GrpcEndpoint]):
         """:meth:`_call`, and the endpoint that answered."""
         return await self._call(ep, *args), ep
 
-    async def infer_stream(self, requests: AsyncIterator[bytes], model: str, version: str,
-                           timeout: float | None, affinity: str | None,
-                           metadata: tuple[tuple[str, str], ...]) -> AsyncIterator[bytes]:
+    def infer_stream(self, requests: AsyncIterator[bytes], model: str, version: str,
+                     timeout: float | None, affinity: str | None,
+                     metadata: tuple[tuple[str, str], ...]) -> AsyncIterator[bytes]:
         """Triton's ModelStreamInfer, passed through: serialized ModelInferRequests out,
         serialized ModelStreamInferResponses back, as they come, on one endpoint (a
         stream's requests may depend on each other, so there is no retry once it is
         open). ``timeout`` is the client's deadline, if any: a stream carries many
         requests, so ``timeout_s`` does not bound it."""
-        ep = self.first(model, version, affinity)
-        call = ep.stream(requests, timeout=timeout, metadata=metadata or None)
-        ep._inflight += 1
-        try:
-            async for answer in call:
-                yield answer
-        except (aio.AioRpcError, CallError) as exc:
-            error = self._mapped(ep, exc, timeout)
-            if isinstance(error, Refused):
-                if error.kind == Refused.TRANSPORT:
-                    self.transport_failed(ep, live=False)
-                raise error.error from exc
-            raise error from exc
-        finally:
-            ep.left()
-            call.cancel()  # a no-op once the stream ended; stops it if the client went away
+        return grpc_stream(self, requests, model, version, timeout, affinity, metadata)
 
     async def generate(self, model: str, version: str, body: bytes, headers: Mapping[str, str],
                        forwarded: Sequence[str], stream: bool) -> HttpReply:

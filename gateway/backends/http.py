@@ -16,8 +16,8 @@ import orjson
 
 from ..admission import COST_CONVERT, COST_PASS_HTTP
 from ..codec.content import HEADER_LENGTH, sequence_of_json
-from ..codec.convert import grpc_request_to_http, http_answer_to_grpc, http_answer_to_grpc_parts
-from ..codec.grpc import encode_stream_response, parts_length
+from ..codec.convert import grpc_request_to_http, http_answer_to_grpc_parts
+from ..codec.grpc import parts_length
 from ..codec.grpcframe import frame
 from ..codec.repository import INDEX_REQUEST_JSON, IndexEntry, parse_index_json
 from ..codec.triton import (
@@ -29,7 +29,6 @@ from ..codec.triton import (
     trace_to_pb,
     version_refusal,
 )
-from ..codec.wire import scan_infer_routing
 from ..config.schema import BackendSpec
 from ..dataplane import AnswerSink, HttpReply, IncomingBody, StreamedMessage
 from ..errors import GatewayError, InvalidRequest, ModelNotReady
@@ -51,6 +50,7 @@ from .http_endpoint import (
     model_path,
 )
 from .http_exchange import HttpExchange
+from .streams import http_stream
 
 # (http_affinity is http_affinity.py's; proxy.py imports it from here.)
 __all__ = ["STREAM_MIN", "HttpBackend", "http_affinity"]
@@ -256,9 +256,9 @@ class HttpBackend(HttpExchange):
         assert reply is not None
         return HttpReply(reply.status, reply.body, reply.headers)
 
-    async def infer_stream(self, requests: AsyncIterator[bytes], model: str, version: str,
-                           timeout: float | None, affinity: str | None,
-                           metadata: tuple[tuple[str, str], ...]) -> AsyncIterator[bytes]:
+    def infer_stream(self, requests: AsyncIterator[bytes], model: str, version: str,
+                     timeout: float | None, affinity: str | None,
+                     metadata: tuple[tuple[str, str], ...]) -> AsyncIterator[bytes]:
         """Triton's ModelStreamInfer over an HTTP backend: each request of the stream becomes an
         HTTP inference on one endpoint (a stream's requests may share sequence state), its
         answer streamed back in order as a ModelStreamInferResponse; a request that fails
@@ -266,30 +266,7 @@ class HttpBackend(HttpExchange):
         One answer per request: a decoupled model behind an HTTP backend gets the server's
         own error for it. ``timeout`` (the client's deadline) bounds the stream, not each
         request: those have the backend's ``timeout_s``."""
-        ep = self.first(model, version, affinity)
-        ep_headers = dict(metadata)
-        async for message in requests:
-            try:
-                m, v, sequence = scan_infer_routing(message)
-                self.on_event("grpc_to_http")
-                chunks, headers, typed = grpc_request_to_http(message, binary=self.spec.binary_extension,
-                                                           base64_bytes=self._base64_bytes)
-                try:
-                    reply = await self._send(ep, "POST", model_path(m, v) + "/infer", body=chunks,
-                                             headers={**headers, **ep_headers},
-                                             stateful=sequence is not None or STATEFUL.get())
-                except Refused as exc:
-                    raise exc.error from exc
-                if reply.status != 200:
-                    raise error_from_reply(reply)
-                assert not isinstance(reply.body, BodyStream)
-                triton = self.family(ep) == "triton"
-                answer = http_answer_to_grpc(reply.body, reply.headers, self.spec.max_message_bytes, self.name,
-                                             typed=typed and not triton, final_flag=triton)
-            except GatewayError as err:
-                yield encode_stream_response(error=err.message)
-                continue
-            yield encode_stream_response(answer=answer)
+        return http_stream(self, requests, model, version, timeout, affinity, metadata)
 
     # -- inference ----------------------------------------------------------------------
     async def infer_http(self, model: str, version: str, body: bytes | bytearray | IncomingBody,
@@ -380,10 +357,10 @@ class HttpBackend(HttpExchange):
         self.on_event("grpc_to_http")
         chunks, headers, typed = grpc_request_to_http(whole, binary=self.spec.binary_extension,
                                                            base64_bytes=self._base64_bytes)
-        del message, whole
+        message = whole = b""  # (mypyc compiles no del of a local)
         reply = await self.request("POST", model_path(model, version) + "/infer", model, version, body=chunks,
                                    headers={**headers, **dict(metadata)}, timeout=timeout, affinity=affinity)
-        del chunks
+        chunks = []
         if reply.status != 200:
             error = error_from_reply(reply)
             refusal = version_refusal(version)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from ..config.schema import BackendSpec, HostPort
+from ..dataplane import IncomingBody
 from ..errors import NoEndpointAvailable, RequestTimeout, UpstreamReset, UpstreamTimeout
 from ..routing.table import STATEFUL
 from .base import Backend, Refused, _always
@@ -133,11 +134,9 @@ class HttpExchange(Backend[HttpEndpoint]):
         elif isinstance(body, list):
             # The h1 client empties a body in pieces once a 2xx answer began (backends/h1/link.py
             # ``_parts``): from then on it is not sent again.
-            parts = body
-            resendable = (lambda: len(parts) > 0) if parts else _always
+            resendable = _while_parts(body) if body else _always
         else:
-            stream = body
-            resendable = lambda: not stream.consumed  # noqa: E731
+            resendable = _until_consumed(body)
 
         stateful = affinity is not None or STATEFUL.get()
 
@@ -152,3 +151,13 @@ class HttpExchange(Backend[HttpEndpoint]):
             return reply
 
         return await self.attempt(model, version, affinity, send, (), resendable)
+
+
+# (Closures of their own: a lambda in request() would share the environment of its nested
+# send(), which the compiled module's closures keep in a reference cycle per request.)
+def _while_parts(parts: list[bytes | memoryview]) -> Callable[[], bool]:
+    return lambda: len(parts) > 0
+
+
+def _until_consumed(stream: IncomingBody) -> Callable[[], bool]:
+    return lambda: not stream.consumed

@@ -131,7 +131,7 @@ class HttpListener:
         key = (method, url)
         found = self.targets.get(key)
         if found is None:
-            parsed = httptools.parse_url(url)
+            parsed: Any = httptools.parse_url(url)  # (its stubs say bytes where it gives None: no check)
             raw_path = parsed.path
             path = raw_path.decode("ascii")
             if "%" in path:
