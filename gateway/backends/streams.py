@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 
 async def grpc_stream(backend: GrpcBackend, requests: AsyncIterator[bytes], model: str, version: str,
-                       timeout: float | None, affinity: str | None,
-                       metadata: tuple[tuple[str, str], ...]) -> AsyncIterator[bytes]:
+                      timeout: float | None, affinity: str | None,
+                      metadata: tuple[tuple[str, str], ...]) -> AsyncIterator[bytes]:
     """:meth:`GrpcBackend.infer_stream`."""
     ep = backend.first(model, version, affinity)
     call = ep.stream(requests, timeout=timeout, metadata=metadata or None)
@@ -45,8 +45,8 @@ async def grpc_stream(backend: GrpcBackend, requests: AsyncIterator[bytes], mode
 
 
 async def http_stream(backend: HttpBackend, requests: AsyncIterator[bytes], model: str, version: str,
-                       timeout: float | None, affinity: str | None,
-                       metadata: tuple[tuple[str, str], ...]) -> AsyncIterator[bytes]:
+                      timeout: float | None, affinity: str | None,
+                      metadata: tuple[tuple[str, str], ...]) -> AsyncIterator[bytes]:
     """:meth:`HttpBackend.infer_stream`."""
     ep = backend.first(model, version, affinity)
     ep_headers = dict(metadata)
@@ -55,11 +55,11 @@ async def http_stream(backend: HttpBackend, requests: AsyncIterator[bytes], mode
             m, v, sequence = scan_infer_routing(message)
             backend.on_event("grpc_to_http")
             chunks, headers, typed = grpc_request_to_http(message, binary=backend.spec.binary_extension,
-                                                       base64_bytes=backend._base64_bytes)
+                                                        base64_bytes=backend._base64_bytes)
             try:
                 reply = await backend._send(ep, "POST", model_path(m, v) + "/infer", body=chunks,
-                                         headers={**headers, **ep_headers},
-                                         stateful=sequence is not None or STATEFUL.get())
+                                            headers={**headers, **ep_headers},
+                                            stateful=sequence is not None or STATEFUL.get())
             except Refused as exc:
                 raise exc.error from exc
             if reply.status != 200:
