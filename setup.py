@@ -66,6 +66,10 @@ COMPILED = [
     "gateway/observability/metrics.py",
     "gateway/budget.py",
     "gateway/frontend/h1listen.py",
+    "gateway/codec/bounds.py",
+    "gateway/headers.py",
+    "gateway/routing/table.py",
+    "gateway/observability/access.py",
 ]
 
 

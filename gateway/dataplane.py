@@ -18,34 +18,9 @@ from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 from .errors import InvalidRequest, PayloadTooLarge, RequestTimeout, Unsupported
 
-__all__ = ["CLIENTS_FAULT", "SINK_FULL", "SINK_GONE", "SINK_ROOM", "TRACE_HEADERS", "UNROUTED", "AnswerSink",
+__all__ = ["CLIENTS_FAULT", "SINK_FULL", "SINK_GONE", "SINK_ROOM", "UNROUTED", "AnswerSink",
            "ClientDisconnected", "DataPlane", "HttpReply", "IncomingBody", "MessagePipe", "Plan", "RouteLabel",
-           "StreamedBody", "StreamedMessage", "is_streamed", "pick_headers"]
-
-# Request context a client sends that the backend should always see: W3C trace context
-# (Triton's OpenTelemetry tracing continues the client's trace) and a request id. HTTP
-# headers and gRPC metadata alike; lower-case names. ``forward_headers`` adds more.
-TRACE_HEADERS = ("traceparent", "tracestate", "x-request-id")
-
-
-def metadata_map(metadata: Sequence[tuple[str, str]]) -> dict[str, str]:
-    """gRPC metadata as a header mapping for header routes (text entries only)."""
-    return {k: v for k, v in metadata if isinstance(v, str)}
-
-
-def pick_headers(pairs: Mapping[str, str] | Sequence[tuple[str, str]],
-                 names: frozenset[str]) -> tuple[tuple[str, str], ...]:
-    """The entries of ``pairs`` (a lower-cased header mapping or gRPC metadata) named in ``names``."""
-    # (gRPC metadata is a tuple: told apart before the ABC check, which costs more than the rest.)
-    items = pairs if type(pairs) is tuple else pairs.items() if isinstance(pairs, Mapping) else pairs
-    # (A loop, not a generator expression: on every gRPC inference, and most find nothing.)
-    picked: list[tuple[str, str]] | None = None
-    for k, v in items:
-        if k in names and isinstance(v, str):
-            if picked is None:
-                picked = []
-            picked.append((k, v))
-    return () if picked is None else tuple(picked)
+           "StreamedBody", "StreamedMessage", "is_streamed"]
 
 
 class ClientDisconnected(Exception):

@@ -19,20 +19,10 @@ from .backends.health import HealthChecker
 from .backends.http import http_affinity
 from .backends.mirror import Mirrors
 from .codec.repository import BackendIndexEntry
-from .dataplane import (
-    CLIENTS_FAULT,
-    TRACE_HEADERS,
-    AnswerSink,
-    DataPlane,
-    HttpReply,
-    IncomingBody,
-    Plan,
-    StreamedMessage,
-    metadata_map,
-    pick_headers,
-)
+from .dataplane import CLIENTS_FAULT, AnswerSink, DataPlane, HttpReply, IncomingBody, Plan, StreamedMessage
 from .errors import ModelNotFound, NoEndpointAvailable
 from .fleet import Fleet
+from .headers import TRACE_HEADERS, metadata_map, pick_headers
 from .observability.access import AccessRecord
 from .proxystream import proxy_stream
 from .observability.metrics import UNROUTED, Metrics, RouteLabel

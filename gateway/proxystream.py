@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from .admission import StreamHeld
 from .codec.wire import scan_infer_routing
-from .dataplane import metadata_map, pick_headers
+from .headers import metadata_map, pick_headers
 from .errors import GatewayError, InvalidRequest
 
 if TYPE_CHECKING:

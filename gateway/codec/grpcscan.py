@@ -25,7 +25,8 @@ from google.protobuf.message import DecodeError
 from .._pb import grpc_predict_v2_pb2 as _pb
 from ..config.security import Limits
 from ..errors import InvalidRequest
-from .limits import check_pb, limit_count, limit_id, limit_name, limit_shape
+from .bounds import limit_count, limit_id, limit_name, limit_shape
+from .limits import check_pb
 from .wire import scan_infer_routing
 
 __all__ = ["PARSE_MAX", "InferScan", "scan_checked"]
@@ -123,7 +124,7 @@ def _int64(d: int) -> int:
 class _Shape:
     """A shape's dimensions as they are read: how many, and whether their product passes
     max_elements — its dimensions other than 0 — and has no negative one (``over`` either way:
-    the exact path, limits.limit_shape, names which)."""
+    the exact path, bounds.limit_shape, names which)."""
 
     def __init__(self, max_elements: int) -> None:
         self.max_elements = max_elements
@@ -139,7 +140,7 @@ class _Shape:
         if d > _SHORT:  # (rare: below it the comparisons are on native integers)
             d = _int64(d)
         if d <= 0:
-            if d < 0:  # refused: the exact path names it (limits.limit_shape)
+            if d < 0:  # refused: the exact path names it (bounds.limit_shape)
                 self.counting = False
                 self.over = True
             return  # 0: the others still count (limits._NONZERO)

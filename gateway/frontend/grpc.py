@@ -17,7 +17,6 @@ from grpc import aio
 
 from .._pb import grpc_predict_v2_pb2 as pb
 from ..codec.grpcscan import InferScan
-from ..codec.limits import check_names
 from ..codec.repository import encode_index_pb, index_request_ready
 from ..codec.wire import scan_infer_routing, scan_name_version, settings_change
 from ..config.security import Limits
@@ -27,9 +26,8 @@ from ..grpcengine import READ_BUFFER_OPTION
 from ..observability.access import AccessRecord
 from ..observability.metrics import SERVER_LEVEL, Metrics, RouteLabel
 from ..security.guard import Gate
-from .grpcunary import CALL_METADATA, Infer, Seen, Unary, abort_with, call_metadata, failure_code, grpc_trailers
+from .grpcunary import CALL_METADATA, Admit, Infer, Seen, Unary, abort_with, call_metadata, failure_code, grpc_trailers
 from .h2upload import Compressed, Upload
-from .kinds import GRPC_KINDS, admit_grpc
 
 __all__ = ["SERVICE", "STREAMED_METHODS", "Service", "build_grpc_handler", "grpc_trailers", "server_options"]
 
@@ -97,20 +95,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None, gate: Gate,
         return access.begin(rid if isinstance(rid, str) else None,
                             len(request) if isinstance(request, (bytes, Upload, Compressed)) else 0)
 
-    def admit(ctx: aio.ServicerContext, rpc: str, model: str = "", version: str = "") -> None:
-        """The name limits, then the guard's check (security/guard.py) for a call that
-        names ``model``: raises LimitExceeded, Unauthenticated, PermissionDenied or
-        RateLimited."""
-        check_names(model, version, limits)
-        guard = gate.current
-        if guard is None:
-            return
-        try:
-            admit_grpc(guard, GRPC_KINDS[rpc], model, version, call_metadata(ctx))
-        except GatewayError as err:
-            if metrics is not None:
-                metrics.refused("grpc", err)
-            raise
+    admit = Admit(gate, limits, metrics)
 
     def wrap(api: str, fn: Callable[[Any, aio.ServicerContext, Seen], Awaitable[Any]]):
         # The compiled method itself: the gateway's own listener (h2calls.py) awaits it with no

@@ -20,13 +20,17 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from ..codec.bounds import check_names
 from ..codec.grpcscan import InferScan
+from ..config.security import Limits
 from ..dataplane import AnswerSink, DataPlane, StreamedMessage
 from ..errors import INTERNAL_MESSAGE, GatewayError, InvalidRequest, UpstreamError
 from ..observability.access import AccessRecord
 from ..observability.metrics import SERVER_LEVEL, Metrics, Observer, RouteLabel
+from ..security.guard import Gate
+from .kinds import GRPC_KINDS, admit_grpc
 
-__all__ = ["ANSWER_SINK", "CALL_METADATA", "Infer", "Seen", "Unary", "abort_with", "call_metadata", "failure_code",
+__all__ = ["ANSWER_SINK", "CALL_METADATA", "Admit", "Infer", "Seen", "Unary", "abort_with", "call_metadata", "failure_code",
            "grpc_trailers"]
 
 log = logging.getLogger("oip_gateway.grpc")
@@ -78,6 +82,29 @@ async def abort_with(context: Any, exc: Exception, record: AccessRecord | None, 
     else:
         log.error("unhandled error in %s", api, exc_info=exc)
         await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
+
+
+class Admit:
+    """``admit(ctx, rpc, model, version)``: the name limits, then the guard's check
+    (security/guard.py) of a call that names ``model``. Raises LimitExceeded, Unauthenticated,
+    PermissionDenied or RateLimited (a guard's refusal counted in the metrics first)."""
+
+    def __init__(self, gate: Gate, limits: Limits, metrics: Metrics | None) -> None:
+        self.gate = gate
+        self.limits = limits
+        self.metrics = metrics
+
+    def __call__(self, ctx: Any, rpc: str, model: str = "", version: str = "") -> None:
+        check_names(model, version, self.limits)
+        guard = self.gate.current
+        if guard is None:
+            return
+        try:
+            admit_grpc(guard, GRPC_KINDS[rpc], model, version, call_metadata(ctx))
+        except GatewayError as err:
+            if self.metrics is not None:
+                self.metrics.refused("grpc", err)
+            raise
 
 
 class Seen:
@@ -145,8 +172,7 @@ class Infer:
     from its bytes, which go to the data plane unparsed. Hands back the data plane's
     coroutine rather than awaiting it: one coroutine less per call."""
 
-    def __init__(self, plane: DataPlane, scan: InferScan, bytes_in: Observer | None,
-                 admit: Callable[[Any, str, str, str], None]) -> None:
+    def __init__(self, plane: DataPlane, scan: InferScan, bytes_in: Observer | None, admit: Admit) -> None:
         self.plane = plane
         self.scan = scan
         self.bytes_in = bytes_in

@@ -49,6 +49,7 @@ class H2Listener:
                  context: ssl.SSLContext | None = None, on_refusal: Callable[[str], None] | None = None,
                  streamed: frozenset[str] = frozenset()) -> None:
         self.handlers = tuple(handlers)
+        self.found: dict[str, grpc.RpcMethodHandler] = {}
         # Methods whose handler takes a dataplane.StreamedMessage for its request (the gateway's
         # ModelInfer): a large one streams in (h2upload.Upload), a compressed one goes on as it came.
         self.streamed = streamed
@@ -82,12 +83,20 @@ class H2Listener:
         self._server = await loop.create_server(lambda: H2Connection(self, loop), sock=sock, ssl=self.context,
                                                 backlog=2048)
 
-    def find(self, details: Details) -> grpc.RpcMethodHandler | None:
-        for h in self.handlers:
-            found = h.service(details)
-            if found is not None:
-                return found
-        return None
+    def find(self, method: str, metadata: tuple[tuple[str, str | bytes], ...]) -> grpc.RpcMethodHandler | None:
+        """The handler of ``method``. The gateway's generic handlers answer by the method alone
+        (as grpc's ``method_handlers_generic_handler`` does), so a method found once is found
+        again without asking them; a method none serves is asked each time (no entry is kept
+        for a name a client made up: the memo holds at most the handlers' methods)."""
+        found = self.found.get(method)
+        if found is None:
+            details = Details(method, metadata)
+            for h in self.handlers:
+                found = h.service(details)
+                if found is not None:
+                    self.found[method] = found
+                    break
+        return found
 
     def refused(self, reason: str) -> None:
         if self._on_refusal is not None:
@@ -275,8 +284,7 @@ class H2Connection(asyncio.Protocol):
             return
         deadline = self.loop.time() + timeout if timeout is not None else None
         context = Context(metadata, deadline, self.loop, path)
-        details = Details(path, metadata)
-        handler = self.listener.find(details)
+        handler = self.listener.find(path, metadata)
         call = Call(self, sid, handler, context, MessageReader(self.listener.max_message_bytes, encoding),
                     self.loop.time())
         call.relayable = path in self.listener.streamed

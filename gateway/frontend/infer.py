@@ -18,7 +18,8 @@ from ..budget import ByteBudget
 from ..codec.content import decode_content, is_count
 from ..codec.jsondepth import InflatingScanner
 from ..codec.jsonscan import JsonScanner
-from ..codec.limits import JSON_CHECK_MAX, JsonCheck, check_names
+from ..codec.bounds import check_names
+from ..codec.limits import JSON_CHECK_MAX, JsonCheck
 from ..config.security import Limits
 from ..dataplane import ClientDisconnected, DataPlane, HttpReply, RouteLabel, StreamedBody, is_streamed
 from ..errors import (

@@ -19,7 +19,7 @@ from typing import Any
 from .._pb import legacy_v1_pb2 as v1
 from .._pb import triton_extensions_pb2 as tx
 from ..codec.content import is_count
-from ..codec.limits import limit_count, limit_shape
+from ..codec.bounds import limit_count, limit_shape
 from ..codec.v1 import (
     ModelInfo,
     build_request,

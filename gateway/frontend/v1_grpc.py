@@ -25,7 +25,7 @@ import grpc
 from grpc import aio
 
 from .._pb import legacy_v1_pb2 as v1
-from ..codec.limits import check_names
+from ..codec.bounds import check_names
 from ..codec.v1 import v1_version
 from ..config.security import Limits
 from ..dataplane import DataPlane

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from gateway._pb import grpc_predict_v2_pb2 as pb
 from gateway.codec import limits as limits_module
 from gateway.codec.grpcscan import scan_checked
-from gateway.codec.limits import JsonCheck, check_json, check_names, check_pb
+from gateway.codec.bounds import check_names
+from gateway.codec.limits import JsonCheck, check_json, check_pb
 from gateway.codec.wire import scan_infer_routing
 from gateway.config.security import Limits
 from gateway.errors import InvalidRequest, LimitExceeded, NegativeDimension
