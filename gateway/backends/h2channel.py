@@ -415,7 +415,7 @@ class Channel:
                 raise
             except CallError as exc:
                 # RST_STREAM(REFUSED_STREAM): the server did not process the stream (RFC 9113
-                # section 8.7), so it is sent once more, as gRPC's transparent retry does. A server
+                # section 8.7), so it is sent again, as gRPC's transparent retry does. A server
                 # counts a stream against its MAX_CONCURRENT_STREAMS until it has released the
                 # call, a while after the client saw it end: a client that reuses the slot at once
                 # meets this refusal (grpc-core's servers do it).
@@ -423,6 +423,13 @@ class Channel:
                         (streamed is not None and not streamed.resendable) or (parts is not None and not parts):
                     raise  # (empty parts: an answer had begun, Gathered let the request go)
                 retry = False
+                if conn.calls:
+                    # Other calls are in flight there: sent once one of them ends, by when the server
+                    # has likely released the streams it still counted (a loaded one refuses an
+                    # immediate retry too). With none in flight, at once.
+                    error = await self.wait(loop, deadline)
+                    if error is not None:
+                        raise error from None
 
     def stream(self, method: str, requests: AsyncIterator[bytes], timeout: float | None = None,
                metadata: Metadata | None = None) -> StreamCall:
@@ -454,21 +461,25 @@ class Channel:
                     self.connecting = loop.create_task(self.connect(loop))
                 elif not self.conns:
                     raise fault_error(Fault.TRANSPORT, self.last_error, True)  # grpc's TRANSIENT_FAILURE: at once
-            waiter: asyncio.Future[CallError | None] = loop.create_future()
-            self.waiters.append(waiter)
-            try:
-                if deadline is None:
-                    error = await waiter
-                else:
-                    async with asyncio.timeout_at(deadline):
-                        error = await waiter
-            except TimeoutError:
-                raise fault_error(Fault.TIMEOUT, "did not answer in time", True) from None
-            finally:
-                if not waiter.done():
-                    self.waiters.remove(waiter)
+            error = await self.wait(loop, deadline)
             if error is not None:
                 raise error
+
+    async def wait(self, loop: asyncio.AbstractEventLoop, deadline: float | None) -> CallError | None:
+        """Until a call's stream ends or a connection comes or goes (``wake``): the error that
+        ended the channel's connections, else None. Past ``deadline``: raises TIMEOUT."""
+        waiter: asyncio.Future[CallError | None] = loop.create_future()
+        self.waiters.append(waiter)
+        try:
+            if deadline is None:
+                return await waiter
+            async with asyncio.timeout_at(deadline):
+                return await waiter
+        except TimeoutError:
+            raise fault_error(Fault.TIMEOUT, "did not answer in time", True) from None
+        finally:
+            if not waiter.done():
+                self.waiters.remove(waiter)
 
     def wake(self, error: CallError | None, n: int = 0) -> None:
         """Wake ``n`` waiters (0: all) with ``error``, or to look for a connection again."""
