@@ -143,7 +143,7 @@ class _Shape:
             if d < 0:  # refused: the exact path names it (bounds.limit_shape)
                 self.counting = False
                 self.over = True
-            return  # 0: the others still count (limits._NONZERO)
+            return  # 0: the others still count (bounds._NONZERO)
         self.elements *= d
         if self.elements > self.max_elements:
             self.counting = False

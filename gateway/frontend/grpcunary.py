@@ -30,8 +30,8 @@ from ..observability.metrics import SERVER_LEVEL, Metrics, Observer, RouteLabel
 from ..security.guard import Gate
 from .kinds import GRPC_KINDS, admit_grpc
 
-__all__ = ["ANSWER_SINK", "CALL_METADATA", "Admit", "Infer", "Seen", "Unary", "abort_with", "call_metadata", "failure_code",
-           "grpc_trailers"]
+__all__ = ["ANSWER_SINK", "CALL_METADATA", "Admit", "Infer", "Seen", "Unary", "abort_with", "call_metadata",
+           "failure_code", "grpc_trailers"]
 
 log = logging.getLogger("oip_gateway.grpc")
 
