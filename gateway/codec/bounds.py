@@ -58,13 +58,23 @@ def limit_count(what: str, n: int, limits: Limits) -> None:
         raise LimitExceeded(f"request has {n} {what} tensors, over limits.max_tensors ({limits.max_tensors})")
 
 
+def _characters(text: str | bytes | memoryview) -> int:
+    """A name's length in characters, as the parsed message's string has them; a name read from
+    the wire (UTF-8 bytes) is decoded only when its bytes are over the limit (rare)."""
+    return len(text) if isinstance(text, str) else len(bytes(text).decode("utf-8", "replace"))
+
+
 def limit_name(name: object, limits: Limits) -> None:
     if isinstance(name, (str, bytes, memoryview)) and len(name) > limits.max_name_length:
-        raise LimitExceeded(f"tensor name of {len(name)} characters is over limits.max_name_length "
-                            f"({limits.max_name_length})")
+        n = _characters(name)
+        if n > limits.max_name_length:
+            raise LimitExceeded(f"tensor name of {n} characters is over limits.max_name_length "
+                                f"({limits.max_name_length})")
 
 
 def limit_id(what: str, value: object, limits: Limits) -> None:
     if isinstance(value, (str, bytes, memoryview)) and len(value) > limits.max_id_length:
-        raise LimitExceeded(f"{what} of {len(value)} characters is over limits.max_id_length "
-                            f"({limits.max_id_length})")
+        n = _characters(value)
+        if n > limits.max_id_length:
+            raise LimitExceeded(f"{what} of {n} characters is over limits.max_id_length "
+                                f"({limits.max_id_length})")

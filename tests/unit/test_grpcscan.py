@@ -75,7 +75,7 @@ def test_the_walk_answers_as_the_parsed_message(req, limits):
 def test_large_messages_are_walked_too(req, limits):
     """Past PARSE_MAX nothing is parsed: a request without parameters gets the walk's answer,
     still the parsed message's; one with parameters, codec/wire.py's walk and check_pb's (which
-    counts a name's bytes, not its characters, and does not read a string sequence_id)."""
+    does not read a string sequence_id)."""
     req.raw_input_contents.append(b"\0" * (PARSE_MAX + 1))
     data = req.SerializeToString()
     got = outcome(lambda: scan_checked(data, limits))
