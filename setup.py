@@ -51,6 +51,7 @@ COMPILED = [
     "gateway/frontend/grpcunary.py",
     "gateway/codec/grpcframe.py",
     "gateway/frontend/h2calls.py",
+    "gateway/frontend/h2infer.py",
     "gateway/frontend/h2listen.py",
     "gateway/backends/h2frames.py",
     "gateway/backends/h2stream.py",

@@ -18,9 +18,9 @@ from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 from .errors import InvalidRequest, PayloadTooLarge, RequestTimeout, Unsupported
 
-__all__ = ["CLIENTS_FAULT", "SINK_FULL", "SINK_GONE", "SINK_ROOM", "UNROUTED", "AnswerSink",
-           "ClientDisconnected", "DataPlane", "HttpReply", "IncomingBody", "MessagePipe", "Plan", "RouteLabel",
-           "StreamedBody", "StreamedMessage", "is_streamed"]
+__all__ = ["AGAIN", "CLIENTS_FAULT", "RETRY", "SINK_FULL", "SINK_GONE", "SINK_ROOM", "UNROUTED", "Again",
+           "AnswerSink", "ClientDisconnected", "DataPlane", "GrpcOutcome", "HttpReply", "IncomingBody", "MessagePipe",
+           "Pending", "Plan", "RouteLabel", "StreamedBody", "StreamedMessage", "is_streamed"]
 
 
 class ClientDisconnected(Exception):
@@ -178,6 +178,33 @@ class Plan:
     now: bool
 
 
+class Again:
+    """A request served from callbacks that was not answered and is to be sent again through
+    the awaited path (:meth:`DataPlane.infer_grpc` with ``tried``): ``tried`` attempts of it
+    count against the backend's retries already (1: an endpoint refused it and another may
+    take it; 0: the server refused the stream before processing it, sent anew as gRPC's
+    transparent retry does)."""
+
+    __slots__ = ("tried",)
+
+    def __init__(self, tried: int) -> None:
+        self.tried = tried
+
+
+AGAIN = Again(0)
+RETRY = Again(1)
+# How a gRPC inference served from callbacks ends: the serialized answer (b"" when it went to the
+# sink), the error the awaited path would raise (CancelledError: the caller's cancel), or Again.
+GrpcOutcome = bytes | memoryview | BaseException | Again
+
+
+class Pending(Protocol):
+    """A request under way from callbacks: ``cancel()`` resets it at the backend; its ``done``
+    then gets CancelledError."""
+
+    def cancel(self) -> None: ...
+
+
 # The (route pattern, backend) label of a request's metrics; what a request no route took is labelled.
 RouteLabel = tuple[str, str]
 UNROUTED: RouteLabel = ("_unrouted", "")
@@ -240,14 +267,26 @@ class DataPlane:
     async def infer_grpc(
         self, message: bytes | StreamedMessage, model: str, version: str, timeout: float | None,
         affinity: str | None = None, metadata: Sequence[tuple[str, str]] = (), sink: AnswerSink | None = None,
+        tried: int = 0,
     ) -> bytes:
         """``message`` is a serialized ModelInferRequest; return a serialized ModelInferResponse.
         ``affinity`` is the request's ``sequence_id`` (None outside sequences): requests that
         share one must reach the same backend endpoint. ``metadata``: the client's request
         metadata; the entries the data plane forwards (trace context…) go on to the backend.
         ``sink``: where the answer may be streamed instead (then it returns b"" with
-        ``sink.opened`` set). A large ``message`` may still be arriving (a StreamedMessage)."""
+        ``sink.opened`` set). A large ``message`` may still be arriving (a StreamedMessage).
+        ``tried``: attempts already made from callbacks (Again.tried)."""
         raise NotImplementedError
+
+    def infer_grpc_now(self, message: bytes, model: str, version: str, timeout: float | None, affinity: str | None,
+                       metadata: Sequence[tuple[str, str]], sink: AnswerSink | None, record: Any,
+                       done: Callable[[GrpcOutcome], None]) -> tuple[RouteLabel, Pending] | None:
+        """:meth:`infer_grpc` from callbacks for a whole ``message`` when it can be (one backend
+        that can send it at once; no split, mirror or hold): the outcome goes to ``done``, never
+        before this returns. Returns the request's (route, backend) label and the call under way;
+        None: nothing was done (await :meth:`infer_grpc`). Raises what routing, admission and
+        the backend's choice raise."""
+        return None
 
     def infer_stream(
         self, first: bytes, rest: AsyncIterator[bytes], model: str, version: str, timeout: float | None,

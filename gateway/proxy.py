@@ -19,7 +19,18 @@ from .backends.health import HealthChecker
 from .backends.http import http_affinity
 from .backends.mirror import Mirrors
 from .codec.repository import BackendIndexEntry
-from .dataplane import CLIENTS_FAULT, AnswerSink, DataPlane, HttpReply, IncomingBody, Plan, StreamedMessage
+from .dataplane import (
+    CLIENTS_FAULT,
+    Again,
+    AnswerSink,
+    DataPlane,
+    GrpcOutcome,
+    HttpReply,
+    IncomingBody,
+    Pending,
+    Plan,
+    StreamedMessage,
+)
 from .errors import ModelNotFound, NoEndpointAvailable
 from .fleet import Fleet
 from .headers import TRACE_HEADERS, metadata_map, pick_headers
@@ -333,7 +344,7 @@ class Proxy(DataPlane):
 
     async def infer_grpc(self, message: bytes | StreamedMessage, model: str, version: str, timeout: float | None,
                          affinity: str | None = None, metadata: Sequence[tuple[str, str]] = (),
-                         sink: AnswerSink | None = None) -> bytes:
+                         sink: AnswerSink | None = None, tried: int = 0) -> bytes:
         routing = self.routing
         headers = metadata_map(metadata) if routing.table.by_headers else None
         backend, match = routing.pick(model, version, headers, affinity)
@@ -355,7 +366,7 @@ class Proxy(DataPlane):
             # timed(), inlined: one coroutine less on every gRPC inference (see GrpcBackend._unary).
             start = time.perf_counter()
             try:
-                return await backend.infer_grpc(message, model, version, timeout, affinity, trace, sink)
+                return await backend.infer_grpc(message, model, version, timeout, affinity, trace, sink, tried)
             except NoEndpointAvailable as none:
                 self._failed(backend, none)
                 if not isinstance(message, bytes) and not message.resendable:
@@ -379,6 +390,50 @@ class Proxy(DataPlane):
             self.admission.leave(size)
             if holds is not None:
                 holds.leave(model, match.label)
+
+    def infer_grpc_now(self, message: bytes, model: str, version: str, timeout: float | None, affinity: str | None,
+                       metadata: Sequence[tuple[str, str]], sink: AnswerSink | None, record: AccessRecord | None,
+                       done: Callable[[GrpcOutcome], None]) -> tuple[RouteLabel, Pending] | None:
+        """:meth:`infer_grpc` without a coroutine (DataPlane.infer_grpc_now), for a route to one
+        backend with no split, mirror or hold whose backend sends it at once
+        (``GrpcBackend.infer_grpc_now``). Its routing is :meth:`infer_grpc`'s, without ROUTED: a
+        context variable set here would outlive the request (the connection's context), so the
+        label is returned instead."""
+        routing = self.routing
+        match = routing.table.resolve(model, version, metadata_map(metadata) if routing.table.by_headers else None)
+        if match.split is not None or match.mirror is not None or match.hold_s:
+            return None
+        backend = routing.backends[match.backend]
+        if not backend.serves_grpc_now or backend.placer is not None:
+            return None
+        if match.stateful is not STATEFUL.get():
+            STATEFUL.set(match.stateful)
+        size = len(message) * backend.grpc_cost(False)
+        admission = self.admission
+        admission.enter(size)
+        trace = pick_headers(metadata, self.context_headers) if metadata else ()
+        timer = self.metrics.upstream_timer(backend.name)
+        start = time.perf_counter()
+
+        def answered(result: GrpcOutcome) -> None:
+            admission.leave(size)
+            if not isinstance(result, Again):  # (an Again is timed by the awaited path that sends it)
+                timer.observe(time.perf_counter() - start)
+                if isinstance(result, Exception):
+                    self._failed(backend, result)
+            done(result)
+
+        try:
+            pending = backend.infer_grpc_now(message, model, version, timeout, affinity, trace, sink, record, answered)
+        except Exception as exc:
+            admission.leave(size)
+            timer.observe(time.perf_counter() - start)
+            self._failed(backend, exc)
+            raise
+        if pending is None:
+            admission.leave(size)
+            return None
+        return (match.label, match.backend), pending
 
     def infer_stream(self, first: bytes, rest: AsyncIterator[bytes], model: str, version: str,
                      timeout: float | None, affinity: str | None = None,

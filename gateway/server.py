@@ -213,13 +213,13 @@ class Listeners:
             except (OSError, ssl.SSLError) as exc:
                 raise ListenError(f"cannot use the TLS files {self.tls.cert}, {self.tls.key}: {exc}") from exc
         sock = bind_socket(where, reuse_port=self.reuse_port)
-        handlers = (build_grpc_handler(self.plane, self.metrics, self.gate, self.limits),
-                    build_v1_grpc_handler(self.plane, self.metrics, self.gate, limits=self.limits))
+        service = build_grpc_handler(self.plane, self.metrics, self.gate, self.limits)
+        handlers = (service, build_v1_grpc_handler(self.plane, self.metrics, self.gate, limits=self.limits))
         listener = H2Listener(handlers, limits=self.limits, max_message_bytes=self.max_message_bytes,
                               max_metadata_bytes=self.max_header_bytes, max_header_count=self.max_header_count,
                               context=context,
                               on_refusal=functools.partial(self.metrics.connection_refused, protocol="grpc")
-                              if self.metrics is not None else None, streamed=STREAMED_METHODS)
+                              if self.metrics is not None else None, streamed=STREAMED_METHODS, now=service.now)
         await listener.start(sock)
         self._h2 = listener
         self.ports.grpc = sock.getsockname()[1]

@@ -36,7 +36,7 @@ from mypy_extensions import mypyc_attr
 
 from ..codec.repository import IndexEntry
 from ..config.schema import BackendSpec
-from ..dataplane import AnswerSink, HttpReply, IncomingBody, StreamedMessage
+from ..dataplane import AnswerSink, GrpcOutcome, HttpReply, IncomingBody, Pending, StreamedMessage
 from ..errors import GatewayError, ModelNotReady, NoEndpointAvailable, UpstreamError
 from ..observability.access import note_endpoint
 from ..routing.balancer import balancer
@@ -102,6 +102,8 @@ class Backend(EndpointSet[E]):
     protocol = ""
     # Whether :meth:`infer_http_now` can take a request (else it always declines).
     serves_now = False
+    # Whether :meth:`infer_grpc_now` can take a request (else it always declines).
+    serves_grpc_now = False
 
     def http_cost(self, binary: bool) -> int:
         """Admission's factor per body byte of an HTTP inference sent here (``binary``: with
@@ -122,6 +124,12 @@ class Backend(EndpointSet[E]):
                        done: Callable[[HttpReply | Exception | None], None]) -> bool:
         """An HTTP inference served from callbacks; False: nothing was sent."""
         return False
+
+    def infer_grpc_now(self, message: bytes, model: str, version: str, timeout: float | None, affinity: str | None,
+                       metadata: tuple[tuple[str, str], ...], sink: AnswerSink | None, record: Any,
+                       done: Callable[[GrpcOutcome], None]) -> Pending | None:
+        """A gRPC inference served from callbacks (DataPlane.infer_grpc_now); None: nothing was sent."""
+        return None
 
     def __init__(self, spec: BackendSpec) -> None:
         super().__init__(spec)
@@ -215,16 +223,20 @@ class Backend(EndpointSet[E]):
 
     async def attempt(self, model: str, version: str, affinity: str | None,
                       send: Callable[..., Awaitable[T]], args: tuple[Any, ...] = (),
-                      resendable: Callable[[], bool] = _always) -> T:
+                      resendable: Callable[[], bool] = _always, tried: int = 0) -> T:
         """``send(endpoint, *args)`` to the chosen endpoint; on :class:`Refused`, to the next one
         while the retries, the retry budget and ``resendable()`` allow. (``args`` rather than a
         ``functools.partial`` with keywords: every inference passes here, and a keyword partial
-        copies its dict and binds by name on every call.)"""
+        copies its dict and binds by name on every call.) ``tried``: attempts made already (from
+        callbacks, :meth:`retries_after`, which counted the retry and checked the budget): the
+        first send here is a retry."""
         order = self.candidates(model, version, affinity)
         budget = self.budget
         budget.active += 1
-        retrying = False
-        left = self.spec.retries
+        retrying = tried > 0
+        if retrying:
+            budget.retrying += 1
+        left = self.spec.retries - tried
         try:
             error: GatewayError | None = None
             for i, ep in enumerate(order):
@@ -244,10 +256,7 @@ class Backend(EndpointSet[E]):
                     result = await send(ep, *args)
                 except Refused as exc:
                     error = exc.error
-                    if exc.kind == Refused.TRANSPORT:
-                        self.transport_failed(ep, live=False)
-                    elif exc.kind == Refused.NOT_READY:
-                        ep.health.not_ready(model, version)
+                    self.refused_by(ep, exc, model, version)
                     continue
                 if ep.health.failures or ep.health.check_failures:  # live traffic is evidence too
                     ep.health.succeeded()
@@ -258,6 +267,26 @@ class Backend(EndpointSet[E]):
             budget.active -= 1
             if retrying:
                 budget.retrying -= 1
+
+    def refused_by(self, ep: E, refused: Refused, model: str, version: str) -> None:
+        """What a Refused says of ``ep``: unreachable (no traffic until a check sees it live), or
+        without the model (not ready there); busy says nothing."""
+        if refused.kind == Refused.TRANSPORT:
+            self.transport_failed(ep, live=False)
+        elif refused.kind == Refused.NOT_READY:
+            ep.health.not_ready(model, version)
+
+    def retries_after(self, refused: Refused, others: int) -> bool:
+        """Whether :meth:`attempt` would send a request that ``refused`` on its first endpoint to
+        one of the ``others`` next: retries left and the retry budget allowing (counted as
+        attempt counts them). False: ``refused.error`` is the request's answer."""
+        if others <= 0 or self.spec.retries <= 0:
+            return False
+        if not self.budget.allows():
+            self.on_event("retry_budget_exhausted")
+            return False
+        self.on_event("retry")
+        return True
 
     def transport_failed(self, ep: E, *, live: bool = True) -> None:
         """A transport failure on ``ep``: counted for ejection; ``live=False`` (the
@@ -333,9 +362,10 @@ class Backend(EndpointSet[E]):
 
     async def infer_grpc(self, message: bytes | StreamedMessage, model: str, version: str, timeout: float | None,
                          affinity: str | None, metadata: tuple[tuple[str, str], ...],
-                         sink: AnswerSink | None = None) -> bytes:
+                         sink: AnswerSink | None = None, tried: int = 0) -> bytes:
         """A gRPC client's inference (DataPlane.infer_grpc): ``sink``, where the answer may be
-        streamed as it arrives (a backend that cannot ignores it)."""
+        streamed as it arrives (a backend that cannot ignores it); ``tried``: attempts made
+        already (Again.tried)."""
         raise NotImplementedError
 
     def infer_stream(self, requests: AsyncIterator[bytes], model: str, version: str, timeout: float | None,

@@ -17,10 +17,11 @@ CallError carries the fault kind it saw, or none for a status the backend sent.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from grpc import aio
 
+from .. import h2
 from .._pb import grpc_predict_v2_pb2 as pb
 from .._pb import triton_extensions_pb2 as tx
 from ..admission import COST_CONVERT, COST_CONVERT_BINARY, COST_PASS_GRPC, COST_PASS_HTTP
@@ -36,7 +37,7 @@ from ..codec.triton import (
     version_refusal,
 )
 from ..config.schema import BackendSpec, HostPort
-from ..dataplane import AnswerSink, HttpReply, IncomingBody, StreamedMessage
+from ..dataplane import AGAIN, RETRY, AnswerSink, GrpcOutcome, HttpReply, IncomingBody, Pending, StreamedMessage
 from ..errors import (
     BadUpstreamResponse,
     GatewayError,
@@ -76,6 +77,7 @@ class GrpcBackend(Backend[GrpcEndpoint]):
 
     def __init__(self, spec: BackendSpec) -> None:
         super().__init__(spec)
+        self.serves_grpc_now = h2.native("client")  # (grpc.aio's calls are awaited only)
         # Triton's --grpc-restricted-protocol=<api>:<key>=<value> wants the metadata key
         # "triton-grpc-protocol-<key>"; other servers take the plain name. Both are sent.
         self._check_metadata = tuple(
@@ -304,14 +306,81 @@ class GrpcBackend(Backend[GrpcEndpoint]):
     # -- inference -----------------------------------------------------------------------
     def infer_grpc(self, message: bytes | StreamedMessage, model: str, version: str, timeout: float | None,
                    affinity: str | None, metadata: tuple[tuple[str, str], ...],
-                   sink: AnswerSink | None = None) -> Coroutine[Any, Any, bytes]:
+                   sink: AnswerSink | None = None, tried: int = 0) -> Coroutine[Any, Any, bytes]:
         """Pass-through: the serialized request out, the serialized response back — or, with a
         ``sink`` and the gateway's own client, a large response streamed to it as it arrives."""
-        if sink is None:
+        if sink is None and not tried:
             return self._unary(model, version, affinity, _INFER, message, timeout, metadata)
         return self.attempt(model, version, affinity, self._call,
                             (_INFER, message, timeout, metadata, model, version, True,
-                             affinity is not None or STATEFUL.get(), sink))
+                             affinity is not None or STATEFUL.get(), sink), tried=tried)
+
+    def infer_grpc_now(self, message: bytes, model: str, version: str, timeout: float | None, affinity: str | None,
+                       metadata: tuple[tuple[str, str], ...], sink: AnswerSink | None, record: Any,
+                       done: Callable[[GrpcOutcome], None]) -> Pending | None:
+        """:meth:`infer_grpc` of a whole request from callbacks, when the chosen endpoint's
+        channel has a stream free now (``Channel.unary_now``): the answer, or the error
+        :meth:`infer_grpc` would raise, goes to ``done`` from the channel's events. What
+        :meth:`attempt` would send again goes to ``done`` as RETRY (the endpoint is marked as
+        attempt marks it; the retry is counted) or AGAIN (the server refused the stream unread,
+        which Channel.unary sends again itself); nothing was answered. None: nothing was sent.
+        Raises what :meth:`candidates` raises."""
+        order = self.candidates(model, version, affinity)
+        ep = order[0]
+        now = ep.now
+        if now is None:
+            return None
+        tmo = self.spec.timeout_s if timeout is None else min(timeout, self.spec.timeout_s)
+        stateful = affinity is not None or STATEFUL.get()
+        budget = self.budget
+
+        def answered(result: bytes | memoryview | BaseException) -> None:
+            # From the channel's connection callbacks, once (Settled).
+            ep.left()
+            budget.active -= 1
+            try:
+                outcome = self._outcome(ep, result, tmo, model, version, stateful, sink, len(order) - 1)
+            except Exception as exc:  # (nothing may escape into the connection's event dispatch)
+                outcome = exc
+            done(outcome)
+
+        ep._inflight += 1
+        budget.active += 1
+        call = now(message, tmo, metadata or None, sink, answered)
+        if call is None:
+            ep.left()
+            budget.active -= 1
+            return None
+        if record is not None:
+            record.endpoint = str(ep.address)
+            record.protocol_out = self.protocol
+        return cast(Pending, call)
+
+    def _outcome(self, ep: GrpcEndpoint, result: bytes | memoryview | BaseException, tmo: float | None, model: str,
+                 version: str, stateful: bool, sink: AnswerSink | None, others: int) -> GrpcOutcome:
+        """What a call sent from callbacks (:meth:`infer_grpc_now`) ends with, as :meth:`_call`
+        and :meth:`attempt` would have ended it: the answer, the error, or AGAIN / RETRY."""
+        if not isinstance(result, BaseException):
+            if ep.health.failures or ep.health.check_failures:  # live traffic is evidence too
+                ep.health.succeeded()
+            return result
+        if not isinstance(result, CallError):
+            return result  # the caller's cancel
+        if result.fault is not None and result.fault[0] == Fault.REFUSED_STREAM and (sink is None or not sink.opened):
+            return AGAIN  # (Channel.unary sends a refused stream once more itself)
+        error = self._mapped(ep, result, tmo, model, version, stateful)
+        if sink is not None and sink.opened and isinstance(error, Refused):
+            # Part of the answer reached the client: nothing is sent again (as _call).
+            inner = error.error
+            error = inner if isinstance(inner, UpstreamError) else UpstreamReset(inner.message)
+        if isinstance(error, UpstreamError) and error.grpc_code in ("NOT_FOUND", "INVALID_ARGUMENT"):
+            error = self.refusal(ep, model, version, error, True)
+        if isinstance(error, Refused):
+            self.refused_by(ep, error, model, version)
+            if self.retries_after(error, others):
+                return RETRY
+            return error.error
+        return error
 
     async def infer_http(self, model: str, version: str, body: bytes | bytearray | IncomingBody,
                          headers: Mapping[str, str],

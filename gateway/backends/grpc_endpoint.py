@@ -102,7 +102,8 @@ class _Typed:
 
 
 class GrpcEndpoint(Endpoint):
-    __slots__ = ("_drained", "_grace", "_inflight", "channel", "convert", "infer", "raw", "relay", "stream", "typed")
+    __slots__ = ("_drained", "_grace", "_inflight", "channel", "convert", "infer", "now", "raw", "relay", "stream",
+                 "typed")
     channel: Any  # an h2channel.Channel or a grpc.aio.Channel: both have ``async close()``
     infer: _Rpc
     # ModelInfer for an answer read whole (converted): the gateway's own client gathers a large
@@ -111,6 +112,9 @@ class GrpcEndpoint(Endpoint):
     # ModelInfer with its answer streamed to a sink (request, timeout, metadata, sink): the
     # gateway's own client only; None on grpc.aio, which hands a message over only whole.
     relay: Callable[[Any, float | None, Any, AnswerSink], Awaitable[bytes | memoryview]] | None
+    # ModelInfer from callbacks (request, timeout, metadata, sink, then) -> the call or None
+    # (``Channel.unary_now``): the gateway's own client only.
+    now: Callable[[bytes, float | None, Any, AnswerSink | None, Callable[[Any], None]], Any] | None
     stream: Callable[..., Any]  # (requests, timeout=, metadata=) -> an async iterator with cancel()
     typed: dict[str, _Rpc]
     raw: dict[str, _Rpc]
@@ -121,6 +125,7 @@ class GrpcEndpoint(Endpoint):
         self._grace = spec.timeout_s
         self._drained: asyncio.Event | None = None  # set when _inflight reaches 0, while closing
         self.relay = None
+        self.now = None
         if h2.native("client"):
             self._native(address, spec)
             return
@@ -154,6 +159,7 @@ class GrpcEndpoint(Endpoint):
         # partial is C: the call goes straight to Channel.unary, no Python frame between.
         self.infer = partial(ch.unary, METHOD_PREFIX + "ModelInfer")
         self.relay = self.infer  # (Channel.unary takes the sink as its fifth argument)
+        self.now = partial(ch.unary_now, METHOD_PREFIX + "ModelInfer")
         self.convert = partial(ch.unary, METHOD_PREFIX + "ModelInfer", gather=GATHER_MIN)
         self.stream = partial(ch.stream, METHOD_PREFIX + "ModelStreamInfer")
         self.typed = {name: _Typed(ch.unary, METHOD_PREFIX + name, resp.FromString)

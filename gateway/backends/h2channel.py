@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -30,7 +30,7 @@ from ..dataplane import AnswerSink, StreamedMessage
 from ..h2 import _h2
 from .grpcfault import H2_ERRORS, Fault, stream_reset, went_away
 from .h2frames import ACCEPT_ENCODING, CallError, fault_error, metadata_headers, prefix, timeout_value
-from .h2stream import SMALL_BODY, Call, Gathered, Metadata, Relay, StreamCall, Unary
+from .h2stream import SMALL_BODY, Call, Gathered, Metadata, Relay, Settled, StreamCall, Unary
 
 __all__ = ["CallError", "Channel", "ChannelLimits", "Metadata", "StreamCall"]
 
@@ -367,12 +367,13 @@ class Channel:
         while True:
             conn = self.usable() or await self.acquire(loop, deadline)
             call: Unary
+            future: asyncio.Future[bytes | memoryview] = loop.create_future()
             if sink is not None:
-                call = Relay(self.max_message_bytes, loop.create_future(), sink)
+                call = Relay(self.max_message_bytes, future, sink)
             elif gather:
-                call = Gathered(self.max_message_bytes, loop.create_future(), gather, parts)
+                call = Gathered(self.max_message_bytes, future, gather, parts)
             else:
-                call = Unary(self.max_message_bytes, loop.create_future())
+                call = Unary(self.max_message_bytes, future)
             # (the loop's clock stands still within one pass of the loop: a call sent in the pass
             # it was made in has all of ``timeout`` left, and the same float keeps head()'s cache)
             now = loop.time()
@@ -381,21 +382,20 @@ class Channel:
             h2 = conn.h2
             if streamed is not None and streamed.encoding:
                 head.append((b"grpc-encoding", streamed.encoding))  # (relayed compressed, as it came)
-            if streamed is not None:
-                sid = h2.request(head, None, end=False)  # (its bytes, length prefix first, come from attach)
-            elif parts is not None:
-                sid = h2.request(head, prefix(n), end=False)
-                last = len(parts) - 1
-                for i, part in enumerate(parts):
-                    h2.send_data(sid, part, i == last)
-            elif n <= SMALL_BODY:
-                sid = h2.request(head, prefix(n) + body)
+            if streamed is None and parts is None:
+                self.send_whole(conn, call, head, body, n)
             else:
-                sid = h2.request(head, prefix(n), end=False)
-                h2.send_data(sid, body, True)
-            call.conn, call.sid = conn, sid
-            conn.calls[sid] = call
-            conn.schedule_flush()
+                if streamed is not None:
+                    sid = h2.request(head, None, end=False)  # (its bytes, length prefix first, come from attach)
+                else:
+                    assert parts is not None
+                    sid = h2.request(head, prefix(n), end=False)
+                    last = len(parts) - 1
+                    for i, part in enumerate(parts):
+                        h2.send_data(sid, part, i == last)
+                call.conn, call.sid = conn, sid
+                conn.calls[sid] = call
+                conn.schedule_flush()
             if streamed is not None:
                 assert isinstance(call, Relay)
                 call.upload = streamed
@@ -409,7 +409,7 @@ class Channel:
             if deadline is not None:
                 call.timer = loop.call_at(deadline, call.expire)
             try:
-                return await call.future
+                return await future
             except asyncio.CancelledError:
                 call.close(None, CANCEL)
                 raise
@@ -430,6 +430,40 @@ class Channel:
                     error = await self.wait(loop, deadline)
                     if error is not None:
                         raise error from None
+
+    def unary_now(self, method: str, request: bytes, timeout: float | None, metadata: Metadata | None,
+                  sink: AnswerSink | None, then: Callable[[bytes | memoryview | BaseException], None]) -> Unary | None:
+        """:meth:`unary` of a whole request from callbacks, when a connection has a stream free
+        now: the call's end — its answer, its CallError, or CancelledError after the call's own
+        ``cancel()`` — goes to ``then`` from the connection's events (never before this returns).
+        None: nothing was sent (no stream free now, the message over the limit, the channel
+        closed): :meth:`unary` serves it, waiting or refusing as it does."""
+        n = len(request)
+        if n > self.max_message_bytes or self.closed:
+            return None
+        conn = self.usable()
+        if conn is None:
+            return None
+        loop = self.loop or self.bind()
+        settled = Settled(then)
+        call = Unary(self.max_message_bytes, settled) if sink is None else Relay(self.max_message_bytes, settled, sink)
+        self.send_whole(conn, call, self.head(method, timeout, metadata), request, n)
+        if timeout is not None:
+            call.timer = loop.call_at(loop.time() + timeout, call.expire)
+        return call
+
+    def send_whole(self, conn: _Conn, call: Unary, head: list[tuple[bytes, bytes]],
+                   body: bytes | bytearray | memoryview, n: int) -> None:
+        """``call`` opened on ``conn`` with its whole message (a small one joined to its prefix)."""
+        h2 = conn.h2
+        if n <= SMALL_BODY:
+            sid = h2.request(head, prefix(n) + body)
+        else:
+            sid = h2.request(head, prefix(n), end=False)
+            h2.send_data(sid, body, True)
+        call.conn, call.sid = conn, sid
+        conn.calls[sid] = call
+        conn.schedule_flush()
 
     def stream(self, method: str, requests: AsyncIterator[bytes], timeout: float | None = None,
                metadata: Metadata | None = None) -> StreamCall:

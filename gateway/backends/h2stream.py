@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from ..dataplane import SINK_FULL, SINK_GONE, SINK_ROOM, AnswerSink, StreamedMessage
 from ..h2 import _h2
@@ -18,7 +18,8 @@ from .h2frames import AnswerFault, CallError, MessageReader, Status, answer_head
 if TYPE_CHECKING:
     from .h2channel import Channel, _Conn
 
-__all__ = ["GATHER_MIN", "RELAY_MIN", "Call", "Gathered", "Metadata", "Relay", "StreamCall", "Unary"]
+__all__ = ["GATHER_MIN", "RELAY_MIN", "Call", "Gathered", "Metadata", "Outcome", "Relay", "Settled", "StreamCall",
+           "Unary"]
 
 Metadata = Sequence[tuple[str, str | bytes]]
 
@@ -34,6 +35,50 @@ GATHER_MIN = 64 * 1024
 _NO_STATUS = "ended its answer without a grpc-status (the gRPC protocol requires one in trailers)"
 # Faults that would send the request again; once part of the answer has gone on, they are resets.
 _RETRIED = frozenset({Fault.TRANSPORT, Fault.UNPROCESSED, Fault.REFUSED_STREAM})
+
+
+class Outcome(Protocol):
+    """Where a unary call's end goes: the ``asyncio.Future`` its caller awaits, or a
+    :class:`Settled` for a call served from callbacks."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: bytes | memoryview, /) -> None: ...
+
+    def set_exception(self, error: BaseException, /) -> None: ...
+
+    def cancel(self) -> bool: ...
+
+
+class Settled:
+    """An :class:`Outcome` that hands the call's end to ``then`` once, from the connection's
+    callbacks: the answer, the error, or CancelledError (the caller's own cancel, ``Call.cancel``)."""
+
+    __slots__ = ("over", "then")
+
+    def __init__(self, then: Callable[[bytes | memoryview | BaseException], None]) -> None:
+        self.then = then
+        self.over = False
+
+    def done(self) -> bool:
+        return self.over
+
+    def set_result(self, result: bytes | memoryview, /) -> None:
+        if not self.over:
+            self.over = True
+            self.then(result)
+
+    def set_exception(self, error: BaseException, /) -> None:
+        if not self.over:
+            self.over = True
+            self.then(error)
+
+    def cancel(self) -> bool:
+        if self.over:
+            return False
+        self.over = True
+        self.then(asyncio.CancelledError())
+        return True
 
 
 class Call:
@@ -136,10 +181,14 @@ class Unary(Call):
     __slots__ = ("answer", "future")
     TRUNCATED = "answered OK without a complete response message (a unary call has exactly one)"
 
-    def __init__(self, limit: int, future: asyncio.Future[bytes | memoryview]) -> None:
+    def __init__(self, limit: int, future: Outcome) -> None:
         super().__init__(limit)
         self.future = future
         self.answer: bytes | memoryview | None = None
+
+    def cancel(self) -> None:
+        """The caller gives up on the call (its client went): the stream is reset (CANCEL)."""
+        self.close(None, CANCEL)
 
     def deliver(self, messages: list[bytes]) -> None:
         if self.answer is not None or len(messages) > 1:
@@ -183,7 +232,7 @@ class Gathered(Unary):
 
     __slots__ = ("filled", "into", "least", "request")
 
-    def __init__(self, limit: int, future: asyncio.Future[bytes | memoryview], least: int,
+    def __init__(self, limit: int, future: Outcome, least: int,
                  request: list[bytes | memoryview] | None = None) -> None:
         super().__init__(limit, future)
         self.least = least
@@ -247,7 +296,7 @@ class Relay(Unary):
 
     __slots__ = ("held", "left", "sink", "upload")
 
-    def __init__(self, limit: int, future: asyncio.Future[bytes | memoryview], sink: AnswerSink) -> None:
+    def __init__(self, limit: int, future: Outcome, sink: AnswerSink) -> None:
         super().__init__(limit, future)
         self.sink = sink
         self.left = -1  # bytes of the relayed message (prefix included) still to come; -1: not relaying

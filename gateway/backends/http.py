@@ -351,7 +351,7 @@ class HttpBackend(HttpExchange):
 
     async def infer_grpc(self, message: bytes | StreamedMessage, model: str, version: str, timeout: float | None,
                          affinity: str | None, metadata: tuple[tuple[str, str], ...],
-                         sink: AnswerSink | None = None) -> bytes:
+                         sink: AnswerSink | None = None, tried: int = 0) -> bytes:
         """A gRPC client's request, converted: binary extension (or JSON) out, raw back."""
         whole = message if isinstance(message, bytes) else await message.read()
         self.on_event("grpc_to_http")

@@ -92,6 +92,7 @@ class DemoPlane(DataPlane):
     async def infer_grpc(
         self, message: bytes | StreamedMessage, model: str, version: str, timeout: float | None,
         affinity: str | None = None, metadata: Sequence[tuple[str, str]] = (), sink: AnswerSink | None = None,
+        tried: int = 0,
     ) -> bytes:
         # ``timeout`` is moot: the models answer in microseconds, inline.
         whole = message if isinstance(message, bytes) else await message.read()

@@ -27,6 +27,7 @@ from ..observability.access import AccessRecord
 from ..observability.metrics import SERVER_LEVEL, Metrics, RouteLabel
 from ..security.guard import Gate
 from .grpcunary import CALL_METADATA, Admit, Infer, Seen, Unary, abort_with, call_metadata, failure_code, grpc_trailers
+from .h2infer import InferNow
 from .h2upload import Compressed, Upload
 
 __all__ = ["SERVICE", "STREAMED_METHODS", "Service", "build_grpc_handler", "grpc_trailers", "server_options"]
@@ -83,7 +84,7 @@ def _metadata_message(d: dict[str, Any]) -> pb.ModelMetadataResponse:
 
 
 def build_grpc_handler(plane: DataPlane, metrics: Metrics | None, gate: Gate,
-                       limits: Limits = DEFAULT_LIMITS) -> grpc.GenericRpcHandler:
+                       limits: Limits = DEFAULT_LIMITS) -> Service:
     route_label: Callable[[str, str], RouteLabel] = plane.route_label
 
     access = metrics.access if metrics is not None else None
@@ -94,6 +95,13 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None, gate: Gate,
         rid = next((v for k, v in call_metadata(context) if k == "x-request-id"), None)
         return access.begin(rid if isinstance(rid, str) else None,
                             len(request) if isinstance(request, (bytes, Upload, Compressed)) else 0)
+
+    def opened(context: Any, request: bytes) -> AccessRecord | None:
+        # begin(), with the record passed by hand (h2infer.py: a call served from callbacks)
+        if access is None:
+            return None
+        rid = next((v for k, v in call_metadata(context) if k == "x-request-id"), None)
+        return access.open(rid if isinstance(rid, str) else None, len(request))
 
     admit = Admit(gate, limits, metrics)
 
@@ -130,6 +138,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None, gate: Gate,
 
     scan = InferScan(limits)  # routing fields + hard limits of every ModelInferRequest
     model_infer = Infer(plane, scan, metrics.bytes_in("grpc") if metrics is not None else None, admit)
+    infer_unary = Unary("infer", model_infer, route_label, metrics, begin if access is not None else None)
 
     async def model_stream_infer(requests: AsyncIterator[bytes], ctx: aio.ServicerContext) -> AsyncIterator[bytes]:
         """Triton's ModelStreamInfer (not in the KServe proto; tritonclient's
@@ -240,7 +249,7 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None, gate: Gate,
             wrap("model_metadata", model_metadata), pb.ModelMetadataRequest, pb.ModelMetadataResponse
         ),
         # No (de)serializers: raw bytes in, raw bytes out.
-        "ModelInfer": grpc.unary_unary_rpc_method_handler(wrap("infer", model_infer)),
+        "ModelInfer": grpc.unary_unary_rpc_method_handler(infer_unary.run),
         "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(model_stream_infer),
         "ModelConfig": grpc.unary_unary_rpc_method_handler(wrap("model_config", extension("ModelConfig"))),
         "ModelStatistics": grpc.unary_unary_rpc_method_handler(
@@ -255,15 +264,19 @@ def build_grpc_handler(plane: DataPlane, metrics: Metrics | None, gate: Gate,
         **{rpc: grpc.unary_unary_rpc_method_handler(wrap("shared_memory", shared_memory))
            for rpc in _SHARED_MEMORY_RPCS},
     }
-    return Service(SERVICE, handlers)
+    now = InferNow(infer_unary, model_infer, opened if access is not None else None)
+    return Service(SERVICE, handlers, {f"/{SERVICE}/ModelInfer": now})
 
 
 class Service(grpc.GenericRpcHandler):
     """``grpc.method_handlers_generic_handler`` that also keeps the call's metadata for its
-    handler (grpcunary.py ``CALL_METADATA``): grpc.aio has read it already, to ask for the handler."""
+    handler (grpcunary.py ``CALL_METADATA``): grpc.aio has read it already, to ask for the handler.
+    ``now``: the methods the gateway's own listener may serve from callbacks (h2infer.py)."""
 
-    def __init__(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+    def __init__(self, service: str, handlers: dict[str, grpc.RpcMethodHandler],
+                 now: dict[str, InferNow] | None = None) -> None:
         self._handlers = {f"/{service}/{name}": handler for name, handler in handlers.items()}
+        self.now = now or {}
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         handler = self._handlers.get(handler_call_details.method)

@@ -19,7 +19,7 @@ import binascii
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 from grpc import aio
@@ -32,7 +32,7 @@ from .h2upload import STREAM_MIN, Compressed, Upload
 if TYPE_CHECKING:
     from .h2listen import H2Connection
 
-__all__ = ["RELAY_LOW_WATER", "RESPONSE_HEAD", "Call", "Context", "Details", "status_trailers"]
+__all__ = ["RELAY_LOW_WATER", "RESPONSE_HEAD", "Call", "Context", "Details", "Running", "status_trailers"]
 
 log = logging.getLogger("oip_gateway.grpc")
 
@@ -50,6 +50,15 @@ _JOIN_MAX = 16384
 # A stream's queued answer bytes past which a relay waits for the client (WRITABLE): the
 # connection's write_low_water (h2listen.py passes it), so the event comes when it drops below.
 RELAY_LOW_WATER = 65536
+
+
+class Running(Protocol):
+    """What serves a call once its request is here: its task, or a ModelInfer under way from
+    callbacks (h2infer.py ``Going``)."""
+
+    def cancel(self) -> bool: ...
+
+    def done(self) -> bool: ...
 
 
 class Details(grpc.HandlerCallDetails):
@@ -208,7 +217,7 @@ class Call:
         self.reader = reader
         self.messages: list[bytes] = []  # a unary call's request (one message)
         self.requests: Requests | None = None  # a streaming call's
-        self.task: asyncio.Task[None] | None = None
+        self.task: Running | None = None
         self.answered = False  # our side of the stream has ended (or was reset)
         self.unconsumed = 0  # received bytes not yet given back to the client's window
         self.held = 0  # a unary request's bytes given back, counted against the connection's budget

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import grpc
@@ -28,6 +28,7 @@ from ..errors import RequestTimeout
 from ..h2 import _h2
 from .grpcunary import ANSWER_SINK, CALL_METADATA
 from .h2calls import RELAY_LOW_WATER, Call, Context, Details, read_head, stream_requests
+from .h2infer import InferNow
 from .h2upload import Compressed, Upload
 
 __all__ = ["H2Connection", "H2Listener"]
@@ -47,8 +48,10 @@ class H2Listener:
     def __init__(self, handlers: Sequence[grpc.GenericRpcHandler], *, limits: Limits, max_message_bytes: int,
                  max_metadata_bytes: int = 32768, max_header_count: int = 100,
                  context: ssl.SSLContext | None = None, on_refusal: Callable[[str], None] | None = None,
-                 streamed: frozenset[str] = frozenset()) -> None:
+                 streamed: frozenset[str] = frozenset(), now: Mapping[str, InferNow] | None = None) -> None:
         self.handlers = tuple(handlers)
+        # Methods served from callbacks when they can be (h2infer.py): a whole, uncompressed request.
+        self.now: Mapping[str, InferNow] = now or {}
         self.found: dict[str, grpc.RpcMethodHandler] = {}
         # Methods whose handler takes a dataplane.StreamedMessage for its request (the gateway's
         # ModelInfer): a large one streams in (h2upload.Upload), a compressed one goes on as it came.
@@ -323,7 +326,13 @@ class H2Connection(asyncio.Protocol):
             return
         message = call.messages.pop()
         wire = call.reader.wire
+        # (set for a call served from callbacks too: its guard reads the metadata from here)
         CALL_METADATA.set(call.context.invocation_metadata())
+        if wire is None and self.listener.now:
+            now = self.listener.now.get(call.context.method)
+            if now is not None:
+                now.serve(call, message)
+                return
         ANSWER_SINK.set(call)
         call.task = self.loop.create_task(call.run_unary(
             message if wire is None or not call.relayable else Compressed(message, wire, call.reader.encoding)))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import orjson
 
-__all__ = ["AccessLog", "AccessRecord", "current", "note_endpoint"]
+__all__ = ["AccessLog", "AccessRecord", "attach", "current", "note_endpoint"]
 
 
 @dataclass(slots=True)
@@ -43,6 +43,12 @@ _CURRENT: ContextVar[AccessRecord | None] = ContextVar("oip_gateway_access", def
 
 def current() -> AccessRecord | None:
     return _CURRENT.get()
+
+
+def attach(record: AccessRecord) -> None:
+    """``record`` (opened by hand, :meth:`AccessLog.open`) is the current task's from now on:
+    :func:`note_endpoint` fills it."""
+    _CURRENT.set(record)
 
 
 def note_endpoint(endpoint: object, protocol: str) -> None:

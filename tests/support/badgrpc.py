@@ -37,6 +37,7 @@ BEHAVIOURS = {
     "reset_mid_message": "headers and half a message, then RST_STREAM(CANCEL)",
     "reset_internal": "RST_STREAM(INTERNAL_ERROR) before any response header",
     "refused_stream": "RST_STREAM(REFUSED_STREAM): the stream was not processed (RFC 9113 8.7)",
+    "refused_once": "RST_STREAM(REFUSED_STREAM) on every other call (the first refused), a valid answer between",
     "goaway_unprocessed": "GOAWAY whose last stream id is below the request's, then close: nothing ran",
     "goaway_processed": "GOAWAY(INTERNAL_ERROR) covering the request, then close, unanswered",
     "close": "the connection closed without a word",
@@ -278,6 +279,12 @@ class _Conn(asyncio.Protocol):
             h.reset_stream(sid, h2.errors.ErrorCodes.INTERNAL_ERROR)
         elif model == "refused_stream":
             h.reset_stream(sid, h2.errors.ErrorCodes.REFUSED_STREAM)
+        elif model == "refused_once":
+            self.server.refusals += 1
+            if self.server.refusals % 2:
+                h.reset_stream(sid, h2.errors.ErrorCodes.REFUSED_STREAM)
+            else:
+                self._reply(sid, ok_answer(name))
         elif model == "goaway_unprocessed":
             # RFC 9113 6.8: streams above last_stream_id were not processed and may be retried.
             h.close_connection(h2.errors.ErrorCodes.NO_ERROR, last_stream_id=max(sid - 2, 0))
@@ -352,6 +359,7 @@ class BadGrpc:
         self.sent = 0  # DATA bytes sent (all streams)
         self.blocked = 0  # times an answer waited for the gateway's flow-control window
         self.resets = 0  # streams the gateway reset
+        self.refusals = 0  # refused_once calls received
         self.bodies: list[tuple[str, str]] = []  # (model, sha256 of the request message) per ModelInfer
         self.encodings: list[str] = []  # per ModelInfer (as bodies): its grpc-encoding if it came compressed, else ""
         self.holding = False  # request bytes are not acknowledged (hold() / release())
