@@ -8,7 +8,6 @@ checks), through a real gateway process and real sockets, against tests/support/
 """
 from __future__ import annotations
 
-import json
 import time
 import urllib.request
 
@@ -38,15 +37,6 @@ def metric(g: GatewayProcess, name: str, *labels: str) -> float:
                if line.startswith(name) and all(label in line for label in labels))
 
 
-def access(g: GatewayProcess) -> dict[str, dict]:
-    out = {}
-    for line in g.log_path.read_text(errors="replace").splitlines():
-        if "oip_gateway.access" in line:
-            entry = json.loads(line.split("oip_gateway.access", 1)[1].split(": ", 1)[1])
-            out[entry["request_id"]] = entry
-    return out
-
-
 def config(endpoints: list[str], **backend: object) -> dict[str, object]:
     return gateway_config({"b": {"protocol": "grpc", "endpoints": endpoints, "timeout_s": 10, **backend}},
                           [{"model": "*", "backend": "b"}], access_log=True,
@@ -73,7 +63,7 @@ def test_answers_metrics_and_access_log_from_callbacks(tmp_path):
                 assert pb.ModelInferResponse.FromString(answer).model_name == "ok"
             assert metric(g, "oip_gateway_requests_total", 'api="infer"', 'code="OK"',
                           'backend="b"') == before + 20
-            entry = wait_for(lambda: access(g).get("now-19"), timeout=10, what="the access record")
+            entry = wait_for(lambda: g.access().get("now-19"), timeout=10, what="the access record")
             assert entry["status"] == "OK" and entry["endpoint"] == bad.address and entry["protocol_out"] == "grpc"
             assert entry["bytes_in"] == len(request("ok", "now-19")) and entry["bytes_out"] == len(answer)
             assert entry["route"] == "*" and entry["backend"] == "b"
@@ -96,7 +86,7 @@ def test_a_client_cancel_resets_the_backends_stream(tmp_path):
                 wait_for(lambda n=seen: bad.seen.count("silent") > n, timeout=10, what="the call to reach the backend")
                 future.cancel()
                 wait_for(lambda n=resets: bad.resets > n, timeout=10, what="the backend's stream to be reset")
-            entry = wait_for(lambda: access(g).get("cancel-2"), timeout=10, what="the access record")
+            entry = wait_for(lambda: g.access().get("cancel-2"), timeout=10, what="the access record")
             assert entry["status"] == "CANCELLED" and entry["reason"] == "the client cancelled the call"
             assert metric(g, "oip_gateway_requests_total", 'api="infer"', 'code="CANCELLED"') == 3
             assert pb.ModelInferResponse.FromString(call(request("ok"), timeout=10)).model_name == "ok"

@@ -122,3 +122,12 @@ class GatewayProcess(_PortFileProcess):
             args += ["--workers", str(workers)]
         super().__init__(args, workdir, name, env, cgroup)
         self.config_path = cfg_path
+
+    def access(self) -> dict[str, dict[str, Any]]:
+        """The access log's entries so far (its log file), by request id."""
+        out = {}
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if "oip_gateway.access" in line:
+                entry = json.loads(line.split("oip_gateway.access", 1)[1].split(": ", 1)[1])
+                out[entry["request_id"]] = entry
+        return out
