@@ -35,6 +35,10 @@ GATHER_MIN = 64 * 1024
 _NO_STATUS = "ended its answer without a grpc-status (the gRPC protocol requires one in trailers)"
 # Faults that would send the request again; once part of the answer has gone on, they are resets.
 _RETRIED = frozenset({Fault.TRANSPORT, Fault.UNPROCESSED, Fault.REFUSED_STREAM})
+# The trailers of almost every answer (grpc-core's and the gateway's own servers send no
+# grpc-message with an OK status): matched whole, they need no parsing.
+_OK_TRAILERS = [(b"grpc-status", b"0")]
+_OK = Status("OK", "", None)
 
 
 class Outcome(Protocol):
@@ -161,7 +165,7 @@ class Call:
             self.close(fault_error(Fault.FRAMING, _NO_STATUS), NO_ERROR)
 
     def on_trailers(self, trailers: list[tuple[bytes, bytes]]) -> None:
-        status = answer_status(dict(trailers))
+        status = _OK if trailers == _OK_TRAILERS else answer_status(dict(trailers))
         if status is None:
             self.close(fault_error(Fault.FRAMING, _NO_STATUS), NO_ERROR)
         elif status.code == "OK" and self.partial():
