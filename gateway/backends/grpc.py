@@ -346,7 +346,12 @@ class GrpcBackend(Backend[GrpcEndpoint]):
 
         ep._inflight += 1
         budget.active += 1
-        call = now(message, tmo, metadata or None, sink, answered)
+        try:
+            call = now(message, tmo, metadata or None, sink, answered)
+        except BaseException:  # (a session that failed under the send: raised on, as the awaited call raises it)
+            ep.left()
+            budget.active -= 1
+            raise
         if call is None:
             ep.left()
             budget.active -= 1
