@@ -179,6 +179,14 @@ class Infer:
         self.admit = admit
 
     def __call__(self, message: bytes | StreamedMessage, ctx: Any, seen: Seen) -> Awaitable[bytes]:
+        sequence = self.check(message, ctx, seen)
+        return self.plane.infer_grpc(message, seen.model, seen.version, ctx.time_remaining(), sequence,
+                                     call_metadata(ctx), ANSWER_SINK.get())
+
+    def check(self, message: bytes | StreamedMessage, ctx: Any, seen: Seen) -> str | None:
+        """The request's checks before the data plane (both paths: h2infer.py serves it from
+        callbacks): routing fields and hard limits, then the guard; ``seen`` notes the model
+        first, so a refusal is counted under its route. Returns the ``sequence_id``."""
         # A large request may still be arriving (h2upload.py): routed from its head, the fields
         # before its raw contents, which are all the scan reads of a whole one anyway.
         head = message if isinstance(message, bytes) else message.head
@@ -189,5 +197,4 @@ class Infer:
             self.bytes_in.observe(len(message))
         seen.note(model, version)
         self.admit(ctx, "ModelInfer", model, version)
-        return self.plane.infer_grpc(message, model, version, ctx.time_remaining(), sequence, call_metadata(ctx),
-                                     ANSWER_SINK.get())
+        return sequence
