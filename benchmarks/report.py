@@ -2,8 +2,8 @@
 
 Per (workload, concurrency, target) the figures are medians over the alternation rounds (peak
 memory: the maximum). Ratios are taken within a round — gateway and nginx / Envoy / the Python
-floor of its protocol (grpcio for gRPC, httptools for HTTP) measured back to back — and then the
-median over rounds, so slow drifts of the machine cancel.
+floor of its protocol (grpcio for gRPC, httptools for HTTP) measured back to back, in reverse order
+every other round — and then the median over rounds, so slow drifts of the machine cancel.
 """
 from __future__ import annotations
 
