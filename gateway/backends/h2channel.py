@@ -214,6 +214,12 @@ class _Conn(asyncio.BufferedProtocol):
             self.flush_soon = True
             self.loop.call_soon(self.flush)
 
+    def schedule_batch(self) -> None:
+        """:meth:`schedule_flush`, one pass of the loop later: what the next pass reads joins it."""
+        if not self.flush_soon:
+            self.flush_soon = True
+            self.loop.call_soon(self.loop.call_soon, self.flush)
+
     def flush(self) -> None:
         self.flush_soon = False
         transport = self.transport
@@ -462,8 +468,12 @@ class Channel:
             sid = h2.request(head, prefix(n), end=False)
             h2.send_data(sid, body, True)
         call.conn, call.sid = conn, sid
-        conn.calls[sid] = call
-        conn.schedule_flush()
+        calls = conn.calls
+        calls[sid] = call
+        if len(calls) > 1:
+            conn.schedule_batch()
+        else:
+            conn.schedule_flush()
 
     def stream(self, method: str, requests: AsyncIterator[bytes], timeout: float | None = None,
                metadata: Metadata | None = None) -> StreamCall:
