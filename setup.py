@@ -55,6 +55,7 @@ COMPILED = [
     "gateway/frontend/h2listen.py",
     "gateway/backends/h2frames.py",
     "gateway/backends/h2stream.py",
+    "gateway/backends/h2conn.py",
     "gateway/backends/h2channel.py",
     "gateway/proxy.py",
     "gateway/backends/base.py",

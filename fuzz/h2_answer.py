@@ -1,7 +1,7 @@
 """Fuzz target: a gRPC backend's bytes as the gateway's own HTTP/2 client reads them
-(gateway/backends/h2channel.py: a ``Channel``'s connection ``_Conn`` on gateway.h2._h2), driven
-below the network: the connection is made on a fake transport and put in the channel, one or
-two ``Channel.unary`` calls run on it (stream 1, and stream 3 with a request large enough to go
+(gateway/backends/h2channel.py: a ``Channel``'s connection, h2conn.py's ``ChannelConnection`` on
+gateway.h2._h2), driven below the network: the connection is made on a fake transport and put in
+the channel, one or two ``Channel.unary`` calls run on it (stream 1, and stream 3 with a request large enough to go
 out apart from its prefix), and the bytes are fed through ``get_buffer`` / ``buffer_updated``
 on an event loop whose clock the harness moves. The channel opens no other connection (its next
 connect attempt is never due), so a call that would need one fails.
@@ -66,7 +66,8 @@ with instrumented(__name__ == "__main__", ("gateway",)):
     )
 
     if AVAILABLE:
-        from gateway.backends.h2channel import CallError, Channel, _Conn
+        from gateway.backends.h2channel import CallError, Channel
+        from gateway.backends.h2conn import ChannelConnection
         from gateway.backends.h2frames import STATUS_NAMES
         from gateway.config.network import HostPort
 
@@ -240,7 +241,7 @@ def drive(flags: int, stream: bytes, sizes: list[int] | None) -> None:
         # No second connection: a call that needs one fails at once (CallError) instead.
         channel.retry_at = math.inf
         channel.last_error = "no other connection (fuzz harness)"
-        conn = _Conn(channel, loop)
+        conn = ChannelConnection(channel, loop)
         rec = Recorder(conn.h2)
         conn.h2 = cast(Any, rec)
         transport = Transport(loop)

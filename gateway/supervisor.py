@@ -30,7 +30,7 @@ from .config.schema import GatewayConfig, HostPort
 from .dataplane import DataPlane
 from .errors import ConfigError
 from .security.guard import Gate
-from .server import Listeners, Ports, bind_socket
+from .listeners import Listeners, Ports, bind_socket
 from .watch import watch_file
 
 __all__ = ["supervise"]

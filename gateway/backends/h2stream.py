@@ -16,7 +16,8 @@ from .grpcfault import Fault
 from .h2frames import AnswerFault, CallError, MessageReader, Status, answer_head, answer_status, fault_error, prefix
 
 if TYPE_CHECKING:
-    from .h2channel import Channel, _Conn
+    from .h2channel import Channel
+    from .h2conn import ChannelConnection
 
 __all__ = ["GATHER_MIN", "RELAY_MIN", "Call", "Gathered", "Metadata", "Outcome", "Relay", "Settled", "StreamCall",
            "Unary"]
@@ -92,7 +93,7 @@ class Call:
     TRUNCATED = "ended its answer in the middle of a message"
 
     def __init__(self, limit: int) -> None:
-        self.conn: _Conn | None = None
+        self.conn: ChannelConnection | None = None
         self.sid = 0
         self.limit = limit
         self.reader: MessageReader | None = None
@@ -469,7 +470,7 @@ class StreamCall(Call):
             self.timer = loop.call_at(deadline, self.expire)
         self.writer = loop.create_task(self._write(conn, sid))
 
-    async def _write(self, conn: _Conn, sid: int) -> None:
+    async def _write(self, conn: ChannelConnection, sid: int) -> None:
         h2 = conn.h2
         limit = self.limit
         try:
