@@ -1,5 +1,5 @@
 """Fuzz target: a gRPC client's bytes as the gateway's own HTTP/2 listener reads them
-(gateway/frontend/h2listen.py ``H2Connection`` on gateway.h2._h2), driven below the network: a
+(gateway/frontend/h2session.py ``H2Connection`` on gateway.h2._h2), driven below the network: a
 fake transport, and an event loop on a clock the harness moves, run a bounded number of
 iterations after each read. The listener is a real ``H2Listener`` with grpc generic handlers of
 the harness's own: ``ModelInfer`` echoes its request, ``ServerLive`` aborts (NOT_FOUND, with
@@ -66,7 +66,8 @@ with instrumented(__name__ == "__main__", ("gateway",)):
     if AVAILABLE:
         from gateway.config.security import Limits
         from gateway.frontend.h2calls import _STREAM_QUEUE_BYTES, Call
-        from gateway.frontend.h2listen import H2Connection, H2Listener
+        from gateway.frontend.h2listen import H2Listener
+        from gateway.frontend.h2session import H2Connection
         from gateway.h2 import _h2
 
 __all__ = ["AVAILABLE", "UNAVAILABLE", "one_input"]

@@ -30,7 +30,8 @@ from ..h2 import _h2
 from .grpcfault import Fault
 from .h2frames import ACCEPT_ENCODING, CallError, fault_error, metadata_headers, prefix, timeout_value
 from .h2conn import ChannelConnection
-from .h2stream import SMALL_BODY, Gathered, Metadata, Relay, Settled, StreamCall, Unary
+from .h2bidi import StreamCall
+from .h2stream import SMALL_BODY, Gathered, Metadata, Relay, Settled, Unary
 
 __all__ = ["CallError", "Channel", "ChannelLimits", "Metadata", "StreamCall"]
 

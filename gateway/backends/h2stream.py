@@ -1,32 +1,30 @@
 """The calls of a gRPC client channel (``h2channel.py``): one stream each, fed by its
-connection's events — a unary call's one answer message, or a bidirectional stream's messages
-both ways with flow control (the rules: gRPC's doc/PROTOCOL-HTTP2.md; the framing:
-``h2frames.py``)."""
+connection's events — what every call shares (:class:`Call`) and the unary calls, whose answer is
+one message (the rules: gRPC's doc/PROTOCOL-HTTP2.md; the framing: ``h2frames.py``). The
+bidirectional streaming call is ``h2bidi.py``'s."""
 from __future__ import annotations
 
 import asyncio
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from ..dataplane import SINK_FULL, SINK_GONE, SINK_ROOM, AnswerSink, StreamedMessage
 from ..h2 import _h2
 from ..rawbody import new_buffer
 from .grpcfault import Fault
-from .h2frames import AnswerFault, CallError, MessageReader, Status, answer_head, answer_status, fault_error, prefix
+from .h2frames import AnswerFault, CallError, MessageReader, Status, answer_head, answer_status, fault_error
 
 if TYPE_CHECKING:
-    from .h2channel import Channel
     from .h2conn import ChannelConnection
 
-__all__ = ["GATHER_MIN", "RELAY_MIN", "Call", "Gathered", "Metadata", "Outcome", "Relay", "Settled", "StreamCall",
+__all__ = ["GATHER_MIN", "RELAY_MIN", "SMALL_BODY", "WRITE_MARK", "Call", "Gathered", "Metadata", "Outcome", "Relay", "Settled",
            "Unary"]
 
 Metadata = Sequence[tuple[str, str | bytes]]
 
 NO_ERROR, CANCEL = _h2.NO_ERROR, _h2.CANCEL
 SMALL_BODY = 1024  # a request body this small goes out joined to its prefix, in one call
-_WRITE_MARK = 64 * 1024  # a stream's unsent bytes past which its writer waits for WRITABLE
+WRITE_MARK = 64 * 1024  # a stream's unsent bytes past which its writer waits for WRITABLE
 # An answer message at least this large goes to the client as it arrives (Relay), when the
 # client's side offers a sink; a smaller one is received whole (one hand-over, no per-piece work).
 RELAY_MIN = 256 * 1024
@@ -320,7 +318,7 @@ class Relay(Unary):
         except _h2.H2Error:
             return SINK_GONE  # the connection failed: its loss ends the call
         conn.schedule_flush()
-        return SINK_FULL if h2.buffered(self.sid) > _WRITE_MARK else SINK_ROOM
+        return SINK_FULL if h2.buffered(self.sid) > WRITE_MARK else SINK_ROOM
 
     def fail(self, error: Exception) -> None:
         self.close(error, CANCEL)
@@ -390,135 +388,3 @@ class Relay(Unary):
                 self.future.set_result(b"")  # all of it went to the sink
             return
         Unary.settle(self, error)
-
-
-class StreamCall(Call):
-    """A bidirectional streaming call: an async iterator of the answer's messages (the call
-    starts at the first ``__anext__``; the request messages are written as the request iterator
-    yields them, then the request ends). The backend's status, when not OK, is raised as
-    CallError after the messages that came before it; ``cancel()`` resets the stream."""
-
-    __slots__ = ("channel", "error", "held", "messages", "metadata", "method", "requests", "started", "timeout",
-                 "waiter", "writable", "writer")
-
-    def __init__(self, channel: Channel, method: str, requests: AsyncIterator[bytes], timeout: float | None,
-                 metadata: Metadata | None) -> None:
-        super().__init__(channel.max_message_bytes)
-        self.channel = channel
-        self.method = method
-        self.requests = requests
-        self.timeout = timeout
-        self.metadata = metadata
-        self.messages: deque[bytes] = deque()
-        self.held = 0  # DATA bytes not acknowledged while messages wait for the consumer
-        self.error: BaseException | None = None
-        self.started = False
-        self.waiter: asyncio.Future[None] | None = None
-        self.writable: asyncio.Future[None] | None = None
-        self.writer: asyncio.Task[None] | None = None
-
-    def __aiter__(self) -> StreamCall:
-        return self
-
-    async def __anext__(self) -> bytes:
-        if not self.started:
-            await self._start()
-        while True:
-            if self.messages:
-                message = self.messages.popleft()
-                if not self.messages and self.held:
-                    # The consumer took what waited: the backend may send more (flow control).
-                    assert self.conn is not None
-                    self.conn.h2.consume(self.sid, self.held)
-                    self.held = 0
-                    self.conn.schedule_flush()
-                return message
-            if self.error is not None:
-                raise self.error
-            if self.done:
-                raise StopAsyncIteration
-            self.waiter = asyncio.get_running_loop().create_future()
-            await self.waiter
-
-    def cancel(self) -> bool:
-        """Stop the call (a no-op once it ended): RST_STREAM(CANCEL) to the backend."""
-        if self.done:
-            return False
-        if not self.started:
-            self.started = self.done = True
-            self.error = asyncio.CancelledError()
-            return True
-        self.close(asyncio.CancelledError(), CANCEL)
-        return True
-
-    async def _start(self) -> None:
-        self.started = True
-        channel = self.channel
-        loop = asyncio.get_running_loop()
-        deadline = None if self.timeout is None else loop.time() + self.timeout
-        try:
-            conn = channel.usable() or await channel.acquire(loop, deadline)
-        except CallError as exc:
-            self.done = True
-            self.error = exc
-            raise
-        sid = conn.h2.request(channel.head(self.method, self.timeout, self.metadata), None, end=False)
-        self.conn, self.sid = conn, sid
-        conn.calls[sid] = self
-        conn.schedule_flush()
-        if deadline is not None:
-            self.timer = loop.call_at(deadline, self.expire)
-        self.writer = loop.create_task(self._write(conn, sid))
-
-    async def _write(self, conn: ChannelConnection, sid: int) -> None:
-        h2 = conn.h2
-        limit = self.limit
-        try:
-            async for message in self.requests:
-                if self.done:
-                    return
-                n = len(message)
-                if n > limit:
-                    self.close(CallError("RESOURCE_EXHAUSTED", f"Sent message larger than max ({n} vs. {limit})"),
-                               CANCEL)
-                    return
-                if not h2.send_data(sid, prefix(n) + message if n <= SMALL_BODY else prefix(n)) or \
-                        (n > SMALL_BODY and not h2.send_data(sid, message)):
-                    return  # the stream is gone: its end is the reader's to report
-                conn.schedule_flush()
-                if h2.buffered(sid) > _WRITE_MARK:
-                    self.writable = asyncio.get_running_loop().create_future()
-                    await self.writable
-                    if self.done:
-                        return
-            if not self.done:
-                h2.send_data(sid, b"", True)
-                conn.schedule_flush()
-        except _h2.H2Error:
-            return  # the connection failed: its loss ends the call
-        except Exception as exc:  # the request iterator failed: the call cannot go on
-            self.close(exc, CANCEL)
-
-    def on_writable(self) -> None:
-        if self.writable is not None and not self.writable.done():
-            self.writable.set_result(None)
-
-    def taken(self, n: int) -> None:
-        if self.messages:
-            self.held += n
-        else:
-            Call.taken(self, n)
-
-    def deliver(self, messages: list[bytes]) -> None:
-        self.messages.extend(messages)
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
-
-    def settle(self, error: BaseException | None) -> None:
-        self.error = error
-        writer = self.writer
-        if writer is not None and not writer.done() and writer is not asyncio.current_task():
-            writer.cancel()
-        for future in (self.waiter, self.writable):
-            if future is not None and not future.done():
-                future.set_result(None)

@@ -30,7 +30,7 @@ from ..dataplane import SINK_FULL, SINK_GONE, SINK_ROOM
 from .h2upload import STREAM_MIN, Compressed, Upload
 
 if TYPE_CHECKING:
-    from .h2listen import H2Connection
+    from .h2session import H2Connection
 
 __all__ = ["RELAY_LOW_WATER", "RESPONSE_HEAD", "Call", "Context", "Details", "Running", "status_trailers"]
 
