@@ -4,16 +4,9 @@
 Placement (docs/placement.md): the backend's endpoints are Triton servers in explicit
 model-control mode sharing one repository. A request for a model ready on no endpoint waits in a
 bounded queue for that model while one task places it on the first endpoint of the model's
-rendezvous order (``routing/rendezvous.py``) that has room or can make it — an endpoint holds at
-most ``capacity_models`` models, counting every model its index shows ready, loading or unloading
-(whoever loaded it) and the loads issued here that its index does not show yet; a full one evicts
-first: the least recently used by Triton's own
-``last_inference`` (statistics), never a pinned model, one with requests in flight through this
-process, one loaded or used within ``min_residency_s``, nor one no route of this backend sends to
-it (someone else's). One decision per endpoint at a time (a lock per endpoint): two models never
-take the same free place. The unload is sent, then the load at once (Triton answers an unload at
-once and frees the memory ~1 s later: the overshoot is one unload long). Triton answers the load
-when the model is ready; the endpoint is marked ready for it then, and the waiting requests go.
+rendezvous order (``routing/rendezvous.py``) that has room or can make it (``places.py``:
+capacity and eviction). Triton answers the load when the model is ready; the endpoint is marked
+ready for it then, and the waiting requests go.
 
 Copies follow demand (``maintain``, once per health round): a model whose requests (in flight and
 waiting) per copy stay above ``scale_up_per_copy`` for ``scale_up_after_s`` gets a copy on the
@@ -36,29 +29,19 @@ from ..config.schema import Placement
 from ..errors import GatewayError, ModelNotReady, UpstreamError, UpstreamTimeout
 from ..routing.readiness import Ready
 from ..routing.rendezvous import rank
-from .base import Backend, Refused
-from .capacity import Room, Usage
+from .base import Backend
+from .capacity import Usage
 from .holds import Holds, NoRoom, PlacementEvents, not_ready
+from .places import CONTROL_TIMEOUT_S, Places
 
 __all__ = ["Decider", "Placer"]
 
 log = logging.getLogger("oip_gateway.placement")
 
-# How long a load this process issued counts against an endpoint whose index does not show it
-# (yet): an index read before the load began may arrive after it ended.
-_LOAD_GRACE_S = 10.0
-# An unload sent here frees its place at once (the overshoot of one unload); after this long the
-# index alone says whether the model still takes room (an unload that never ends).
-_UNLOAD_GRACE_S = 10.0
-_STATS_TIMEOUT_S = 5.0
 # A load the server refused (a model its repository lacks) is answered from memory this long.
 _FAILED_S = 5.0
 # How often a load that found no room looks again (a model's residency ends, a request leaves).
 _ROOM_POLL_S = 0.25
-# A model this pool loaded and no inference has used since is not evicted for this long, whatever
-# min_residency_s says: the requests it was loaded for — waiting here, or at a replica or worker
-# that asked for it — run first (an eviction right after the load would make them load it again).
-_FRESH_S = 2.0
 
 
 class Decider(Protocol):
@@ -67,18 +50,6 @@ class Decider(Protocol):
 
     def decider(self, pool: str) -> str | None: ...
     def ask(self, pool: str, model: str, copies: int, timeout: float) -> Awaitable[list[str] | None]: ...
-
-
-class _Endpoint:
-    """What this process did on one endpoint that its index may not show yet."""
-
-    __slots__ = ("loading", "lock", "unloading")
-
-    def __init__(self) -> None:
-        self.lock = asyncio.Lock()
-        # model -> None while its load is in progress, then the monotonic time it ended.
-        self.loading: dict[str, float | None] = {}
-        self.unloading: dict[str, float] = {}  # model -> monotonic time the unload was sent
 
 
 class Placer:
@@ -93,11 +64,10 @@ class Placer:
         # Whether a route sends ``model`` to this backend: only such models are ever unloaded.
         self.owns = owns
         self.pinned = frozenset(spec.pinned)
-        self.room = Room(spec.capacity_models, spec.capacity_bytes)
         self.inflight = holds.inflight
-        self.loaded_at: dict[tuple[str, str], float] = {}  # (endpoint, model) -> wall time of our load
-        self._eps: dict[str, _Endpoint] = {}
         self._placing: dict[str, asyncio.Task[None]] = {}  # deciding here
+        self.places = Places(backend, spec, holds, events, owns, self._placing)
+        self.room = self.places.room
         self._asking: dict[str, asyncio.Task[None]] = {}  # asking the pool's decider
         self._failed: dict[str, tuple[float, GatewayError]] = {}  # model -> (when, the server's refusal)
         self._hot_since: dict[str, float] = {}
@@ -185,152 +155,6 @@ class Placer:
         self.holds.wake(model)
 
     # -- deciding ------------------------------------------------------------------------
-    def _state(self, address: str) -> _Endpoint:
-        st = self._eps.get(address)
-        if st is None:
-            st = self._eps[address] = _Endpoint()
-        return st
-
-    def _occupied(self, ep: Any, st: _Endpoint, now: float) -> set[str]:
-        """The models that count against ``ep``'s capacity now."""
-        index = ep.health.index
-        held = set(index.held) if index is not None else set()
-        for model, t in list(st.unloading.items()):
-            # Decided: its place is taken by the load that evicted it — for the grace, whatever
-            # an index read says meanwhile (one read before the unload still shows it READY).
-            if now - t > _UNLOAD_GRACE_S:
-                del st.unloading[model]
-            else:
-                held.discard(model)
-        for model, ended in list(st.loading.items()):
-            if ended is None or now - ended < _LOAD_GRACE_S:
-                held.add(model)  # loading, or loaded so lately that an index read before may still come
-            else:
-                del st.loading[model]  # the index decides from now on
-        return held
-
-    async def _usage(self, ep: Any) -> Usage | None:
-        try:
-            answer, form = await self.backend.endpoint_stats(ep, "", "", _STATS_TIMEOUT_S)
-            usage = Usage.read(answer, form)
-            self.room.learn(usage)
-            return usage
-        except Refused as exc:
-            why = exc.error.message
-        except GatewayError as exc:
-            why = exc.message
-        log.warning("backend '%s': statistics of %s unreadable (%s)", self.backend.name, ep.address, why)
-        return None
-
-    def _evictable(self, ep: Any, occupied: set[str], usage: Usage, now_wall: float) -> str | None:
-        """The least recently used model ``ep`` may give up, or None."""
-        index = ep.health.index
-        ready = index.ready_names if index is not None else frozenset()
-        residency_ms = self.spec.min_residency_s * 1000
-        now_ms = now_wall * 1000
-        best: tuple[float, str] | None = None
-        for model in occupied:
-            if (model not in ready or model in self.pinned or self.inflight.get(model) or model in self._placing
-                    or model in self.holds.waiting or not self.owns(model)):
-                continue
-            last = usage.models.get(model, (0, 0))[0]
-            loaded = self.loaded_at.get((str(ep.address), model), 0.0) * 1000
-            used = max(last, loaded)
-            if now_ms - used < residency_ms or (loaded > last and now_ms - loaded < _FRESH_S * 1000):
-                continue
-            if best is None or (used, model) < best:
-                best = (used, model)
-        return None if best is None else best[1]
-
-    async def _claim(self, ep: Any, model: str, evict: bool) -> bool:
-        """Take a place for ``model`` on ``ep`` (``evict``: giving up its least recently used
-        model when it has no free one). True: the load may be sent (it is counted from now)."""
-        address = str(ep.address)
-        st = self._state(address)
-        async with st.lock:
-            now = time.monotonic()
-            occupied = self._occupied(ep, st, now)
-            index = ep.health.index
-            if model in occupied and (model in st.loading or index is None or model not in index.unloading):
-                st.loading.setdefault(model, None)  # (one that ended lately stays so: _load checks it)
-                st.unloading.pop(model, None)
-                return True  # loading there already (a load to a LOADING model joins it)
-            occupied.discard(model)  # (unloading there: its place is leaving; this load needs one of its own)
-            room = self.room
-            usage: Usage | None = None
-            if room.limit:
-                usage = await self._usage(ep)
-                if usage is None:
-                    return False  # (memory that cannot be counted is not taken)
-            if len(occupied) > room.models:
-                return False  # over by more than one model (someone else's loads): one eviction frees nothing
-            # The victims are all chosen before any is unloaded: nothing is given up for a load
-            # that would not fit after all.
-            victims: list[str] = []
-            while not room.fits(model, occupied, usage):
-                if not evict or (victims and not room.limit):
-                    return False  # (only memory may take more than one eviction)
-                if usage is None:
-                    usage = await self._usage(ep)
-                    if usage is None:
-                        return False
-                victim = self._evictable(ep, occupied, usage, time.time())
-                if victim is None:
-                    return False
-                victims.append(victim)
-                occupied.discard(victim)
-            for victim in victims:
-                if not await self._evict(ep, st, victim):
-                    return False
-            st.loading[model] = None
-            st.unloading.pop(model, None)  # (loaded again where it was being unloaded)
-            return True
-
-    async def _evict(self, ep: Any, st: _Endpoint, model: str) -> bool:
-        if not await self._unload(ep, model, "evict"):
-            return False
-        st.unloading[model] = time.monotonic()
-        st.loading.pop(model, None)  # (a load of it lately must not count it back)
-        return True
-
-    async def _settle(self, ep: Any, model: str) -> None:
-        """After ``model``'s first load anywhere revealed its size: evict from ``ep`` (never
-        ``model``: it is fresh) until the memory its models report is within ``capacity_bytes``
-        again (``Room``)."""
-        st = self._state(str(ep.address))
-        async with st.lock:
-            usage = await self._usage(ep)
-            if usage is None:
-                return
-            occupied = self._occupied(ep, st, time.monotonic())
-            while self.room.over(occupied, usage):
-                victim = self._evictable(ep, occupied, usage, time.time())
-                if victim is None:
-                    log.warning("backend '%s': %s holds %d bytes of models against capacity_bytes %d since "
-                                "'%s' loaded, and none may be evicted yet", self.backend.name, ep.address,
-                                self.room.used(occupied, usage), self.room.limit, model)
-                    return
-                if not await self._evict(ep, st, victim):
-                    return
-                occupied.discard(victim)
-
-    async def _unload(self, ep: Any, model: str, reason: str) -> bool:
-        try:
-            await self.backend.control(ep, "unload", model, _STATS_TIMEOUT_S)
-        except GatewayError as exc:
-            log.warning("backend '%s': unloading '%s' from %s failed: %s", self.backend.name, model, ep.address,
-                        exc.message)
-            return False
-        log.info("backend '%s': unloaded '%s' from %s (%s)", self.backend.name, model, ep.address, reason)
-        self.loaded_at.pop((str(ep.address), model), None)
-        ep.health.not_ready(model, "")
-        self.events.unloaded(self.backend.name, reason)
-        return True
-
-    def _capacity(self) -> str:
-        room = self.room
-        return f"{room.models} models" + (f", {room.limit} bytes" if room.limit else "")
-
     def _usable(self) -> list[Any]:
         return [ep for ep in self.backend.endpoints.values() if ep.health.usable()]
 
@@ -356,7 +180,7 @@ class Placer:
             # check): never evict for it. Loaded where there is room (the server says what it
             # makes of it), else the request goes on and the server answers it itself.
             for ep in rest:
-                if await self._claim(ep, model, False):
+                if await self.places.claim(ep, model, False):
                     await self._load(ep, model)
                     return
             return
@@ -368,7 +192,7 @@ class Placer:
             for ep in rest:
                 if len(chosen) >= need:
                     break
-                if ep not in chosen and ep.health.usable() and await self._claim(ep, model, True):
+                if ep not in chosen and ep.health.usable() and await self.places.claim(ep, model, True):
                     chosen.append(ep)
             if chosen or have:
                 break
@@ -376,7 +200,7 @@ class Placer:
             # wait (bounded by load_timeout_s) until one may go, rather than failing at once.
             if time.monotonic() + _ROOM_POLL_S >= deadline:
                 raise NoRoom(f"model '{model}' cannot be loaded on backend '{self.backend.name}': every live "
-                             f"endpoint is full ({self._capacity()}) of models in use or within "
+                             f"endpoint is full ({self.places.capacity()}) of models in use or within "
                              f"min_residency_s; retry later", max(1, round(self.spec.min_residency_s / 4)))
             await asyncio.sleep(_ROOM_POLL_S)
         if not chosen:
@@ -388,16 +212,16 @@ class Placer:
 
     async def _load(self, ep: Any, model: str) -> None:
         address = str(ep.address)
-        st = self._state(address)
+        places = self.places
         start = time.monotonic()
         index = ep.health.index
-        ended = st.loading.get(model)
+        ended = places.load_ended(address, model)
         if (index is not None and model in index.ready_names) or (
-                ended is not None and await self.backend.check_model(ep, model, "", _STATS_TIMEOUT_S)):
+                ended is not None and await self.backend.check_model(ep, model, "", CONTROL_TIMEOUT_S)):
             # Ready there already — as its index says, or as the server says when this process
             # loaded it lately (an index read before that load ended may hide it): a load could
             # reload it (Triton does when anything in its directory changed).
-            st.loading[model] = start if ended is None else ended
+            places.loaded(address, model, start if ended is None else ended, ours=False)
             ep.health.placed(model, time.monotonic())
             self.holds.wake(model)
             return
@@ -407,20 +231,19 @@ class Placer:
             # load goes on (the next request finds the model ready, or loading).
             await self.backend.control(ep, "load", model, max(self.spec.load_timeout_s, self.backend.spec.timeout_s))
         except GatewayError as exc:
-            st.loading.pop(model, None)
+            places.load_failed(address, model)
             outcome = "timeout" if isinstance(exc, UpstreamTimeout) else "failed"
             self.events.loaded(self.backend.name, outcome, time.monotonic() - start)
             log.warning("backend '%s': loading '%s' on %s failed: %s", self.backend.name, model, address, exc.message)
             raise
         seconds = time.monotonic() - start
-        st.loading[model] = time.monotonic()
-        self.loaded_at[(address, model)] = time.time()
+        places.loaded(address, model, time.monotonic(), ours=True)
         ep.health.placed(model, time.monotonic())
         self.events.loaded(self.backend.name, "ok", seconds)
         log.info("backend '%s': loaded '%s' on %s in %.2f s", self.backend.name, model, address, seconds)
         self.holds.wake(model)
         if unknown:
-            await self._settle(ep, model)
+            await places.settle(ep, model)
 
     # -- once per health round -------------------------------------------------------------
     def maintain(self) -> None:
@@ -496,17 +319,11 @@ class Placer:
             for ep in reversed(order[spec.copies:]):
                 address = str(ep.address)
                 if address not in usages:
-                    usages[address] = await self._usage(ep)
+                    usages[address] = await self.places.usage(ep)
                 usage = usages[address]
-                if usage is None:
-                    continue
-                used = max(usage.models.get(model, (0, 0))[0], self.loaded_at.get((address, model), 0.0) * 1000)
-                if now_ms - used >= spec.copy_idle_s * 1000:
-                    st = self._state(address)
-                    async with st.lock:
-                        if await self._unload(ep, model, "idle_copy"):
-                            st.unloading[model] = time.monotonic()
-                            st.loading.pop(model, None)
+                idle_ms = None if usage is None else now_ms - self.places.last_used(address, model, usage)
+                if idle_ms is not None and idle_ms >= spec.copy_idle_s * 1000:
+                    await self.places.unload(ep, model, "idle_copy")
 
     # -- the backend's background job ------------------------------------------------------
     def start(self) -> None:
