@@ -6,15 +6,9 @@ Each round, for every endpoint of every backend:
    process: what was known of its models is forgotten (``EndpointHealth.set_live``);
 2. its repository index, one call (Triton, MLServer): every model with its state;
 3. where there is no index (OVMS; Triton with a restricted repository API and no
-   ``check_headers``): per-model ready calls for the backend's exact routes. Their cost
-   is bounded for large route tables: a model not ready is re-checked with
-   exponential backoff (every round at first, then every 2, 4, … up to
-   ``max_backoff_rounds``), and a rolling window of ``recheck_per_round`` ready ones
-   is re-checked (to notice a model being unloaded). With 10,000 routes that is
-   hundreds of calls per round, not 10,000 — the benchmark measured 10,000
-   never-ready routes doubling gRPC CPU per request when each was probed every round.
-   All of a backend's endpoints together make at most ``fallback_per_round`` such calls a
-   round (never-asked models first); the rest are asked in the rounds after.
+   ``check_headers``): per-model ready calls for the backend's exact routes, their cost
+   bounded for large route tables (backoff, a rolling re-check window, a budget per
+   backend and round: :class:`~gateway.backends.modelchecks.ModelChecks`).
 
 An index answer is read only when its bytes differ from the endpoint's last one, and once
 for all endpoints that answered the same bytes (``_index``: they share one parsed
@@ -48,7 +42,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..config.schema import Health
@@ -56,6 +50,8 @@ from ..errors import GatewayError
 from ..routing.readiness import EndpointHealth, Index, Ready
 from .base import Backend
 from .endpoints import Endpoint
+from .fanout import gather_in_slices
+from .modelchecks import ModelChecks
 
 __all__ = ["HealthChecker"]
 
@@ -69,38 +65,6 @@ Route = tuple[str, str | None, str] | tuple[str, str | None, str, int]
 
 
 _DEFAULTS = Health()
-
-
-class _Schedule:
-    """Per-model checks of one endpoint without an index: when each is due next."""
-
-    __slots__ = ("backoff", "cursor", "due")
-
-    def __init__(self) -> None:
-        self.backoff: dict[tuple[str, str], int] = {}
-        self.due: dict[tuple[str, str], int] = {}
-        self.cursor = 0
-
-
-# Tasks started per turn of the event loop by a round (``_started``).
-_SLICE = 32
-
-
-async def _started(coros: Iterable[Awaitable[T]]) -> list[T]:
-    """``asyncio.gather`` of ``coros``, started ``_SLICE`` a turn of the loop: starting 300
-    endpoints' checks at once held the loop ~2.6 ms (creating the tasks, then their first steps
-    in one turn; uvloop), a few thousand per-model calls proportionally longer. Order kept."""
-    tasks: list[asyncio.Future[T]] = []
-    try:
-        for coro in coros:
-            if tasks and not len(tasks) % _SLICE:
-                await asyncio.sleep(0)
-            tasks.append(asyncio.ensure_future(coro))
-    except BaseException:  # (cancelled between slices: those started are not left running)
-        for task in tasks:
-            task.cancel()
-        raise
-    return await asyncio.gather(*tasks)
 
 
 class HealthChecker:
@@ -137,17 +101,12 @@ class HealthChecker:
         # a round must still reach every endpoint within interval_s when indexes come slowly
         # (300 endpoints at 8 in flight and 30 ms an index: ~1.1 s).
         self._index_sem = asyncio.Semaphore(index_concurrency)
-        self._recheck = recheck_per_round
-        # Per-model calls (endpoints without an index) per backend and round, all endpoints
-        # together: 300 endpoints × 10,000 routes whose index failed at once would otherwise be
-        # 3,000,000 calls in one round.
-        self._fallback_budget = fallback_per_round
-        self._fallback_left: dict[str, int] = {}
-        self._max_backoff = max_backoff_rounds
+        # Per-model calls of the endpoints without an index: what is due, each backend's budget.
+        self._models = ModelChecks(self._ask, lambda: self.rounds, recheck_per_round=recheck_per_round,
+                                   fallback_per_round=fallback_per_round, max_backoff_rounds=max_backoff_rounds)
         self._task: asyncio.Task[None] | None = None
         self._kick = asyncio.Event()
         self._first = asyncio.Event()
-        self._schedules: dict[int, _Schedule] = {}
         # id(endpoint) -> its late calls still running (the endpoint is skipped until they end).
         self._late: dict[int, set[asyncio.Future[Any]]] = {}
         self.backends: Mapping[str, Backend[Any]] = {}
@@ -286,7 +245,7 @@ class HealthChecker:
             if index is None and health.index_missing(self.unhealthy_threshold):
                 return
         health.set_no_index()  # index gone (restricted, or never had one): per-model calls
-        if await self._check_models(backend, ep):
+        if await self._models.check(backend, ep, self._keys.get(backend.name, [])):
             health.set_models_checked()
 
     def _index(self, backend: Backend[Any], health: EndpointHealth, raw: bytes | bytearray | None) -> Index | None:
@@ -311,68 +270,11 @@ class HealthChecker:
             index = self._indexes[key] = Index(key, entries)
         return index
 
-    async def _check_models(self, backend: Backend[Any], ep: Endpoint) -> bool:
-        """Per-model ready calls; True when every one answered in time (the models are then
-        checked: a model not asked is no longer "not checked since the server came up")."""
-        keys = self._keys.get(backend.name, [])
-        if not keys:
-            return True
-        sched = self._schedules.setdefault(id(ep), _Schedule())
-        health = ep.health
-        known = health.per_model
-        left = self._fallback_left.get(backend.name, self._fallback_budget)
-        # Never asked first, then not-ready ones due again, then the rolling window of ready ones.
-        todo = list(dict.fromkeys(
-            [k for k in keys if k not in known]
-            + [k for k in keys if k in known and not known[k] and sched.due.get(k, 0) <= self.rounds]))
-        window = min(self._recheck, len(keys))
-        todo = list(dict.fromkeys(todo + [keys[(sched.cursor + i) % len(keys)] for i in range(window)]))
-        complete = len(todo) <= left
-        if not complete:
-            # The backend's calls this round are spent: the rest waits for the next rounds (an
-            # endpoint whose models are not all asked takes no traffic for those not asked).
-            todo = todo[:left]
-        self._fallback_left[backend.name] = left - len(todo)
-        sched.cursor = (sched.cursor + window) % len(keys)
-
-        def answer(key: tuple[str, str], asked: list[float]) -> Callable[[bool | None], None]:
-            def apply(ok: bool | None) -> None:
-                # A late answer counts only while the endpoint is still up: the checker does
-                # not ask it again before this call ends, so "up" is the same process.
-                if not health.live:
-                    return
-                was = known.get(key)
-                if ok is None:  # no answer (a backend that tells it from "not ready"): keep what is known
-                    if was is not None:
-                        return
-                    ok = False
-                health.set_model(key, ok, asked[0])
-                if ok:
-                    sched.backoff.pop(key, None)
-                    return
-                backoff = 1 if was else min(sched.backoff.get(key, 1) * 2, self._max_backoff)
-                sched.backoff[key] = backoff
-                sched.due[key] = self.rounds + backoff
-            return apply
-
-        async def one(key: tuple[str, str]) -> bool:
-            asked: list[float] = []
-
-            def call(timeout: float) -> Awaitable[bool | None]:
-                asked.append(time.monotonic())
-                return backend.check_model(ep, key[0], key[1], timeout)
-
-            return await self._ask(ep, call, answer(key, asked))
-
-        return all(await _started(one(k) for k in todo)) and complete
-
     async def check_once(self) -> bool:
-        self._fallback_left.clear()
+        self._models.new_round()
         pairs = [(backend, ep) for backend in self.backends.values() for ep in list(backend.endpoints.values())]
-        await _started(self._check_endpoint(p, ep) for p, ep in pairs)
-        alive = {id(ep) for _, ep in pairs}
-        for key in [k for k in self._schedules if k not in alive]:
-            del self._schedules[key]
+        await gather_in_slices(self._check_endpoint(p, ep) for p, ep in pairs)
+        self._models.forget({id(ep) for _, ep in pairs})
         held = {id(ep.health.index) for _, ep in pairs}
         for raw in [k for k, index in self._indexes.items() if id(index) not in held]:
             del self._indexes[raw]  # no endpoint answers with these bytes any more

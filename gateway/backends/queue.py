@@ -109,7 +109,7 @@ class QueueScraper:
         for addr in [a for a in self._conns if a not in self.backend.endpoints]:
             self._conns.pop(addr).close()  # the endpoint left (DNS, reload)
         # CONCURRENCY readers taking endpoints in turn: not a task per endpoint, whose first steps,
-        # all in one turn of the loop, would hold it (as health.py's _started says).
+        # all in one turn of the loop, would hold it (as fanout.py's gather_in_slices says).
         todo = iter(eps)
 
         async def reader() -> None:
