@@ -8,7 +8,7 @@ modules and what it saves.
 
 gateway/codec/_jsonskip.c (one byte loop of codec/jsonscan.py), gateway/codec/_jsondata.c (JSON
 data arrays read into tensor bytes, codec/jsonfast.py) and gateway/_fill.c (the HTTP/1.1 client's
-whole-answer buffer, backends/h1/reader.py) are built with them.
+whole-answer buffer, backends/h1/framing.py) are built with them.
 
 Apart from those, gateway/h2/_h2.c (HTTP/2 on libnghttp2, docs/h2-design.md) is built whenever a C
 compiler and the header nghttp2/nghttp2.h are there (Debian: libnghttp2-dev), whatever
@@ -34,6 +34,7 @@ COMPILED = [
     "gateway/backends/h1/answer.py",
     "gateway/backends/h1/clock.py",
     "gateway/backends/h1/link.py",
+    "gateway/backends/h1/framing.py",
     "gateway/backends/h1/reader.py",
     "gateway/backends/h1/connection.py",
     "gateway/backends/h1/pool.py",
@@ -50,6 +51,7 @@ COMPILED = [
     "gateway/codec/queue_metrics.py",
     "gateway/frontend/grpcunary.py",
     "gateway/codec/grpcframe.py",
+    "gateway/frontend/h2head.py",
     "gateway/frontend/h2calls.py",
     "gateway/frontend/h2infer.py",
     "gateway/frontend/h2session.py",
@@ -60,6 +62,7 @@ COMPILED = [
     "gateway/backends/h2conn.py",
     "gateway/backends/h2channel.py",
     "gateway/proxy.py",
+    "gateway/holding.py",
     "gateway/backends/base.py",
     "gateway/backends/grpc.py",
     "gateway/backends/http.py",

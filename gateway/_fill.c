@@ -1,5 +1,5 @@
 /* A bytes object filled as an answer's bytes arrive: the HTTP/1.1 client's whole-answer buffer
- * (backends/h1/reader.py). No I/O.
+ * (backends/h1/framing.py, backends/h1/reader.py). No I/O.
  *
  * Why: an answer read whole was kept either as its pieces and joined at the end (the pieces and
  * the joined copy both held: twice the answer), or in a bytearray grown 4-fold (each growth a

@@ -34,6 +34,7 @@ from .dataplane import (
 from .errors import ModelNotFound, NoEndpointAvailable
 from .fleet import Fleet
 from .headers import TRACE_HEADERS, metadata_map, pick_headers
+from .holding import hold, holding, placed_again
 from .observability.access import AccessRecord
 from .proxystream import proxy_stream
 from .observability.metrics import UNROUTED, Metrics, RouteLabel
@@ -151,31 +152,8 @@ class Proxy(DataPlane):
     async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
         backend, match = self.routing.pick(model, version)
         if backend.placer is not None or match.hold_s:
-            await self._hold(backend, match, model, version)  # (a client's first call, before inference)
+            await hold(backend, match, model, version)  # (a client's first call, before inference)
         return await self.timed(backend, backend.model_metadata(model, version))
-
-    async def _hold(self, backend: Backend[Any], match: Match, model: str, version: str) -> None:
-        """A model ready nowhere yet: wait for it (the route's ``hold_s``), loading it first in a
-        placement pool (backends/holds.py, backends/placement.py). Returns at once when it is ready somewhere."""
-        holds = backend.holds
-        if holds is None or holds.ready(model, version):
-            return
-        placer = backend.placer
-        if placer is not None:
-            await placer.ensure(model, version, match.label)
-        elif match.hold_s:
-            await holds.wait(model, version, match.label, match.hold_s)
-
-    @staticmethod
-    def _placed_again(backend: Backend[Any], model: str, version: str) -> bool:
-        """A request of a placement pool found its model gone from where it was (no endpoint
-        could take it): it is ready nowhere now, so placement may load it again."""
-        holds = backend.holds
-        return backend.placer is not None and holds is not None and not holds.ready(model, version)
-
-    def _holding(self, backend: Backend[Any], match: Match) -> bool:
-        """Requests of this route wait for their model (and count as its demand)."""
-        return match.split is None and (backend.placer is not None or match.hold_s > 0)
 
     # -- the fleet: repository, per-model extensions, settings (fleet.py) ----------
     async def repository_index(self, ready_only: bool) -> list[BackendIndexEntry]:
@@ -225,7 +203,7 @@ class Proxy(DataPlane):
             if match.split is not None:  # a sequence stays in one backend of the split
                 body, affinity = await http_affinity(body, headers, self.limit, True)
             backend, match = self.routing.choose(match, model, version, affinity)
-            if self._holding(backend, match):
+            if holding(backend, match):
                 return await self._infer_http_held(backend, match, model, version, body, headers)
             if match.mirror is not None and isinstance(body, (bytes, bytearray)):
                 self.mirrors.http(match, model, version, bytes(body), headers, self._http_forwarded, self.limit)
@@ -245,7 +223,7 @@ class Proxy(DataPlane):
                 return await self.timed(backend, backend.infer_http(model, version, body, headers, self._http_forwarded,
                                                                     self.limit))
             except NoEndpointAvailable:
-                other = self._other_side(match, backend, model, version, affinity)
+                other = self.routing.other_side(match, backend, model, version, affinity)
                 if other is None:
                     raise
                 return await self.timed(other, other.infer_http(model, version, body, headers,
@@ -260,7 +238,7 @@ class Proxy(DataPlane):
         holds.enter(model, match.label)
         try:
             if not holds.ready(model, version):  # (the common case costs no coroutine)
-                await self._hold(backend, match, model, version)
+                await hold(backend, match, model, version)
             if match.mirror is not None and isinstance(body, (bytes, bytearray)):
                 self.mirrors.http(match, model, version, bytes(body), headers, self._http_forwarded, self.limit)
             try:
@@ -268,9 +246,9 @@ class Proxy(DataPlane):
                                                                     self._http_forwarded, self.limit))
             except NoEndpointAvailable:
                 # Where it was is gone (a pod died, another replica evicted it): placed again, once.
-                if not isinstance(body, (bytes, bytearray)) or not self._placed_again(backend, model, version):
+                if not isinstance(body, (bytes, bytearray)) or not placed_again(backend, model, version):
                     raise
-            await self._hold(backend, match, model, version)
+            await hold(backend, match, model, version)
             return await self.timed(backend, backend.infer_http(model, version, body, headers,
                                                                 self._http_forwarded, self.limit))
         finally:
@@ -328,20 +306,6 @@ class Proxy(DataPlane):
             return None
         return match.label, match.backend
 
-    def _other_side(self, match: Match, failed: Backend[Any], model: str, version: str,
-                    affinity: str | None) -> Backend[Any] | None:
-        """A split's side answered that nothing could take the request (no endpoint had the
-        model ready after all — the checker had not seen it go yet): another side that can
-        takes it, as its share would have gone there. None when there is none."""
-        assert match.split is not None
-        routing = self.routing
-        name = match.split.choose(lambda n: n != failed.name and routing.backends[n].can_take(model, version),
-                                  affinity)
-        if name == failed.name or not routing.backends[name].can_take(model, version):
-            return None
-        ROUTED.set((match.label, name))
-        return routing.backends[name]
-
     async def infer_grpc(self, message: bytes | StreamedMessage, model: str, version: str, timeout: float | None,
                          affinity: str | None = None, metadata: Sequence[tuple[str, str]] = (),
                          sink: AnswerSink | None = None, tried: int = 0) -> bytes:
@@ -357,7 +321,7 @@ class Proxy(DataPlane):
             holds.enter(model, match.label)
         try:
             if holds is not None and not holds.ready(model, version):
-                await self._hold(backend, match, model, version)
+                await hold(backend, match, model, version)
             trace = pick_headers(metadata, self.context_headers) if metadata else ()
             if match.mirror is not None:
                 if not isinstance(message, bytes):
@@ -372,8 +336,8 @@ class Proxy(DataPlane):
                 if not isinstance(message, bytes) and not message.resendable:
                     raise  # (streamed on past what is kept of it: it cannot go anywhere again)
                 other: Backend[Any] | None = backend
-                if holds is None or not self._placed_again(backend, model, version):
-                    other = self._other_side(match, backend, model, version, affinity) if match.split else None
+                if holds is None or not placed_again(backend, model, version):
+                    other = self.routing.other_side(match, backend, model, version, affinity) if match.split else None
                     if other is None:
                         raise
                 # (else where it was is gone — a pod died, another replica evicted it: placed again, once)
@@ -384,7 +348,7 @@ class Proxy(DataPlane):
                 self.metrics.upstream_timer(backend.name).observe(time.perf_counter() - start)
             assert other is not None
             if other is backend:
-                await self._hold(backend, match, model, version)
+                await hold(backend, match, model, version)
             return await self.timed(other, other.infer_grpc(message, model, version, timeout, affinity, trace, sink))
         finally:
             self.admission.leave(size)
@@ -451,8 +415,8 @@ class Proxy(DataPlane):
     async def generate(self, model: str, version: str, body: bytes, headers: Mapping[str, str],
                        stream: bool) -> HttpReply:
         backend, match = self.routing.pick(model, version, headers)
-        if self._holding(backend, match):
-            await self._hold(backend, match, model, version)
+        if holding(backend, match):
+            await hold(backend, match, model, version)
         size = len(body) * backend.generate_cost()
         self.admission.enter(size)
         try:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from .admission import StreamHeld
 from .codec.wire import scan_infer_routing
 from .headers import metadata_map, pick_headers
+from .holding import hold, holding
 from .errors import GatewayError, InvalidRequest
 
 if TYPE_CHECKING:
@@ -21,9 +22,9 @@ async def proxy_stream(proxy: Proxy, first: bytes, rest: AsyncIterator[bytes], m
     routing = proxy.routing
     headers = metadata_map(metadata)
     backend, match = routing.pick(model, version, headers, affinity)
-    holds = backend.holds if proxy._holding(backend, match) else None
+    holds = backend.holds if holding(backend, match) else None
     if holds is not None:
-        await proxy._hold(backend, match, model, version)
+        await hold(backend, match, model, version)
     refused: list[GatewayError] = []
     held = StreamHeld(proxy.admission, backend.grpc_cost())
     held.take(len(first))  # over max_inflight_bytes: UNAVAILABLE before a backend stream opens

@@ -63,6 +63,20 @@ class Routing:
         ROUTED.set((match.label, name))
         return self.backends[name], match
 
+    def other_side(self, match: Match, failed: Backend[Any], model: str, version: str,
+                   affinity: str | None) -> Backend[Any] | None:
+        """A split's side answered that nothing could take the request (no endpoint had the
+        model ready after all — the checker had not seen it go yet): another side that can
+        takes it, as its share would have gone there (noted in ``ROUTED``). None when there is
+        none."""
+        assert match.split is not None
+        backends = self.backends
+        name = match.split.choose(lambda n: n != failed.name and backends[n].can_take(model, version), affinity)
+        if name == failed.name or not backends[name].can_take(model, version):
+            return None
+        ROUTED.set((match.label, name))
+        return backends[name]
+
     def backends_of(self, model: str, version: str = "") -> list[Backend[Any]]:
         """Every backend of the model's route (all sides of a split): model control,
         statistics and per-model settings go to each."""

@@ -2,8 +2,8 @@
 its handler found and run, its answer written.
 
 The handlers are the ones grpc.aio serves (frontend/grpc.py, frontend/v1_grpc.py), found through
-grpc's public ``GenericRpcHandler.service`` and run with a :class:`Context` that offers what they
-use of ``aio.ServicerContext``: ``invocation_metadata()``, ``time_remaining()`` and ``abort()``.
+grpc's public ``GenericRpcHandler.service`` and run with a ``Context`` (h2head.py) that offers what
+they use of ``aio.ServicerContext``: ``invocation_metadata()``, ``time_remaining()`` and ``abort()``.
 So both engines serve one set of handlers, and a call ends with the same status on either.
 
 The framing follows gRPC's "gRPC over HTTP2" (doc/PROTOCOL-HTTP2.md): a response is HEADERS
@@ -14,8 +14,6 @@ answers "trailers-only", one HEADERS frame with END_STREAM.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -24,25 +22,22 @@ from typing import TYPE_CHECKING, Any, Protocol
 import grpc
 from grpc import aio
 
-from ..codec.grpcframe import ACCEPT_ENCODING, FrameError, MessageReader, encode_message, frame, parse_timeout
+from ..codec.grpcframe import ACCEPT_ENCODING, FrameError, MessageReader, frame
 from ..codec.grpcstream import head_end
 from ..dataplane import SINK_FULL, SINK_GONE, SINK_ROOM
+from .h2head import Context, status_trailers
 from .h2upload import STREAM_MIN, Compressed, Upload
 
 if TYPE_CHECKING:
     from .h2session import H2Connection
 
-__all__ = ["RELAY_LOW_WATER", "RESPONSE_HEAD", "Call", "Context", "Details", "Running", "status_trailers"]
+__all__ = ["RELAY_LOW_WATER", "RESPONSE_HEAD", "Call", "Running"]
 
 log = logging.getLogger("oip_gateway.grpc")
 
 RESPONSE_HEAD = ((b":status", b"200"), (b"content-type", b"application/grpc"),
                  (b"grpc-accept-encoding", ACCEPT_ENCODING))
 _OK_TRAILERS = ((b"grpc-status", b"0"),)
-# Request headers that are HTTP/2's or gRPC's own, not the call's metadata (grpc.aio leaves
-# them out of invocation_metadata() too).
-_NOT_METADATA = frozenset({b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding",
-                           b"content-length"})
 # The most a streaming call's unread requests may hold before the client's window stays shut.
 _STREAM_QUEUE_BYTES = 1 << 20
 # A single message above this goes out as its own DATA (no join with its prefix: zero-copy).
@@ -59,99 +54,6 @@ class Running(Protocol):
     def cancel(self) -> bool: ...
 
     def done(self) -> bool: ...
-
-
-class Details(grpc.HandlerCallDetails):
-    """What grpc's ``GenericRpcHandler.service`` is asked with: the method and the metadata."""
-
-    __slots__ = ("invocation_metadata", "method")
-
-    def __init__(self, method: str, metadata: tuple[tuple[str, str | bytes], ...]) -> None:
-        self.method = method
-        self.invocation_metadata = metadata
-
-
-def status_trailers(code: grpc.StatusCode, message: str,
-                    extra: Sequence[tuple[str, str | bytes]] = ()) -> list[tuple[bytes, bytes]]:
-    """``grpc-status`` (the code's number), ``grpc-message`` (percent-encoded) and the abort's
-    trailing metadata."""
-    out = [(b"grpc-status", str(code.value[0]).encode())]
-    if message:
-        out.append((b"grpc-message", encode_message(message)))
-    for k, v in extra:
-        key = k.lower().encode("ascii")
-        if key.endswith(b"-bin"):
-            out.append((key, base64.b64encode(v if isinstance(v, bytes) else v.encode()).rstrip(b"=")))
-        else:
-            out.append((key, v.encode("latin-1") if isinstance(v, str) else v))
-    return out
-
-
-class Context:
-    """The part of ``aio.ServicerContext`` the gateway's handlers use."""
-
-    __slots__ = ("_deadline", "_loop", "_metadata", "code", "details", "method", "trailing")
-
-    def __init__(self, metadata: tuple[tuple[str, str | bytes], ...], deadline: float | None,
-                 loop: asyncio.AbstractEventLoop, method: str = "") -> None:
-        self.method = method  # the call's :path, for the log
-        self._metadata = metadata
-        self._deadline = deadline
-        self._loop = loop
-        self.code: grpc.StatusCode | None = None
-        self.details = ""
-        self.trailing: Sequence[tuple[str, str | bytes]] = ()
-
-    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
-        return self._metadata
-
-    def time_remaining(self) -> float | None:
-        if self._deadline is None:
-            return None
-        return max(0.0, self._deadline - self._loop.time())
-
-    async def abort(self, code: grpc.StatusCode, details: str = "",
-                    trailing_metadata: Sequence[tuple[str, str | bytes]] = ()) -> None:
-        """Ends the call with ``code``: raises ``aio.AbortError``, as grpc.aio's does."""
-        self.code = code
-        self.details = details
-        self.trailing = tuple(trailing_metadata)
-        raise aio.AbortError()
-
-
-def read_head(headers: list[tuple[bytes, bytes]]) -> tuple[str, bytes, bytes, float | None,
-                                                           tuple[tuple[str, str | bytes], ...], str | None]:
-    """(path, content-type, grpc-encoding, timeout seconds, metadata, refusal) of a request head."""
-    path = content_type = encoding = b""
-    timeout: float | None = None
-    method = b""
-    metadata: list[tuple[str, str | bytes]] = []
-    refusal: str | None = None
-    for name, value in headers:
-        if name[0] == 58:  # b":"
-            if name == b":path":
-                path = value
-            elif name == b":method":
-                method = value
-        elif name in _NOT_METADATA:
-            if name == b"content-type":
-                content_type = value
-            elif name == b"grpc-timeout":
-                timeout = parse_timeout(value)
-                if timeout is None:
-                    refusal = f"grpc-timeout {value[:32]!r} is not 1-8 digits and a unit (H, M, S, m, u, n)"
-            elif name == b"grpc-encoding":
-                encoding = value
-        elif name.endswith(b"-bin"):
-            try:
-                metadata.append((name.decode("ascii"), base64.b64decode(value + b"=" * (-len(value) % 4))))
-            except (binascii.Error, ValueError):
-                refusal = f"metadata {name.decode('ascii', 'replace')} is not base64"
-        else:
-            metadata.append((name.decode("ascii", "replace"), value.decode("latin-1")))
-    if method != b"POST":
-        refusal = f"gRPC calls are POST requests (got {method.decode('latin-1')})"
-    return path.decode("latin-1"), content_type, encoding, timeout, tuple(metadata), refusal
 
 
 class Requests:

@@ -23,7 +23,8 @@ from typing import Any
 import grpc
 
 from ..config.security import Limits
-from .h2calls import RELAY_LOW_WATER, Details
+from .h2calls import RELAY_LOW_WATER
+from .h2head import Details
 from .h2infer import InferNow
 from .h2session import H2Connection
 

@@ -16,7 +16,8 @@ from ..codec.grpcframe import MessageReader, frame
 from ..errors import RequestTimeout
 from ..h2 import _h2
 from .grpcunary import ANSWER_SINK, CALL_METADATA
-from .h2calls import Call, Context, read_head, stream_requests
+from .h2calls import Call, stream_requests
+from .h2head import Context, read_head
 from .h2upload import Compressed, Upload
 
 if TYPE_CHECKING:

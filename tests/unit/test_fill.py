@@ -1,4 +1,4 @@
-"""gateway/_fill.c and the HTTP/1.1 client's whole answers written into it (backends/h1/reader.py):
+"""gateway/_fill.c and the HTTP/1.1 client's whole answers written into it (backends/h1/framing.py):
 every byte as the backend sent it, however it was cut, the answer held once, and a Content-Length
 that lies costing only what was sent."""
 from __future__ import annotations

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.backends.h1 import reader as reader_module
+from gateway.backends.h1 import framing as framing_module
 from gateway.backends.h1.errors import BadAnswer, ConnectionDropped
 from gateway.backends.h1.limits import MAX_INTERIM, AnswerLimits
 from tests.support.h1drive import Outcome, Reference, drive, h11_answers
@@ -424,7 +424,7 @@ def test_a_claimed_length_is_not_an_allocation() -> None:
     allocations themselves (tracemalloc)."""
     limits = AnswerLimits(max_body_bytes=1 << 30)
     answer = b"HTTP/1.1 200 OK\r\nContent-Length: 900000000\r\n\r\n" + b"x" * 1000
-    if reader_module._reserve is not None:
+    if framing_module._reserve is not None:
         try:
             with open("/proc/self/clear_refs", "w") as fh:
                 fh.write("5")  # (VmHWM := VmRSS)

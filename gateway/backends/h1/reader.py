@@ -1,69 +1,31 @@
-"""Reading a backend's answers on a connection: the asyncio reads, httptools' response parser and
-its callbacks, the answer's framing and limits, its body whole, streamed, or read past the parser.
+"""Reading a backend's answers on a connection: the asyncio reads into the pool's read buffer,
+fed to httptools' response parser (whose callbacks, the answer's framing and limits, are
+``framing.py``'s), a large body read past the parser, and the connection's end.
 
-The backend is untrusted input, and the framing is as strict as nginx's and Envoy's (RFC 9112
-section 6, RFC 9110 section 15.2):
-
-- a connection carries one exchange at a time; interim answers (1xx but 101) are read and
-  dropped, at most ``MAX_INTERIM`` of them; a 101 is refused (the client never asks to upgrade);
-- any byte after a complete answer, or while no exchange is under way, poisons the connection:
-  it is closed and never reused, and the bytes are never parsed into another exchange's answer
-  (the answer already complete is still delivered);
-- an answer with neither Content-Length nor chunked framing is read to the connection's end
-  (close-delimited: HTTP/1.0, or ``Connection: close`` without a length) and is complete there;
-- conflicting or invalid framing (two Content-Lengths, Content-Length with Transfer-Encoding, a
-  Transfer-Encoding other than chunked, a bad chunk) is refused (llhttp's strict mode does most
-  of it), as is a head or body over ``AnswerLimits``. A Content-Length is a claim, not an
-  allocation: the memory of a whole body is taken as its bytes arrive (``gateway/_fill.c``: the
-  answer's bytes object made at the claimed size, uninitialised, its pages taken as they are
-  written; without the C helper, a buffer grown with what arrives).
-Every refusal is a :class:`BadAnswer` and closes the connection.
+The backend is untrusted input. Any byte after a complete answer, or while no exchange is under
+way, poisons the connection: it is closed and never reused, and the bytes are never parsed into
+another exchange's answer (the answer already complete is still delivered). Every refusal is a
+:class:`BadAnswer` and closes the connection.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Final
 
 import httptools
 
 from ...malloc import large_answer
 from ...rawbody import HEAD_READ, RawBody
-from .answer import BodyStream, H1Response
+from .answer import H1Response
 from .errors import BadAnswer, ConnectionDropped
-from .limits import MAX_INTERIM
-from .link import Link
+from .framing import FIRST_BUF, AnswerFraming, window_of
 
 __all__ = ["AnswerReader"]
 
-# A whole body above this size is written, piece by piece as it arrives, into its final bytes
-# object, made at the claimed size and left uninitialised (gateway/_fill.c): one copy of each
-# byte, the answer held once, and a backend that lies about its length makes the gateway hold
-# only what it sent (pages become memory as they are written). Below it the pieces are joined
-# (a small answer usually comes in one piece: no copy at all).
-_WHOLE_MIN: Final = 64 * 1024
-_reserve: Callable[[int], bytes] | None
-_put: Callable[[bytes, int, bytes], int] | None
-_window: Callable[[bytes, int], memoryview] | None
-try:
-    from ..._fill import put as _put
-    from ..._fill import reserve as _reserve
-    from ..._fill import window as _window
-except ImportError:  # built without a C compiler (setup.py): the growing buffer below
-    _reserve = _put = _window = None
 # The rest of a whole answer's body, once at least this much of it is still to come, is read
 # straight into its bytes object (_fill.window), past the parser, which hands each piece over as
 # a new bytes object to be copied in (a 1 MiB answer: 1 MiB more copied, two 512 KiB pieces held
 # beside it; benchmarks/conversion gRPC → HTTP).
 _RAW_WHOLE: Final = 64 * 1024
-# Without the C helper: a buffer that starts this large and grows 4-fold as bytes arrive, never
-# past the claim (bytearray(n) writes all n bytes, so it cannot be sized by the claim): a backend
-# that lies makes the gateway hold at most ~4 x what it really sent; an honest 16 MB answer costs
-# two extra copies of 1 and 4 MiB. (Also the size past which an answer counts as large for the
-# allocator's idle trim, malloc.large_answer.)
-_FIRST_BUF = 1 << 20
-_GROWTH = 4
-
-
 _CRLF = (10, 13)
 # What a connection's parser becomes once the connection is lost: its own parser calls back into
 # it (bound methods), a reference cycle that only the cyclic collector could free — ~17 objects a
@@ -72,11 +34,7 @@ _CRLF = (10, 13)
 _SPENT = httptools.HttpResponseParser(object())
 
 
-class _Poisoned(Exception):
-    """Raised from the parser's message-begin callback to stop it: bytes after the answer."""
-
-
-class AnswerReader(Link):
+class AnswerReader(AnswerFraming):
     """How a connection reads its answers. A buffered protocol: the loop reads into the
     pool's one read buffer and the parser takes the bytes from there — a plain protocol gets
     each read as a new bytes object, one more copy of every byte of every answer (measured:
@@ -110,12 +68,12 @@ class AnswerReader(Link):
             return
         self.data_received(self._rbuf[:nbytes])
         whole = self._whole
-        if whole is not None and _window is not None and self._claim - self._pos >= _RAW_WHOLE and \
+        if whole is not None and window_of is not None and self._claim - self._pos >= _RAW_WHOLE and \
                 not self._complete and not self.closed:
             # As a streamed answer's below: the parser has taken every byte read so far, the rest
             # of the body goes straight into the answer's bytes (their view lives as long as the
             # RawBody, which goes before whole is handed on or dropped).
-            self._raw = RawBody(self._claim - self._pos, self._fd, _window(whole, self._pos))
+            self._raw = RawBody(self._claim - self._pos, self._fd, window_of(whole, self._pos))
             self._raw_keep_alive = self._parser.should_keep_alive()
             return
         stream = self._stream
@@ -163,7 +121,7 @@ class AnswerReader(Link):
         assert whole is not None
         self._whole = None
         self._last_body = b""
-        if self._pos >= _FIRST_BUF:
+        if self._pos >= FIRST_BUF:
             large_answer()
         self._answer = H1Response(self._status, self._headers, whole)
         self._deliver()
@@ -173,7 +131,7 @@ class AnswerReader(Link):
         self._raw_end()
         stream = self._stream
         assert stream is not None
-        if stream.length is not None and stream.length >= _FIRST_BUF:
+        if stream.length is not None and stream.length >= FIRST_BUF:
             large_answer()  # its chunks were the reads' own buffers: the idle trim follows them
         stream._finish()
         self._end_stream()
@@ -230,12 +188,6 @@ class AnswerReader(Link):
         else:
             self._tail_fed = 0
 
-    def _held(self, exc: BadAnswer) -> BadAnswer:
-        """``exc``, kept as this answer's refusal: raised from a parser callback, it stops the
-        parser, and data_received refuses the answer with it."""
-        self._refusal = exc
-        return exc
-
     def _blank_after(self, data: bytes | memoryview) -> bool:
         """Whether the read that completed the answer went on with empty lines (CR / LF), which
         llhttp skips between messages without a callback. Told from the answer's own last bytes:
@@ -259,7 +211,7 @@ class AnswerReader(Link):
             self._raw = None
         self._whole = None
         self._body = []
-        if self._body_len >= _FIRST_BUF:
+        if self._body_len >= FIRST_BUF:
             large_answer()
         self._fail(exc)
         stream = self._stream
@@ -298,7 +250,7 @@ class AnswerReader(Link):
         self._buf = None
         self._whole = None
         self._body = []
-        if self._body_len >= _FIRST_BUF:
+        if self._body_len >= FIRST_BUF:
             large_answer()
         if self._fut is not None and not self._fut.done():
             self._fail(error)
@@ -306,167 +258,3 @@ class AnswerReader(Link):
             self._stream._fail(error)
             self._end_stream()
 
-    # -- httptools callbacks --------------------------------------------------
-    def on_message_begin(self) -> None:
-        if self._complete or (self._fut is None and self._on_end is None):
-            self._poisoned = True
-            raise _Poisoned()
-        self._headers = {}
-        self._header_count = 0
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_count += 1
-        if self._header_count > self._max_headers:
-            raise self._held(BadAnswer(f"answer head over max_answer_header_count ({self._max_headers})",
-                                       kind=BadAnswer.TOO_LARGE))
-        if self._in_body:
-            return  # a trailer field: never merged into the head (RFC 9110 section 6.5.1)
-        key = name.decode("latin-1").lower()
-        if key == "transfer-encoding" and key in self._headers:
-            # A second line could make "chunked" twice, or hide a coding (nginx refuses it too).
-            raise self._held(BadAnswer("Transfer-Encoding given twice", kind=BadAnswer.FRAMING))
-        self._headers[key] = value.decode("latin-1")
-
-    def on_chunk_header(self) -> None:
-        self._chunk_open = True
-        self._chunk_at = self._body_len
-
-    def on_chunk_complete(self) -> None:
-        self._chunk_open = False
-
-    def on_headers_complete(self) -> None:
-        status = self._status = self._parser.get_status_code()
-        if status < 200:
-            if status < 100:
-                raise self._held(BadAnswer(f"status {status:03d} (a status is 100 to 599)",
-                                           kind=BadAnswer.FRAMING))
-            if status == 101:
-                raise self._held(BadAnswer("a 101 (protocol switch) answer: the gateway asked for no upgrade",
-                                           kind=BadAnswer.FRAMING))
-            # Interim (RFC 9110 section 15.2): read and dropped; the final answer follows.
-            self._interim += 1
-            if self._interim > MAX_INTERIM:
-                raise self._held(BadAnswer(f"more than {MAX_INTERIM} interim (1xx) answers",
-                                           kind=BadAnswer.FRAMING))
-            self._interim_now = True
-            return
-        self._in_body = True
-        parts = self._parts
-        if parts is not None and status < 300:
-            self._parts = None
-            parts.clear()  # (the request's pieces: see Link._parts)
-        headers = self._headers
-        length = headers.get("content-length", "")
-        sized = length.isascii() and length.isdigit()  # not str.isdigit() alone: it takes "²"
-        coding = headers.get("transfer-encoding")
-        if coding is not None and coding.strip().lower() != "chunked":
-            # Only chunked alone: another coding would reach the client still applied (the
-            # gateway removes none), and one not ending in chunked would be read to the end
-            # (RFC 9112 section 6.3 rule 4). nginx refuses both.
-            raise self._held(BadAnswer(f"Transfer-Encoding {coding!r} (only chunked is read)",
-                                       kind=BadAnswer.FRAMING))
-        claim = int(length) if sized else 0
-        if claim > self._max_body:
-            raise self._held(BadAnswer(f"answer of {claim} bytes (Content-Length) over {self._limit_name()}",
-                                       kind=BadAnswer.TOO_LARGE))
-        self._eof_body = not sized and coding is None and status not in (204, 304)
-        if (self._stream_min is not None and sized and claim >= self._stream_min) or \
-                (self._stream_unsized and not sized):
-            self._stream = BodyStream(self, claim if sized else None, self._loop)
-            fut = self._fut
-            if fut is not None and not fut.done():
-                fut.set_result(H1Response(status, headers, self._stream))
-            return
-        if claim > _WHOLE_MIN and _reserve is not None and status not in (204, 304) and self._reserve_whole(claim):
-            return
-        if claim > _FIRST_BUF:
-            # One buffer filled as chunks arrive: no chunk list beside a joined copy (2x the
-            # answer). It grows with what arrives (_grow), up to the claim at most.
-            self._buf = bytearray(_FIRST_BUF)
-            self._claim = claim
-            self._pos = 0
-
-    def _reserve_whole(self, claim: int) -> bool:
-        """The answer's bytes object at its claimed size, to be filled as bytes arrive; False
-        where the address space is refused (strict overcommit): then the growing buffer."""
-        assert _reserve is not None
-        try:
-            self._whole = _reserve(claim)
-        except MemoryError:
-            return False
-        self._claim = claim
-        self._pos = 0
-        return True
-
-    def _limit_name(self) -> str:
-        key = "max_check_answer_bytes" if self._max_body < self._limits.max_body_bytes else "max_message_bytes"
-        return f"the backend's {key} ({self._max_body})"
-
-    def on_body(self, body: bytes) -> None:
-        self._last_body = body
-        self._body_len += len(body)
-        if self._body_len > self._max_body:
-            raise self._held(BadAnswer(f"answer body over {self._limit_name()}", kind=BadAnswer.TOO_LARGE))
-        if self._stream is not None:
-            self._body_got += len(body)
-            self._stream._push(body)
-        elif self._whole is not None:
-            if self._pos + len(body) > self._claim or _put is None:  # (llhttp stops at Content-Length)
-                raise self._held(BadAnswer(f"answer body past its Content-Length ({self._claim})",
-                                           kind=BadAnswer.FRAMING))
-            self._pos = _put(self._whole, self._pos, body)
-        elif self._buf is not None:
-            end = self._pos + len(body)
-            if end > len(self._buf):
-                self._grow(end)
-            self._buf[self._pos : end] = body
-            self._pos = end
-        else:
-            self._body.append(body)
-
-    def _grow(self, need: int) -> None:
-        buf = self._buf
-        assert buf is not None
-        bigger = bytearray(min(self._claim, max(need, len(buf) * _GROWTH)))
-        bigger[: self._pos] = memoryview(buf)[: self._pos]
-        self._buf = bigger
-
-    def on_message_complete(self) -> None:
-        if self._interim_now:
-            self._interim_now = False
-            return
-        self._in_body = False
-        self._complete = True
-        self.keep_alive = self._parser.should_keep_alive() and not self._eof_body
-        status = self._status
-        if self._stream is not None:
-            if self._body_len >= _FIRST_BUF:
-                large_answer()
-            self._stream._finish()
-            self._end_stream()
-            return
-        whole = self._whole
-        body: bytes | bytearray
-        if whole is not None:
-            self._whole = None
-            # (Complete means Content-Length bytes came: every byte of it is written.)
-            body = whole if self._pos == len(whole) else whole[: self._pos]
-            if self._pos >= _FIRST_BUF:
-                large_answer()
-        elif self._buf is not None:
-            buf = self._buf
-            body = buf[: self._pos] if self._pos != len(buf) else buf
-            self._buf = None
-            large_answer()
-        else:
-            body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-            self._body = []
-        # Handed over once the parser has taken the whole read (data_received): bytes behind the
-        # answer in the same read must poison the connection before anyone may reuse it.
-        self._answer = H1Response(status, self._headers, body)
-
-    def _deliver(self) -> None:
-        answer, self._answer = self._answer, None
-        fut = self._fut
-        if answer is not None and fut is not None and not fut.done():
-            fut.set_result(answer)
