@@ -8,7 +8,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from .backends.base import Backend, Refused
+from .backends.base import Backend
+from .backends.refusal import Refused
 from .codec.repository import BackendIndexEntry, IndexEntry
 from .codec.triton import stats_from_json, stats_from_pb, stats_sum, stats_to_json, stats_to_pb
 from .dataplane import CLIENTS_FAULT, HttpReply

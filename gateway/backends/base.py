@@ -16,21 +16,18 @@ Shared here:
   ejected, and have the model ready (``routing/readiness.py``), ordered by the
   balancer;
 - **safe retries** (:meth:`Backend.attempt`): an attempt refused before any
-  inference could have run (:class:`Refused`: connection refused or reset before
+  inference could have run (``refusal.py``'s ``Refused``: connection refused or reset before
   a byte of the answer, or "unknown model / not ready" from an endpoint the
   checker thought ready) is retried on the next candidate, ``retries`` times at
   most and within the backend's retry budget. A timeout or an answer broken off is
   never retried (no duplicate inference), nor is a streamed body already sent.
-- **passive outlier ejection**: transport failures counted per endpoint.
+- **passive outlier ejection**: transport failures counted per endpoint (``refusal.py`` counts them).
 """
 from __future__ import annotations
 
 import asyncio
-import logging
-import re
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from mypy_extensions import mypyc_attr
 
@@ -43,52 +40,19 @@ from ..routing.balancer import balancer
 from ..routing.readiness import Ready
 from ..routing.retry import RetryBudget
 from .endpoints import E, EndpointSet
+from .refusal import Refused, always_resendable, count_transport_failure, refusal_for, retry_allowed
 
 if TYPE_CHECKING:
     from .holds import Holds
     from .placement import Placer
 
-__all__ = ["TRITON_GRPC_PREFIX", "Backend", "Refused", "is_not_ready_message"]
+__all__ = ["TRITON_GRPC_PREFIX", "Backend"]
 
 # Triton's --grpc-restricted-protocol=<api>:<key>=<value> wants the gRPC metadata key
 # "triton-grpc-protocol-<key>"; over HTTP the header is plain "<key>".
 TRITON_GRPC_PREFIX = "triton-grpc-protocol-"
 
-log = logging.getLogger("oip_gateway.backend")
-
 T = TypeVar("T")
-
-# How servers say "I do not have this model (yet)": Triton "Request for unknown model",
-# "... has no available versions", "... is not ready"; MLServer "Model x not found";
-# OVMS "Model with requested name is not found", "... version is not loaded yet".
-_NOT_READY = re.compile(
-    r"unknown model|model\b.{0,200}\b(not found|not ready|no available version|not loaded|is unavailable)",
-    re.IGNORECASE | re.DOTALL)
-
-
-def is_not_ready_message(message: str) -> bool:
-    return _NOT_READY.search(message) is not None
-
-
-def _always() -> bool:
-    return True
-
-
-class Refused(Exception):
-    """An attempt that failed before any inference could have run: another endpoint may
-    take the request. ``error`` is what the client gets if none does. ``kind``:
-    TRANSPORT (unreachable or reset: counted for ejection, no traffic until seen live),
-    NOT_READY (the model is not there: none of its traffic until a check sees it), or
-    BUSY (the server refused it for now, e.g. Triton's queue is full)."""
-
-    TRANSPORT: Final = "transport"
-    NOT_READY: Final = "not_ready"
-    BUSY: Final = "busy"
-
-    def __init__(self, error: GatewayError, *, kind: str) -> None:
-        super().__init__(error.message)
-        self.error = error
-        self.kind = kind
 
 
 # Compiled (setup.py), and still open to subclasses in Python (the unit tests' fake backends).
@@ -223,7 +187,7 @@ class Backend(EndpointSet[E]):
 
     async def attempt(self, model: str, version: str, affinity: str | None,
                       send: Callable[..., Awaitable[T]], args: tuple[Any, ...] = (),
-                      resendable: Callable[[], bool] = _always, tried: int = 0) -> T:
+                      resendable: Callable[[], bool] = always_resendable, tried: int = 0) -> T:
         """``send(endpoint, *args)`` to the chosen endpoint; on :class:`Refused`, to the next one
         while the retries, the retry budget and ``resendable()`` allow. (``args`` rather than a
         ``functools.partial`` with keywords: every inference passes here, and a keyword partial
@@ -278,45 +242,18 @@ class Backend(EndpointSet[E]):
 
     def retries_after(self, refused: Refused, others: int) -> bool:
         """Whether :meth:`attempt` would send a request that ``refused`` on its first endpoint to
-        one of the ``others`` next: retries left and the retry budget allowing (counted as
-        attempt counts them). False: ``refused.error`` is the request's answer."""
-        if others <= 0 or self.spec.retries <= 0:
-            return False
-        if not self.budget.allows():
-            self.on_event("retry_budget_exhausted")
-            return False
-        self.on_event("retry")
-        return True
+        one of the ``others`` next (refusal.py). False: ``refused.error`` is the request's answer."""
+        return retry_allowed(others, self.spec.retries, self.budget, self.on_event)
 
     def transport_failed(self, ep: E, *, live: bool = True) -> None:
         """A transport failure on ``ep``: counted for ejection; ``live=False`` (the
         connection was refused) also stops traffic to it until the checker sees it live."""
-        if not live:
-            ep.health.set_live(False)
-        now = time.monotonic()
-        eps = self.endpoints.values()
-        ejected = sum(1 for e in eps if e.health.ejected_until is not None)
-        if ep.health.failed(self.spec.outlier, now, self.spec.outlier.may_eject(ejected, len(eps))):
-            self.on_event("ejection")
-            log.warning("backend '%s': endpoint %s ejected for %.0f s after %d consecutive failures",
-                        self.name, ep.address, ep.health.ejected_until - now,  # type: ignore[operator]
-                        self.spec.outlier.consecutive_failures)
+        count_transport_failure(ep, self.endpoints.values(), self.spec.outlier, self.name, self.on_event, live)
 
     def refusal(self, ep: E, model: str, version: str, error: GatewayError, resendable: bool) -> Exception:
-        """What to raise for an endpoint's error answer: a :class:`Refused` (retry elsewhere)
-        when it says "unknown model / not ready" and the checker thought the model ready
-        there — or, in a placement pool, its repository has the model (the index lists it):
-        it was unloaded under the request, which may then be placed again (proxy.py) —
-        ModelNotReady when such a request cannot be resent; else ``error`` itself."""
-        if not is_not_ready_message(error.message) or not (
-                ep.health.ready_exactly(model, version) or (self.placer is not None and ep.health.lists(model))):
-            return error
-        if not resendable:
-            ep.health.not_ready(model, version)
-            return ModelNotReady(f"model '{model}' is not ready on endpoint {ep.address} of backend "
-                                 f"'{self.name}' ({error.message}); the request could not be resent")
-        return Refused(ModelNotReady(f"model '{model}' is not ready on backend '{self.name}': {error.message}"),
-                       kind=Refused.NOT_READY)
+        """What to raise for an endpoint's error answer: a :class:`Refused` when the endpoint lacks
+        a model it was thought to have (refusal.py ``refusal_for``), else an error."""
+        return refusal_for(ep, model, version, error, resendable, self.name, self.placer is not None)
 
     # -- the health checker's questions (errors are answers: False / None) ----------
     async def check_live(self, ep: E, timeout: float) -> bool:

@@ -34,7 +34,7 @@ from ..dataplane import AnswerSink, HttpReply, IncomingBody, StreamedMessage
 from ..errors import GatewayError, InvalidRequest, ModelNotReady
 from ..observability.access import AccessRecord
 from ..routing.table import STATEFUL
-from .base import TRITON_GRPC_PREFIX, Refused
+from .base import TRITON_GRPC_PREFIX
 from .h1 import BodyStream, H1Response
 from .http_affinity import http_affinity
 from .grpc_control import GrpcControl
@@ -50,6 +50,7 @@ from .http_endpoint import (
     model_path,
 )
 from .http_exchange import HttpExchange
+from .refusal import Refused
 from .streams import http_stream
 
 # (http_affinity is http_affinity.py's; proxy.py imports it from here.)

@@ -10,7 +10,7 @@ from ..config.schema import BackendSpec, HostPort
 from ..dataplane import IncomingBody
 from ..errors import NoEndpointAvailable, RequestTimeout, UpstreamReset, UpstreamTimeout
 from ..routing.table import STATEFUL
-from .base import Backend, Refused, _always
+from .base import Backend
 from .h1 import (
     AnswerLimits,
     BadAnswer,
@@ -31,6 +31,7 @@ from .http_endpoint import (
     error_from_reply,
     ssl_context,
 )
+from .refusal import Refused, always_resendable
 
 __all__ = ["HttpExchange"]
 
@@ -130,11 +131,11 @@ class HttpExchange(Backend[HttpEndpoint]):
         # (Not isinstance(body, IncomingBody): a runtime Protocol check costs ~20 µs.)
         resendable: Callable[[], bool]
         if body is None or isinstance(body, (bytes, bytearray)):
-            resendable = _always
+            resendable = always_resendable
         elif isinstance(body, list):
             # The h1 client empties a body in pieces once a 2xx answer began (backends/h1/link.py
             # ``_parts``): from then on it is not sent again.
-            resendable = _while_parts(body) if body else _always
+            resendable = _while_parts(body) if body else always_resendable
         else:
             resendable = _until_consumed(body)
 

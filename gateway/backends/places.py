@@ -21,9 +21,10 @@ from typing import Any
 
 from ..config.schema import Placement
 from ..errors import GatewayError
-from .base import Backend, Refused
+from .base import Backend
 from .capacity import Room, Usage
 from .holds import Holds, PlacementEvents
+from .refusal import Refused
 
 __all__ = ["Places"]
 

@@ -12,10 +12,11 @@ from ..codec.grpc import encode_stream_response
 from ..codec.wire import scan_infer_routing
 from ..errors import GatewayError
 from ..routing.table import STATEFUL
-from .base import Refused
+from .grpc_outcome import mapped_error
 from .h1 import BodyStream
 from .h2frames import CallError
 from .http_endpoint import error_from_reply, model_path
+from .refusal import Refused
 
 if TYPE_CHECKING:
     from .grpc import GrpcBackend
@@ -33,7 +34,7 @@ async def grpc_stream(backend: GrpcBackend, requests: AsyncIterator[bytes], mode
         async for answer in call:
             yield answer
     except (aio.AioRpcError, CallError) as exc:
-        error = backend._mapped(ep, exc, timeout)
+        error = mapped_error(backend, ep, exc, timeout)
         if isinstance(error, Refused):
             if error.kind == Refused.TRANSPORT:
                 backend.transport_failed(ep, live=False)

@@ -7,8 +7,9 @@ import dataclasses
 
 import pytest
 
-from gateway.backends.base import Backend, Refused
+from gateway.backends.base import Backend
 from gateway.backends.endpoints import Endpoint
+from gateway.backends.refusal import Refused
 from gateway.config.backends import BackendSpec, Outlier
 from gateway.config.network import BackendTls, HostPort
 from gateway.errors import GatewayError, ModelNotReady, NoEndpointAvailable, UpstreamError

@@ -10,10 +10,10 @@ import pytest
 from grpc import aio
 
 from gateway._pb import grpc_predict_v2_pb2 as pb
-from gateway.backends.base import Refused
 from gateway.backends.grpc import GrpcBackend
 from gateway.backends.grpc_endpoint import METHOD_PREFIX, channel_options
 from gateway.backends.grpcfault import Fault, fault
+from gateway.backends.refusal import Refused
 from gateway.config.backends import BackendSpec
 from gateway.config.network import HostPort
 from gateway.errors import (

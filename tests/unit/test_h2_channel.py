@@ -29,11 +29,11 @@ import h2.events
 import h2.settings
 from grpc import aio
 
-from gateway.backends.base import Refused
 from gateway.backends.grpc import GrpcBackend
 from gateway.backends.grpcfault import Fault
 from gateway.backends.h2channel import CallError, Channel, ChannelLimits
 from gateway.backends.h2frames import AnswerFault, MessageReader, answer_status, metadata_headers, timeout_value
+from gateway.backends.refusal import Refused
 from gateway.config.backends import BackendSpec
 from gateway.config.network import HostPort
 from gateway.errors import (

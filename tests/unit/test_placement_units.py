@@ -20,11 +20,12 @@ import pytest
 
 from gateway._pb import triton_extensions_pb2 as tx
 from gateway.backends import placement as placement_mod
-from gateway.backends.base import Backend, Refused
+from gateway.backends.base import Backend
 from gateway.backends.endpoints import Endpoint
 from gateway.backends.capacity import Room, Usage
 from gateway.backends.holds import Holds
 from gateway.backends.placement import Placer
+from gateway.backends.refusal import Refused
 from gateway.codec.repository import IndexEntry
 from gateway.config.backends import BackendSpec, Placement
 from gateway.config.network import HostPort
