@@ -335,7 +335,6 @@ def test_one_connection_cannot_hold_a_message_per_stream(patient, patient_http, 
             left[sid] = b"\x00" + len(message).to_bytes(4, "big") + message[:-100]
     s.sendall(conn.data_to_send())
     sent = 0
-    s.settimeout(0.5)
     idle_since = time.monotonic()
     deadline = time.monotonic() + 30
     while left and time.monotonic() < deadline and time.monotonic() - idle_since < 2:
@@ -351,10 +350,15 @@ def test_one_connection_cannot_hold_a_message_per_stream(patient, patient_http, 
             if not left[sid]:
                 del left[sid]
         s.sendall(conn.data_to_send())
+        # While there is room to send, read only what is already there; once there is none, wait
+        # for the gateway's WINDOW_UPDATEs (up to 0.5 s a turn, 2 s without progress in all).
+        s.settimeout(0 if progressed else 0.5)
         try:
             data = s.recv(65536)
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError):
             data = b""
+        finally:
+            s.settimeout(10)  # sendall waits for room
         if data:
             conn.receive_data(data)
             s.sendall(conn.data_to_send())

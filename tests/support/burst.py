@@ -7,8 +7,10 @@ what libFuzzer holds to ``-rss_limit_mb`` (tests/unit/test_fuzz_targets.py faile
 
     start(kind, url, mb=16, clients=16, count=2, hold=False) -> Burst; burst.wait(timeout) -> outcomes
 
-``kind``: ``http`` (tritonclient, binary extension), ``json`` (tritonclient, plain V2 JSON both ways:
-a tensor of ``mb`` MB is ~4-5 × that as JSON text), ``grpc`` (tritonclient, identity_FP32), ``stream``
+``kind``: ``http`` (tritonclient, binary extension), ``json`` (plain V2 JSON both ways over
+http.client, the body encoded once with orjson — tritonclient's own encoding and decoding of
+~19 MB of JSON text per request took most of a burst's time: a tensor of ``mb`` MB is ~4-5 × that
+as JSON text), ``grpc`` (tritonclient, identity_FP32), ``stream``
 (one ModelStreamInfer per client carrying its ``count`` requests). Each outcome is ``"200"`` (answered
 with the very tensor sent), ``"503"`` (refused: 503 or UNAVAILABLE), or an error's text.
 
@@ -20,6 +22,7 @@ after it, and the process exits when the burst ends.
 """
 from __future__ import annotations
 
+import http.client
 import json
 import subprocess
 import sys
@@ -27,6 +30,7 @@ import threading
 from typing import Any
 
 import numpy as np
+import orjson
 
 __all__ = ["Burst", "start"]
 
@@ -103,27 +107,58 @@ def _held_client(kind: str, url: str) -> Any:
     from tests.support.clients import LARGE_MESSAGES
 
     own = [("grpc.use_local_subchannel_pool", 1)]  # not the process-wide connection grpc shares
-    if kind in ("http", "json"):
+    if kind == "json":
+        host, port = url.rsplit(":", 1)
+        return http.client.HTTPConnection(host, int(port), timeout=120)
+    if kind == "http":
         return httpclient.InferenceServerClient(url, network_timeout=120, connection_timeout=120)
     if kind == "grpc":
         return grpcclient.InferenceServerClient(url, channel_args=LARGE_MESSAGES + own)
     return grpc.insecure_channel(url, options=LARGE_MESSAGES + own)
 
 
-def _outcomes(kind: str, url: str, big: np.ndarray, count: int, held: Any = None) -> list[str]:
+def json_body(big: np.ndarray) -> bytes:
+    """A V2 JSON inference request carrying ``big`` as INPUT0, asking for OUTPUT0 as JSON."""
+    return orjson.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": list(big.shape),
+                                     "data": big.ravel()}],
+                         "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": False}}]},
+                        option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _json_outcome(url: str, body: bytes, big: np.ndarray, held: http.client.HTTPConnection | None) -> str:
+    host, port = url.rsplit(":", 1)
+    conn = held if held is not None else http.client.HTTPConnection(host, int(port), timeout=120)
+    try:
+        conn.request("POST", "/v2/models/identity_FP32/infer", body, {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        answer = r.read()
+    finally:
+        if held is None:
+            conn.close()
+    if r.status == 503:
+        return "503"
+    if r.status != 200:
+        return f"{r.status}: {answer[:300]!r}"
+    out = orjson.loads(answer)["outputs"][0]
+    got = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
+    return "200" if np.array_equal(got, big) else "wrong answer"
+
+
+def _outcomes(kind: str, url: str, big: np.ndarray, count: int, held: Any = None, body: bytes = b"") -> list[str]:
     from tritonclient.utils import InferenceServerException
 
     from tests.support.clients import In, Out, infer, stream_infer
 
     try:
+        if kind == "json":
+            return [_json_outcome(url, body, big, held) for _ in range(count)]
         if kind == "stream":
             outs = stream_infer(url, big, count, channel=held)
             return ["200" if np.array_equal(o, big.ravel()) else "wrong answer" for o in outs]
         done = []
-        binary = kind != "json"
         for _ in range(count):
-            r = infer("http" if kind == "json" else kind, url, "identity_FP32", [In("INPUT0", big, "FP32", binary)],
-                      [Out("OUTPUT0", binary)], client=held)
+            r = infer(kind, url, "identity_FP32", [In("INPUT0", big, "FP32", True)], [Out("OUTPUT0", True)],
+                      client=held)
             done.append("200" if np.array_equal(r.outputs["OUTPUT0"], big) else "wrong answer")
         return done
     except InferenceServerException as exc:
@@ -136,13 +171,14 @@ def main(argv: list[str]) -> None:
     kind, url, mb, clients, count = argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4])
     hold = argv[5:] == ["hold"]
     big = np.arange(mb * 1_000_000 // 4, dtype=np.float32).reshape(1, -1)
+    body = json_body(big) if kind == "json" else b""
     results: list[str] = []
     held: list[Any] = []
     lock = threading.Lock()
 
     def client() -> None:
         mine = _held_client(kind, url) if hold else None
-        got = _outcomes(kind, url, big, count, mine)
+        got = _outcomes(kind, url, big, count, mine, body)
         with lock:
             results.extend(got)
             if mine is not None:

@@ -1,8 +1,8 @@
 """Run KServe's ModelServer (PyPI ``kserve``) and KServe's Python clients for tests.
 
 KServe lives in its own virtual environment, ``.kserve-venv`` at the repository root
-(git-ignored), built here on first use: ``python -m venv`` plus ``pip install -r
-tests/support/kserve-requirements.txt``, bounded in time and logged to
+(git-ignored), built here on first use (tests/support/venvbuild.py: uv or pip) from
+``tests/support/kserve-requirements.txt``, bounded in time and logged to
 ``.kserve-venv/install.log``; a stamp file records the requirements (and Python version) it was
 built from, and a change rebuilds it. Its own venv, because kserve cannot share a process with
 tritonclient: both register ``inference.*`` protobuf messages (kserve's grpc_predict_v2.proto,
@@ -41,6 +41,7 @@ from typing import Any, Self
 import numpy as np
 
 from .procs import terminate, terminate_with_parent, wait_for, wait_for_ports
+from .venvbuild import venv_commands
 
 __all__ = [
     "DATATYPES",
@@ -153,13 +154,8 @@ def ensure_kserve_venv() -> Path:
             shutil.rmtree(VENV_DIR)
         VENV_DIR.mkdir(parents=True)
         log = VENV_DIR / "install.log"
-        _run_logged([sys.executable, "-m", "venv", str(VENV_DIR)], log, deadline)
-        _run_logged(
-            [str(_venv_python()), "-m", "pip", "install", "--disable-pip-version-check",
-             "--no-input", "-r", str(REQUIREMENTS)],
-            log,
-            deadline,
-        )
+        for cmd in venv_commands(VENV_DIR, REQUIREMENTS):
+            _run_logged(cmd, log, deadline)
         _run_logged(
             [str(_venv_python()), "-c",
              "import importlib.metadata as m, kserve, kserve.inference_client; print('kserve', m.version('kserve'))"],

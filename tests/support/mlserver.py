@@ -2,8 +2,8 @@
 
 MLServer lives in its own virtual environment, ``.mlserver-venv`` at the repository root
 (git-ignored), because its dependency pins may clash with the project's venv. The venv is
-created here on first use: ``python -m venv`` plus ``pip install -r
-tests/support/mlserver-requirements.txt``, bounded in time and logged to
+created here on first use (tests/support/venvbuild.py: uv or pip) from
+``tests/support/mlserver-requirements.txt``, bounded in time and logged to
 ``.mlserver-venv/install.log``. A stamp file records the requirements it was built from;
 when they change, the venv is rebuilt.
 
@@ -35,6 +35,7 @@ from types import TracebackType
 from typing import Self
 
 from .procs import terminate, wait_for, wait_for_ports
+from .venvbuild import venv_commands
 
 __all__ = [
     "MODELS_DIR",
@@ -122,14 +123,9 @@ def ensure_mlserver_venv() -> Path:
         if VENV_DIR.exists():
             shutil.rmtree(VENV_DIR)
         VENV_DIR.mkdir(parents=True)
-        log = VENV_DIR / "install.log"  # `python -m venv` is fine with an existing directory
-        _run_logged([sys.executable, "-m", "venv", str(VENV_DIR)], log, deadline)
-        _run_logged(
-            [str(_venv_bin("python")), "-m", "pip", "install", "--disable-pip-version-check",
-             "--no-input", "-r", str(REQUIREMENTS)],
-            log,
-            deadline,
-        )
+        log = VENV_DIR / "install.log"  # both ways of building take an existing directory
+        for cmd in venv_commands(VENV_DIR, REQUIREMENTS):
+            _run_logged(cmd, log, deadline)
         _run_logged([str(_venv_bin("python")), "-c", "import mlserver; print('mlserver', mlserver.__version__)"],
                     log, deadline)
         with log.open("a") as fh:
