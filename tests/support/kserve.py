@@ -173,7 +173,7 @@ _availability: list[str | None] = []
 def kserve_available() -> str | None:
     """``None`` if KServe can run here, else the reason it cannot (for ``pytest.skip``).
 
-    Builds the venv on first call (about a minute); the answer is cached per process.
+    Builds the venv on first call (seconds with uv, about a minute with pip); the answer is cached per process.
     """
     if not _availability:
         _availability.append(_check_available())
