@@ -68,7 +68,7 @@ def test_rss_returns_after_a_burst(gw, client, held):
     peak = idle
     # 16 clients × 2 requests of 16 MB each way, from a process of their own (tests/support/burst.py);
     # JSON: 4 MB tensors, ~19 MB of JSON text each way (encoded once by the burst's process),
-    # parsed into Python numbers by the conversion — a burst of small objects, not of large buffers.
+    # converted to gRPC and back by the gateway.
     mb = JSON_MB if client == "json" else 16
     load = burst.start(client, url, mb=mb, clients=16, count=2, hold=held)
     try:
