@@ -108,8 +108,7 @@ def _held_client(kind: str, url: str) -> Any:
 
     own = [("grpc.use_local_subchannel_pool", 1)]  # not the process-wide connection grpc shares
     if kind == "json":
-        host, port = url.rsplit(":", 1)
-        return http.client.HTTPConnection(host, int(port), timeout=120)
+        return _json_connection(url)
     if kind == "http":
         return httpclient.InferenceServerClient(url, network_timeout=120, connection_timeout=120)
     if kind == "grpc":
@@ -125,9 +124,13 @@ def json_body(big: np.ndarray) -> bytes:
                         option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def _json_outcome(url: str, body: bytes, big: np.ndarray, held: http.client.HTTPConnection | None) -> str:
+def _json_connection(url: str) -> http.client.HTTPConnection:
     host, port = url.rsplit(":", 1)
-    conn = held if held is not None else http.client.HTTPConnection(host, int(port), timeout=120)
+    return http.client.HTTPConnection(host, int(port), timeout=120)
+
+
+def _json_outcome(url: str, body: bytes, big: np.ndarray, held: http.client.HTTPConnection | None) -> str:
+    conn = held if held is not None else _json_connection(url)
     try:
         conn.request("POST", "/v2/models/identity_FP32/infer", body, {"Content-Type": "application/json"})
         r = conn.getresponse()
