@@ -57,6 +57,7 @@ from tests.support.triton import TritonServer
 
 from . import report
 from .procstat import cpu_seconds
+from .repository import model_repository, routed_models
 from .run import log, measure, run_duration
 from .targets import Target, gateway_routes_config
 from .workloads import WORKLOADS, verify, write_bodies
@@ -464,7 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     log(f"results → {out}; scratch in {scratch}; interpreter {sys.executable}")
     trees: list[Tree] = []
     gateways: list[TreeGateway] = []
-    triton = TritonServer()
+    needed = {WORKLOADS[n].model for n in names}
+    triton = TritonServer(model_repository(scratch / "models", needed))
     ok = False
     try:
         trees.append(materialise("before", args.before, scratch))
@@ -477,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"Triton up in {triton.startup_seconds:.1f} s: http {triton.http_url} grpc {triton.grpc_url}")
         targets: dict[tuple[str, str], Target] = {}
         for backend in sorted({WORKLOADS[n].backend for n in names}):
-            cfg = gateway_routes_config(backend, triton.http_url, triton.grpc_url)
+            cfg = gateway_routes_config(backend, triton.http_url, triton.grpc_url, models=routed_models(needed))
             for tree in trees:
                 gw = TreeGateway(tree, cfg, scratch / "gateways", f"{tree.side}-{backend}", args.workers)
                 gw.check_config()

@@ -28,6 +28,7 @@ from tests.support.triton import TritonServer
 from . import report
 from .loadgen import LoadResult, run_h2load, run_wrk
 from .procstat import Sampler, settle, system_busy_seconds
+from .repository import model_repository, routed_models
 from .profiles import profile_workload
 from .targets import (
     Envoy,
@@ -272,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict] = []
     scaling: list[dict] = []
     profiles: dict = {}
-    triton = TritonServer()
+    needed = {WORKLOADS[n].model for n in names}
+    triton = TritonServer(model_repository(workdir / "models", needed))
     nginx = envoy = floor = hfloor = None
     try:
         log("starting Triton …")
@@ -309,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
                     tname = f"gateway-{workers}w"
                     if tname not in target_names:
                         continue
-                    cfg = gateway_routes_config(backend, triton.http_url, triton.grpc_url)
+                    cfg = gateway_routes_config(backend, triton.http_url, triton.grpc_url,
+                                                models=routed_models(needed))
                     gw, t = start_gateway(cfg, workdir / f"gw-{backend}-{workers}", tname, workers)
                     gws.append(gw)
                     targets.append(t)

@@ -52,6 +52,8 @@ WORKLOADS: dict[str, Workload] = {
         Workload("http_bin_16m", "HTTP binary ext., 16 MiB UINT8 (identity)", "http", "identity_UINT8", "http",
                  False),
         Workload("grpc_small", "gRPC, 2×16 FP32 (add_sub)", "grpc", "add_sub", "grpc", True),
+        # The same call to two instances of the model (benchmarks/repository.py says why).
+        Workload("grpc_small_x2", "gRPC, 2×16 FP32 (add_sub, 2 instances)", "grpc", "add_sub_x2", "grpc", True),
         Workload("grpc_16m", "gRPC, 16 MiB UINT8 (identity)", "grpc", "identity_UINT8", "grpc", False),
         Workload("http_json_to_grpc_1m", "HTTP JSON → gRPC backend, 1 MiB FP32 (identity)", "http", "identity_FP32",
                  "grpc", False),
@@ -114,9 +116,9 @@ def _grpc_frame(req: pb.ModelInferRequest) -> bytes:
     return struct.pack(">BI", 0, len(msg)) + msg
 
 
-def _grpc_small() -> bytes:
+def _grpc_small(model: str = "add_sub") -> bytes:
     a, b = _small_inputs()
-    req = pb.ModelInferRequest(model_name="add_sub", id="bench")
+    req = pb.ModelInferRequest(model_name=model, id="bench")
     for name in ("INPUT0", "INPUT1"):
         t = req.inputs.add()
         t.name, t.datatype = name, "FP32"
@@ -147,8 +149,8 @@ def write_bodies(names: list[str], directory: Path) -> dict[str, tuple[Path, tup
             body, hlen = _binary(MiB if name == "http_bin_1m" else 16 * MiB)
             headers = (("content-type", "application/octet-stream"),
                        ("inference-header-content-length", str(hlen)))
-        elif name == "grpc_small":
-            body = _grpc_small()
+        elif name in ("grpc_small", "grpc_small_x2"):
+            body = _grpc_small(WORKLOADS[name].model)
             headers = (("content-type", "application/grpc"), ("te", "trailers"))
         elif name == "grpc_16m":
             body = _grpc_bytes(16 * MiB)
