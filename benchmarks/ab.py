@@ -5,10 +5,11 @@
 
 The before/after evidence for a hot-path change: does it cost more CPU per request?
 
-* **Trees.** ``--before`` (a git revision) is checked out with ``git worktree add --detach`` into a
-  temporary directory, removed at the end. ``--after`` is the current working tree by default
-  (uncommitted changes included), or another directory, or a revision checked out like
-  ``--before``. Both gateways run from this interpreter (the project's .venv) with
+* **Trees.** ``--before``, a git revision, is checked out with ``git worktree add --detach`` into a
+  temporary directory and its extensions compiled there, removed at the end; or it names a
+  directory, measured as it is (its extensions as built there: the log lists them). ``--after``
+  is the current working tree by default (uncommitted changes included), or another directory,
+  or a revision checked out like ``--before``. Both gateways run from this interpreter (the project's .venv) with
   ``PYTHONPATH=<tree>`` and ``cwd=<tree>``; before anything is measured, ``import gateway`` is
   run with exactly that environment and must resolve inside the tree (the editable install
   would otherwise win), and ``python -m gateway check`` must accept the config in both trees.
@@ -418,16 +419,18 @@ def _clean(o: Any) -> Any:
     return o
 
 
-def _resolve_after(spec: str, root: Path) -> Tree:
+def resolve_tree(side: str, spec: str, root: Path) -> Tree:
+    """A directory as it is (its extensions as built there), else a git revision checked out."""
     p = Path(spec)
     if p.is_dir():
-        return Tree("after", p.resolve(), spec)
-    return materialise("after", spec, root)
+        return Tree(side, p.resolve(), spec)
+    return materialise(side, spec, root)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--before", required=True, help="git revision of the baseline (checked out as a worktree)")
+    ap.add_argument("--before", required=True,
+                    help="git revision of the baseline (checked out as a worktree), or a directory")
     ap.add_argument("--after", default=str(REPO),
                     help="a directory (default: this working tree, uncommitted changes included) or a git revision")
     ap.add_argument("--workloads", default=DEFAULT_WORKLOADS, help=f"comma list of: {', '.join(WORKLOADS)}")
@@ -469,8 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     triton = TritonServer(model_repository(scratch / "models", needed))
     ok = False
     try:
-        trees.append(materialise("before", args.before, scratch))
-        trees.append(_resolve_after(args.after, scratch))
+        trees.append(resolve_tree("before", args.before, scratch))
+        trees.append(resolve_tree("after", args.after, scratch))
         for tree in trees:
             describe(tree)
         bodies = write_bodies(names, scratch / "bodies")

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from gateway.grpcengine import unchosen
 
-from .ab import REPO, Tree, _resolve_after, describe, materialise, remove_worktree
+from .ab import REPO, Tree, describe, remove_worktree, resolve_tree
 from .inproc import BODIES
 
 __all__ = ["count", "main"]
@@ -104,7 +104,7 @@ def count(tree: Tree, root: Path, body: str, concurrency: int, requests: tuple[i
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--before", help="a git revision to compare with (optional)")
+    parser.add_argument("--before", help="a git revision or a directory to compare with (optional)")
     parser.add_argument("--after", default=str(REPO), help="a directory or revision (default: this checkout)")
     parser.add_argument("--body", choices=(*BODIES, GRPC), default="small",
                         help=f"{GRPC}: benchmarks/inproc_grpc.py, which also counts grpcio's bare pass-through")
@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         trees = []
         try:
             if args.before:
-                trees.append(materialise("before", args.before, root))
-            trees.append(_resolve_after(args.after, root))
+                trees.append(resolve_tree("before", args.before, root))
+            trees.append(resolve_tree("after", args.after, root))
             results = []
             for tree in trees:
                 describe(tree)

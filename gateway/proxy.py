@@ -21,7 +21,6 @@ from .backends.mirror import Mirrors
 from .codec.repository import BackendIndexEntry
 from .dataplane import (
     CLIENTS_FAULT,
-    Again,
     AnswerSink,
     DataPlane,
     GrpcOutcome,
@@ -36,6 +35,7 @@ from .fleet import Fleet
 from .headers import TRACE_HEADERS, metadata_map, pick_headers
 from .holding import hold, holding, placed_again
 from .observability.access import AccessRecord
+from .proxynow import grpc_now, http_now
 from .proxystream import proxy_stream
 from .observability.metrics import UNROUTED, Metrics, RouteLabel
 from .routing.table import STATEFUL, Match
@@ -78,7 +78,7 @@ class Proxy(DataPlane):
         self.limit = config.max_message_bytes
         # Client headers / gRPC metadata passed on to backends, on every path.
         self.context_headers = frozenset(TRACE_HEADERS) | frozenset(config.forward_headers)
-        self._http_forwarded = (*_FORWARDED, *sorted(self.context_headers))
+        self.http_forwarded = (*_FORWARDED, *sorted(self.context_headers))
         # Who may call what, and how often (security/guard.py); None: an open gateway.
         self.gate = Gate(guard_for(config, routing.table))
         self.fleet = Fleet(lambda: self.routing, self.timed)
@@ -90,7 +90,7 @@ class Proxy(DataPlane):
         config = routing.config
         self.admission.configure(config.max_inflight_bytes)
         self.context_headers = frozenset(TRACE_HEADERS) | frozenset(config.forward_headers)
-        self._http_forwarded = (*_FORWARDED, *sorted(self.context_headers))
+        self.http_forwarded = (*_FORWARDED, *sorted(self.context_headers))
         self.gate.current = guard_for(config, routing.table, self.gate.current)
         self.routing = routing
 
@@ -129,12 +129,12 @@ class Proxy(DataPlane):
         try:
             return await call
         except Exception as exc:
-            self._failed(backend, exc)
+            self.record_failure(backend, exc)
             raise
         finally:
             self.metrics.upstream_timer(backend.name).observe(time.perf_counter() - start)
 
-    def _failed(self, backend: Backend[Any], exc: Exception) -> None:
+    def record_failure(self, backend: Backend[Any], exc: Exception) -> None:
         if not isinstance(exc, CLIENTS_FAULT):
             # (A bad request, or the client left while its body streamed: not the backend's failure.)
             self.metrics.upstream_errors.labels(backend.name, type(exc).__name__).inc()
@@ -206,28 +206,28 @@ class Proxy(DataPlane):
             if holding(backend, match):
                 return await self._infer_http_held(backend, match, model, version, body, headers)
             if match.mirror is not None and isinstance(body, (bytes, bytearray)):
-                self.mirrors.http(match, model, version, bytes(body), headers, self._http_forwarded, self.limit)
+                self.mirrors.http(match, model, version, bytes(body), headers, self.http_forwarded, self.limit)
             if match.split is None or not isinstance(body, (bytes, bytearray)):
-                call = backend.infer_http(model, version, body, headers, self._http_forwarded, self.limit)
+                call = backend.infer_http(model, version, body, headers, self.http_forwarded, self.limit)
                 body = b""  # the backend owns it: freed there as soon as it is sent or encoded
                 # timed(), inlined: one coroutine less, resumed at every wait of a streamed body
                 start = time.perf_counter()
                 try:
                     return await call
                 except Exception as exc:
-                    self._failed(backend, exc)
+                    self.record_failure(backend, exc)
                     raise
                 finally:
                     self.metrics.upstream_timer(backend.name).observe(time.perf_counter() - start)
             try:
-                return await self.timed(backend, backend.infer_http(model, version, body, headers, self._http_forwarded,
+                return await self.timed(backend, backend.infer_http(model, version, body, headers, self.http_forwarded,
                                                                     self.limit))
             except NoEndpointAvailable:
                 other = self.routing.other_side(match, backend, model, version, affinity)
                 if other is None:
                     raise
                 return await self.timed(other, other.infer_http(model, version, body, headers,
-                                                                self._http_forwarded, self.limit))
+                                                                self.http_forwarded, self.limit))
         finally:
             self.admission.leave(size)
 
@@ -240,71 +240,25 @@ class Proxy(DataPlane):
             if not holds.ready(model, version):  # (the common case costs no coroutine)
                 await hold(backend, match, model, version)
             if match.mirror is not None and isinstance(body, (bytes, bytearray)):
-                self.mirrors.http(match, model, version, bytes(body), headers, self._http_forwarded, self.limit)
+                self.mirrors.http(match, model, version, bytes(body), headers, self.http_forwarded, self.limit)
             try:
                 return await self.timed(backend, backend.infer_http(model, version, body, headers,
-                                                                    self._http_forwarded, self.limit))
+                                                                    self.http_forwarded, self.limit))
             except NoEndpointAvailable:
                 # Where it was is gone (a pod died, another replica evicted it): placed again, once.
                 if not isinstance(body, (bytes, bytearray)) or not placed_again(backend, model, version):
                     raise
             await hold(backend, match, model, version)
             return await self.timed(backend, backend.infer_http(model, version, body, headers,
-                                                                self._http_forwarded, self.limit))
+                                                                self.http_forwarded, self.limit))
         finally:
             holds.leave(model, match.label)
 
     def infer_http_now(self, plan: Plan, model: str, version: str, body: bytes | bytearray | memoryview,
                        headers: Mapping[str, str], record: AccessRecord | None,
                        done: Callable[[HttpReply | Exception | None], None]) -> RouteLabel | None:
-        """:meth:`infer_http` without a coroutine for a whole, uncompressed body whose plan
-        says it can be (``now``), when the backend can send it at once (``HttpBackend.infer_http_now``:
-        a kept-alive connection free): the answer, or the error :meth:`infer_http` would raise,
-        goes to ``done`` from the backend connection's callbacks; ``done(None)``: send it again
-        through :meth:`infer_http` (nothing was answered). Returns the request's (route, backend)
-        label, or None when nothing was done (await :meth:`infer_http` instead). Raises what
-        admission raises."""
-        match: Match = plan.route
-        backend = self.routing.backends[match.backend]
-        holds = backend.holds
-        held = holds is not None and (backend.placer is not None or match.hold_s > 0)
-        if held:
-            assert holds is not None
-            if not holds.ready(model, version):
-                return None  # it waits for its model: infer_http holds it
-        size = len(body) * plan.cost
-        admission = self.admission
-        admission.enter(size)
-        start = time.perf_counter()
-        timer = self.metrics.upstream_timer(backend.name)
-
-        def answered(result: HttpReply | Exception | None) -> None:
-            admission.leave(size)
-            if held:
-                holds.leave(model, match.label)  # type: ignore[union-attr]
-            if result is not None:
-                timer.observe(time.perf_counter() - start)
-                if isinstance(result, Exception):
-                    self._failed(backend, result)
-            done(result)
-
-        if held:
-            holds.enter(model, match.label)  # type: ignore[union-attr]
-        try:
-            taken = backend.infer_http_now(model, version, body, headers, self._http_forwarded, record, answered)
-        except Exception as exc:
-            if held:
-                holds.leave(model, match.label)  # type: ignore[union-attr]
-            admission.leave(size)
-            timer.observe(time.perf_counter() - start)
-            self._failed(backend, exc)
-            raise
-        if not taken:
-            if held:
-                holds.leave(model, match.label)  # type: ignore[union-attr]
-            admission.leave(size)
-            return None
-        return match.label, match.backend
+        """:meth:`infer_http` without a coroutine (proxynow.py ``http_now``)."""
+        return http_now(self, plan, model, version, body, headers, record, done)
 
     async def infer_grpc(self, message: bytes | StreamedMessage, model: str, version: str, timeout: float | None,
                          affinity: str | None = None, metadata: Sequence[tuple[str, str]] = (),
@@ -332,7 +286,7 @@ class Proxy(DataPlane):
             try:
                 return await backend.infer_grpc(message, model, version, timeout, affinity, trace, sink, tried)
             except NoEndpointAvailable as none:
-                self._failed(backend, none)
+                self.record_failure(backend, none)
                 if not isinstance(message, bytes) and not message.resendable:
                     raise  # (streamed on past what is kept of it: it cannot go anywhere again)
                 other: Backend[Any] | None = backend
@@ -342,7 +296,7 @@ class Proxy(DataPlane):
                         raise
                 # (else where it was is gone — a pod died, another replica evicted it: placed again, once)
             except Exception as exc:
-                self._failed(backend, exc)
+                self.record_failure(backend, exc)
                 raise
             finally:
                 self.metrics.upstream_timer(backend.name).observe(time.perf_counter() - start)
@@ -358,46 +312,8 @@ class Proxy(DataPlane):
     def infer_grpc_now(self, message: bytes, model: str, version: str, timeout: float | None, affinity: str | None,
                        metadata: Sequence[tuple[str, str]], sink: AnswerSink | None, record: AccessRecord | None,
                        done: Callable[[GrpcOutcome], None]) -> tuple[RouteLabel, Pending] | None:
-        """:meth:`infer_grpc` without a coroutine (DataPlane.infer_grpc_now), for a route to one
-        backend with no split, mirror or hold whose backend sends it at once
-        (``GrpcBackend.infer_grpc_now``). Its routing is :meth:`infer_grpc`'s, without ROUTED: a
-        context variable set here would outlive the request (the connection's context), so the
-        label is returned instead."""
-        routing = self.routing
-        match = routing.table.resolve(model, version, metadata_map(metadata) if routing.table.by_headers else None)
-        if match.split is not None or match.mirror is not None or match.hold_s:
-            return None
-        backend = routing.backends[match.backend]
-        if not backend.serves_grpc_now or backend.placer is not None:
-            return None
-        if match.stateful is not STATEFUL.get():
-            STATEFUL.set(match.stateful)
-        size = len(message) * backend.grpc_cost(False)
-        admission = self.admission
-        admission.enter(size)
-        trace = pick_headers(metadata, self.context_headers) if metadata else ()
-        timer = self.metrics.upstream_timer(backend.name)
-        start = time.perf_counter()
-
-        def answered(result: GrpcOutcome) -> None:
-            admission.leave(size)
-            if not isinstance(result, Again):  # (an Again is timed by the awaited path that sends it)
-                timer.observe(time.perf_counter() - start)
-                if isinstance(result, Exception):
-                    self._failed(backend, result)
-            done(result)
-
-        try:
-            pending = backend.infer_grpc_now(message, model, version, timeout, affinity, trace, sink, record, answered)
-        except Exception as exc:
-            admission.leave(size)
-            timer.observe(time.perf_counter() - start)
-            self._failed(backend, exc)
-            raise
-        if pending is None:
-            admission.leave(size)
-            return None
-        return (match.label, match.backend), pending
+        """:meth:`infer_grpc` without a coroutine (proxynow.py ``grpc_now``)."""
+        return grpc_now(self, message, model, version, timeout, affinity, metadata, sink, record, done)
 
     def infer_stream(self, first: bytes, rest: AsyncIterator[bytes], model: str, version: str,
                      timeout: float | None, affinity: str | None = None,
@@ -420,7 +336,7 @@ class Proxy(DataPlane):
         size = len(body) * backend.generate_cost()
         self.admission.enter(size)
         try:
-            return await self.timed(backend, backend.generate(model, version, body, headers, self._http_forwarded,
+            return await self.timed(backend, backend.generate(model, version, body, headers, self.http_forwarded,
                                                               stream))
         finally:
             self.admission.leave(size)

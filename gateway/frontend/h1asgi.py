@@ -21,7 +21,7 @@ from typing import Any
 from .answers import INTERNAL_ANSWER
 from .h1direct import status_line
 
-__all__ = ["HIGH", "AsgiApp", "AsgiExchange", "asgi_scope"]
+__all__ = ["HIGH", "AsgiApp", "AsgiExchange", "asgi_address", "asgi_scope"]
 
 log = logging.getLogger("oip_gateway.http")
 
@@ -212,6 +212,14 @@ class AsgiExchange:
             if not self.keep_alive:
                 transport.close()
             self._conn.response_complete()
+
+
+def asgi_address(value: Any) -> tuple[str, int] | None:
+    """A socket address as an ASGI scope's ``client`` / ``server`` (host, port); None for a
+    Unix socket or an unknown peer."""
+    if isinstance(value, tuple) and len(value) >= 2:
+        return str(value[0]), int(value[1])
+    return None
 
 
 def asgi_scope(version: str, method: str, path: str, raw_path: bytes, query: bytes, *,

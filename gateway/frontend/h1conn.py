@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import httptools
 
 from ..rawbody import HEAD_READ, RawBody, new_buffer, plain_socket
-from .h1asgi import AsgiExchange, asgi_scope
+from .h1asgi import AsgiExchange, asgi_address, asgi_scope
 from .h1direct import DirectExchange
-from .h1sizes import DEFER_MAX, WHOLE_MAX, WHOLE_MIN
+from .h1sizes import DEFER_MAX, WHOLE_MAX, WHOLE_MIN, declared_body
 
 if TYPE_CHECKING:
     from .h1listen import HttpListener
@@ -99,8 +99,8 @@ class Connection(asyncio.BufferedProtocol):
             transport.close()
             listener.refused("max_connections")
             return
-        self.client = _address(transport.get_extra_info("peername"))
-        self.server = _address(transport.get_extra_info("sockname"))
+        self.client = asgi_address(transport.get_extra_info("peername"))
+        self.server = asgi_address(transport.get_extra_info("sockname"))
         if transport.get_extra_info("sslcontext") is not None:
             self.scheme = "https"
         self._head_since = self.loop.time()
@@ -309,7 +309,7 @@ class Connection(asyncio.BufferedProtocol):
             direct = DirectExchange(self, route, method, path, raw_path, query, self.headers, keep_alive,
                                     self._continue)
             exchange = direct
-            declared, binary = self._declared()
+            declared, binary = declared_body(self.headers)
             deferrable = route[1] is not None and not self._continue and declared is not None
             if deferrable and binary and declared is not None and WHOLE_MIN < declared <= WHOLE_MAX:
                 self.raw_length = declared  # read whole past the parser after this read (go_raw)
@@ -333,21 +333,6 @@ class Connection(asyncio.BufferedProtocol):
             self.pause_reading()
             self.pipeline.appendleft(exchange)
         self._body_at = self.loop.time()
-
-    def _declared(self) -> tuple[int | None, bool]:
-        """The body's Content-Length (the parser refused a request with two, or with one
-        beside Transfer-Encoding), None when chunked or absent; and whether the body is a
-        binary-extension one, not compressed (it may be read whole past the parser)."""
-        declared = None
-        binary = encoded = False
-        for name, value in self.headers:
-            if name == b"content-length":
-                declared = int(value) if value.isdigit() and len(value) <= 18 else None
-            elif name == b"inference-header-content-length":
-                binary = True
-            elif name == b"content-encoding":
-                encoded = True
-        return declared, binary and not encoded
 
     def on_body(self, body: bytes) -> None:
         exchange = self.exchange
@@ -424,10 +409,3 @@ class Connection(asyncio.BufferedProtocol):
             self._start(self.pipeline.pop())
         elif not self._in_head:
             self._idle_since = self.loop.time()
-
-
-def _address(value: Any) -> tuple[str, int] | None:
-    if isinstance(value, tuple) and len(value) >= 2:
-        return str(value[0]), int(value[1])
-    return None
-

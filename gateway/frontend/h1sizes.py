@@ -4,7 +4,7 @@ streamed through from its first bytes (frontend/h1conn.py ``on_headers_complete`
 """
 from __future__ import annotations
 
-__all__ = ["DEFER_MAX", "WHOLE_MAX", "WHOLE_MIN"]
+__all__ = ["DEFER_MAX", "WHOLE_MAX", "WHOLE_MIN", "declared_body"]
 
 # A request served directly whose declared body is at most this long is held until its
 # body is all here, then served from callbacks if it can be (h1direct.DirectExchange.serve).
@@ -24,3 +24,19 @@ DEFER_MAX = 1 << 20
 # bodies by default. (Answers the same way were tried: c=1 +4 %, c=64 −1 %; not kept.)
 WHOLE_MIN = 64 * 1024
 WHOLE_MAX = 2 << 20
+
+
+def declared_body(headers: list[tuple[bytes, bytes]]) -> tuple[int | None, bool]:
+    """A request's Content-Length (the parser refused a request with two, or with one beside
+    Transfer-Encoding), None when chunked or absent; and whether the body is a binary-extension
+    one, not compressed (it may be read whole past the parser). ``headers``: lower-cased names."""
+    declared = None
+    binary = encoded = False
+    for name, value in headers:
+        if name == b"content-length":
+            declared = int(value) if value.isdigit() and len(value) <= 18 else None
+        elif name == b"inference-header-content-length":
+            binary = True
+        elif name == b"content-encoding":
+            encoded = True
+    return declared, binary and not encoded
