@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-__all__ = ["listening_ports", "tcp_sockets", "terminate", "terminate_with_parent", "wait_for", "wait_for_ports"]
+__all__ = ["dies_with_parent", "listening_ports", "tcp_sockets", "terminate", "terminate_with_parent", "wait_for",
+           "wait_for_ports"]
 
 T = TypeVar("T")
 _LISTEN = "0A"
@@ -128,6 +130,21 @@ def _prctl() -> Any:
 # threads, where loading a library (dlopen's locks, held by another thread at the fork) can
 # crash or hang the child.
 _PRCTL = _prctl()
+
+
+# util-linux's setpriv sets PR_SET_PDEATHSIG and then execs the command (same process, same pid).
+_SETPRIV = shutil.which("setpriv")
+
+
+def dies_with_parent(cmd: Sequence[str]) -> list[str] | None:
+    """``cmd`` run so that it gets SIGTERM when the thread that starts it exits, through setpriv
+    rather than a preexec_fn: with a preexec_fn the child runs Python's after-fork code before
+    exec, and in a test process whose other threads are busy (a Triton restarted under load)
+    that has crashed the child (a segfault in threading's ``_after_fork``). None when setpriv is
+    missing (use :func:`terminate_with_parent` then)."""
+    if _SETPRIV is None:
+        return None
+    return [_SETPRIV, "--pdeathsig", "TERM", "--", *cmd]
 
 
 def terminate_with_parent(parent_pid: int) -> None:

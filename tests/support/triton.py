@@ -55,7 +55,15 @@ from functools import cache
 from pathlib import Path
 from typing import Self
 
-from .procs import listening_ports, tcp_sockets, terminate, terminate_with_parent, wait_for, wait_for_ports
+from .procs import (
+    dies_with_parent,
+    listening_ports,
+    tcp_sockets,
+    terminate,
+    terminate_with_parent,
+    wait_for,
+    wait_for_ports,
+)
 
 __all__ = [
     "MODEL_REPOSITORY",
@@ -659,8 +667,12 @@ class TritonServer:
         # PR_SET_PDEATHSIG fires when the *thread* that forked exits, so only use it from the main thread.
         preexec = None
         if threading.current_thread() is threading.main_thread():
-            parent = os.getpid()
-            preexec = lambda: terminate_with_parent(parent)
+            guarded = dies_with_parent(cmd)
+            if guarded is not None:
+                cmd = guarded
+            else:
+                parent = os.getpid()
+                preexec = lambda: terminate_with_parent(parent)
         began = time.monotonic()
         with open(self.log_path, "wb") as log:
             log.write(("$ " + " ".join(cmd) + "\n").encode())
