@@ -25,8 +25,8 @@ from typing import Any
 from tests.support.gateway import GatewayProcess, gateway_config
 from tests.support.procs import terminate, wait_for
 
-__all__ = ["REAL_MODELS", "Envoy", "GrpcFloor", "HttpFloor", "Nginx", "Target", "ensure_tools", "envoy_binary", "envoy_config",
-           "gateway_routes_config", "nginx_config", "start_gateway"]
+__all__ = ["REAL_MODELS", "Envoy", "GrpcFloor", "HttpFloor", "Nginx", "Target", "ensure_tools", "envoy_binary",
+           "envoy_config", "gateway_routes_config", "nginx_config", "start_gateway"]
 
 TOOLS = {"nginx": "nginx", "h2load": "nghttp2-client", "wrk": "wrk"}
 APT_COMMAND = "apt-get update && apt-get install -y nginx nghttp2-client wrk"

@@ -25,7 +25,7 @@ def http_now(proxy: Proxy, plan: Plan, model: str, version: str, body: bytes | b
              done: Callable[[HttpReply | Exception | None], None]) -> RouteLabel | None:
     """:meth:`Proxy.infer_http` without a coroutine for a whole, uncompressed body whose plan
     says it can be (``now``), when the backend can send it at once (``HttpBackend.infer_http_now``:
-    a kept-alive connection free): the answer, or the error :meth:`infer_http` would raise,
+    a kept-alive connection free): the answer, or the error ``infer_http`` would raise,
     goes to ``done`` from the backend connection's callbacks; ``done(None)``: send it again
     through ``infer_http`` (nothing was answered). Returns the request's (route, backend)
     label, or None when nothing was done (await ``infer_http`` instead). Raises what
